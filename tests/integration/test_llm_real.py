@@ -1,0 +1,41 @@
+"""The hf backend on the embedded SmolLM2, and the openai backend against a real `transformers serve`."""
+
+from models.budget import Deadline
+from models.config import OpenAIConfig
+from models.llm.base import GenParams
+from models.llm.openai import OpenAIBackend
+
+QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+OTHER = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a primary color."}]
+
+
+def test_hf_generates_a_batch_greedily(hf_llm):
+    out = hf_llm.generate([QUESTION, OTHER], GenParams(max_tokens=16))
+    assert len(out) == 2 and all(len(samples) == 1 and samples[0] for samples in out)
+    assert "paris" in out[0][0].lower()
+    assert hf_llm.generate([OTHER, QUESTION], GenParams(max_tokens=16)) == out[::-1]  # left padding is harmless
+
+
+def test_hf_samples_n_and_stops(hf_llm):
+    out = hf_llm.generate([QUESTION], GenParams(max_tokens=24, temperature=1.0, n=3, seed=0))
+    assert len(out[0]) == 3
+    stopped = hf_llm.generate([QUESTION], GenParams(max_tokens=24, stop=["Paris"]))[0][0]
+    assert "Paris" not in stopped
+
+
+def test_hf_respects_the_deadline(hf_llm):
+    assert hf_llm.generate([QUESTION, OTHER], GenParams(deadline=Deadline(0))) == [[], []]
+
+
+def test_hf_cache_is_a_plain_folder(hf_llm):
+    assert (hf_llm.folder / "model.safetensors").is_file() and (hf_llm.folder / "config.json").is_file()
+    assert "quantization_config" not in (hf_llm.folder / "config.json").read_text()
+
+
+def test_openai_backend_talks_to_transformers_serve(served_model):
+    base_url, model, log = served_model
+    backend = OpenAIBackend(OpenAIConfig(base_url=base_url, model=model, concurrency=2))
+    out = backend.generate([QUESTION, OTHER], GenParams(max_tokens=16, stop=["."], deadline=Deadline(120)))
+    assert all(len(samples) == 1 and samples[0] and "." not in samples[0] for samples in out)
+    assert "paris" in out[0][0].lower()
+    assert log.read_text().count("POST /v1/chat/completions") >= 2

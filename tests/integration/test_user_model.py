@@ -1,0 +1,65 @@
+"""UserModel end to end on the embedded default, on data/ and on real CRAG pages."""
+
+import bz2
+import json
+
+import pytest
+import yaml
+
+from models.config import REPO_ROOT
+from models.system import CragSystem
+from models.user_config import UserModel
+from tests.conftest import SHARED_CRAG, to_batch
+from utils.answers import trim_to_tokens
+
+
+@pytest.fixture(scope="module")
+def user_model(hf_llm, embedder, cpu_config_module):
+    return CragSystem(cpu_config_module, llm=hf_llm, embedder=embedder)
+
+
+@pytest.fixture(scope="module")
+def cpu_config_module():
+    from models.config import load_config
+    return load_config(REPO_ROOT / "configs" / "cpu.yaml")
+
+
+def test_default_user_model_builds_from_cpu_config(monkeypatch):
+    monkeypatch.delenv("CRAG_CONFIG", raising=False)
+    model = UserModel()
+    assert 1 <= model.get_batch_size() <= 16 and model.config.source.endswith("cpu.yaml")
+
+
+def test_answers_a_batch_from_data(user_model, sample_examples):
+    examples = sample_examples[:user_model.get_batch_size()]
+    answers = user_model.batch_generate_answer(to_batch(examples))
+    assert len(answers) == len(examples) and all(isinstance(a, str) and a for a in answers)
+    assert all(trim_to_tokens(a) == a for a in answers)
+    for trace in user_model.last_batch_trace:
+        assert [(r["stage"], r["status"]) for r in trace["stages"]] == [
+            ("references", "ok"), ("reasoning", "ok"), ("answer", "ok")]
+
+
+def test_openai_config_sends_prompts_to_the_server(served_model, embedder, sample_examples, tmp_path, monkeypatch):
+    base_url, model, log = served_model
+    config = yaml.safe_load((REPO_ROOT / "configs" / "cpu.yaml").read_text())
+    config["llm"]["backend"] = "openai"
+    config["llm"]["openai"].update(base_url=base_url, model=model)
+    path = tmp_path / "openai.yaml"
+    path.write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("CRAG_CONFIG", str(path))
+    before = log.read_text().count("POST /v1/chat/completions")
+    system = UserModel(embedder=embedder)
+    answers = system.batch_generate_answer(to_batch(sample_examples[:2]))
+    assert len(answers) == 2 and all(answers)
+    assert log.read_text().count("POST /v1/chat/completions") - before == 2
+
+
+@pytest.mark.skipif(not SHARED_CRAG.exists(), reason="../shared/crag_sample is not present")
+def test_real_crag_pages_end_to_end(user_model):
+    with bz2.open(SHARED_CRAG, "rt", encoding="utf-8") as handle:
+        examples = [json.loads(line) for line in handle]
+    answers = user_model.batch_generate_answer(to_batch(examples))
+    assert len(answers) == len(examples) and all(isinstance(a, str) and a for a in answers)
+    for trace in user_model.last_batch_trace:
+        assert {r["stage"]: r["status"] for r in trace["stages"]}["references"] == "ok"

@@ -1,0 +1,58 @@
+import pytest
+
+from models.config import REPO_ROOT, ConfigError, SystemConfig, load_config
+from tests.conftest import write
+
+
+def test_shipped_configs_load():
+    cpu = load_config(REPO_ROOT / "configs" / "cpu.yaml")
+    gpu = load_config(REPO_ROOT / "configs" / "t4x4-llama3-70b-gptq.yaml")
+    assert cpu.llm.backend == "hf" and 1 <= cpu.batch_size <= 16
+    assert gpu.llm.backend == "vllm" and gpu.llm.vllm.tensor_parallel_size == 4
+    assert gpu.llm.vllm.dtype == "float16" and gpu.llm.vllm.quantization == "gptq"
+
+
+def test_unknown_key_names_key_and_file(tmp_path):
+    path = write(tmp_path / "c.yaml", "batch_size: 2\nbatchsize: 3\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml: unknown key 'batchsize'"):
+        load_config(path)
+
+
+def test_unknown_nested_key_names_its_path(tmp_path):
+    path = write(tmp_path / "c.yaml", "llm:\n  hf:\n    modle: x\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'llm\.hf\.modle'"):
+        load_config(path)
+
+
+def test_internal_field_is_not_a_key(tmp_path):
+    with pytest.raises(ConfigError, match="unknown key 'source'"):
+        load_config(write(tmp_path / "c.yaml", "source: x\n"))
+
+
+def test_crag_config_env_selects_file(tmp_path, monkeypatch):
+    path = write(tmp_path / "mine.yaml", "batch_size: 7\nreferences:\n  top_k: 3\n")
+    monkeypatch.setenv("CRAG_CONFIG", str(path))
+    config = load_config()
+    assert (config.batch_size, config.references.top_k, config.source) == (7, 3, str(path))
+    assert config.reasoning.max_tokens == SystemConfig().reasoning.max_tokens  # defaults fill the rest
+
+
+@pytest.mark.parametrize("text, message", [
+    ("batch_size: 17\n", "batch_size must be in 1..16"),
+    ("batch_size: 0\n", "batch_size must be in 1..16"),
+    ("batch_size: two\n", "'batch_size' must be int"),
+    ("batch_size: true\n", "'batch_size' must be int"),
+    ("llm:\n  backend: llamacpp\n", "llm.backend 'llamacpp' is not one of"),
+    ("references: 3\n", "'references' must be a mapping"),
+    ("- a\n- b\n", "top level must be a mapping"),
+    ("a: [\n", "not valid YAML"),
+])
+def test_bad_values_are_errors(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path / "c.yaml", text))
+
+
+def test_int_accepted_for_float_and_missing_file_named(tmp_path):
+    assert load_config(write(tmp_path / "c.yaml", "budget:\n  per_query_s: 20\n")).budget.per_query_s == 20.0
+    with pytest.raises(ConfigError, match="nope.yaml: config file not found"):
+        load_config(tmp_path / "nope.yaml")

@@ -1,0 +1,125 @@
+import bz2
+import json
+import subprocess
+import sys
+
+import pytest
+
+import local_evaluation
+from evaluation.data import DataError, ReadStats, alternative_answers, read_examples
+from evaluation.metrics import CORRECT, MISS, WRONG, Scores, judge_by_rules
+from evaluation.runner import EvaluationError, load_predictions, run_model
+from models.config import REPO_ROOT
+from tests.conftest import SAMPLE, write
+
+
+def _example(i: int, **extra) -> dict:
+    return {"interaction_id": f"id{i}", "query": f"q{i}", "search_results": [], "query_time": "t",
+            "answer": f"a{i}", **extra}
+
+
+def test_reads_jsonl_and_bz2_with_both_alt_spellings(tmp_path):
+    lines = [json.dumps(_example(0, alternative_answers='["x", "y"]')), json.dumps(_example(1, alt_ans=["z"]))]
+    plain = write(tmp_path / "d.jsonl", "\n".join(lines) + "\n")
+    packed = tmp_path / "d.jsonl.bz2"
+    packed.write_bytes(bz2.compress(plain.read_bytes()))
+    for path in (plain, packed):
+        assert [e["alt_answers"] for e in read_examples(path)] == [["x", "y"], ["z"]]
+
+
+@pytest.mark.parametrize("raw, expected", [("[]", []), ("['a', 'b']", ["a", "b"]), ("plain", ["plain"]),
+                                           ([1, "b"], ["1", "b"]), (None, [])])
+def test_alternative_answer_forms(raw, expected):
+    assert alternative_answers({"alternative_answers": raw}) == expected
+
+
+def test_malformed_lines_are_skipped_with_line_numbers(tmp_path):
+    path = write(tmp_path / "d.jsonl", "\n".join([json.dumps(_example(0)), "{broken", json.dumps({"query": "q"}),
+                                                  "", json.dumps(_example(1))]) + "\n")
+    stats = ReadStats()
+    assert [e["interaction_id"] for e in read_examples(path, stats)] == ["id0", "id1"]
+    assert stats.skipped_lines == [2, 3]
+    assert len(list(read_examples(path, limit=1))) == 1
+
+
+def test_unreadable_data_files_are_named(tmp_path):
+    with pytest.raises(DataError, match="no such data file"):
+        list(read_examples(tmp_path / "none.jsonl"))
+    with pytest.raises(DataError, match="unsupported data file type"):
+        list(read_examples(write(tmp_path / "d.csv", "a,b")))
+
+
+@pytest.mark.parametrize("prediction, verdict", [
+    ("Christopher Nolan.", CORRECT), ("nolan", CORRECT), ("I don\u2019t know", MISS), ("", MISS),
+    ("Steven Spielberg", WRONG), ("christopher nolan " + "x " * 80, WRONG)])
+def test_rule_judge(prediction, verdict):
+    assert judge_by_rules(prediction, "christopher nolan", ["Nolan"]) == verdict
+
+
+def test_scores():
+    scores = Scores.of([CORRECT, CORRECT, MISS, WRONG])
+    assert (scores.accuracy, scores.hallucination, scores.missing, scores.score) == (0.5, 0.25, 0.25, 0.25)
+    assert Scores.of([]).score == 0.0
+
+
+class CountingModel:
+    def __init__(self, batch_size=2, fail_after=None, reply=None):
+        self.batch_size, self.fail_after, self.reply = batch_size, fail_after, reply
+        self.seen: list[str] = []
+
+    def get_batch_size(self):
+        return self.batch_size
+
+    def batch_generate_answer(self, batch):
+        if self.fail_after is not None and len(self.seen) >= self.fail_after:
+            raise KeyboardInterrupt
+        self.seen.extend(batch["interaction_id"])
+        return self.reply(batch) if self.reply else [f"a{q[1:]}" for q in batch["query"]]
+
+
+def test_run_appends_and_resumes(tmp_path):
+    path = tmp_path / "run" / "predictions.jsonl"
+    examples = [_example(i) for i in range(5)]
+    with pytest.raises(KeyboardInterrupt):
+        run_model(CountingModel(fail_after=2), iter(examples), path)
+    assert len(load_predictions(path)) == 2
+    model = CountingModel()
+    records = run_model(model, iter(examples), path)
+    assert model.seen == ["id2", "id3", "id4"]  # finished work is not redone
+    assert [r["interaction_id"] for r in records] == [f"id{i}" for i in range(5)]
+    assert all(r["prediction"] == r["answer"] for r in records)
+
+
+def test_torn_last_line_is_dropped(tmp_path):
+    path = write(tmp_path / "p.jsonl", json.dumps({"interaction_id": "a"}) + "\n{\"interaction_id\": \"b")
+    assert list(load_predictions(path)) == ["a"]
+    assert path.read_text().endswith("}\n")
+
+
+@pytest.mark.parametrize("model, message", [
+    (CountingModel(batch_size=0), "get_batch_size\\(\\) returned 0"),
+    (CountingModel(batch_size=17), "returned 17"),
+    (CountingModel(reply=lambda b: ["x"]), "must return a list of 2 strings"),
+    (CountingModel(reply=lambda b: [1, 2]), "must return a list of 2 strings")])
+def test_contract_violations_are_errors(tmp_path, model, message):
+    with pytest.raises(EvaluationError, match=message):
+        run_model(model, iter([_example(0), _example(1)]), tmp_path / "p.jsonl")
+
+
+def test_sample_data_is_in_sync_with_its_sources_and_covers_the_space():
+    assert subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "build_sample.py"), "--check"]).returncode == 0
+    examples = list(read_examples(SAMPLE))
+    assert len(examples) >= 10
+    assert {e["domain"] for e in examples} == {"finance", "sports", "music", "movie", "open"}
+    assert len({e["question_type"] for e in examples}) == 8
+    assert all(2 <= len(e["search_results"]) <= 5 for e in examples)
+    pages = [p["page_result"] for e in examples for p in e["search_results"]]
+    assert sum("<table" in p for p in set(pages)) >= 3
+
+
+def test_cli_errors_are_one_line_with_exit_2(tmp_path, capsys):
+    assert local_evaluation.main(["--data", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip().count("\n") == 0
+    bad = write(tmp_path / "bad.yaml", "batch_sise: 3\n")
+    assert local_evaluation.main(["--config", str(bad), "--out", str(tmp_path)]) == 2
+    assert "unknown key 'batch_sise'" in capsys.readouterr().err

@@ -1,0 +1,148 @@
+"""Backend logic without real models: the registry, vLLM's parameter mapping, OpenAI retries and n."""
+
+import json
+import sys
+import threading
+import types
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from models.budget import Deadline
+from models.config import LLMConfig, OpenAIConfig, VLLMConfig
+from models.llm.base import BackendUnavailable, GenParams, create_llm, cut_at_stop
+from models.llm.openai import OpenAIBackend
+
+
+def test_cut_at_stop():
+    assert cut_at_stop("a. b ===END=== c", ["===END===", "."]) == "a"
+    assert cut_at_stop("abc", []) == "abc"
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    calls = {}
+
+    class SamplingParams:
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+
+    class LLM:
+        def __init__(self, **kwargs):
+            calls["init"] = kwargs
+
+        def chat(self, conversations, sampling_params, use_tqdm):
+            calls["chat"] = (conversations, sampling_params.kwargs)
+            choice = types.SimpleNamespace(text=" out ")
+            return [types.SimpleNamespace(outputs=[choice] * sampling_params.kwargs["n"]) for _ in conversations]
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams))
+    return calls
+
+
+def test_vllm_backend_maps_config_and_params(fake_vllm):
+    config = LLMConfig(backend="vllm", vllm=VLLMConfig(model="/w/llama", tensor_parallel_size=4,
+                                                       quantization="gptq", dtype="float16"))
+    llm = create_llm(config)
+    assert fake_vllm["init"]["tensor_parallel_size"] == 4 and fake_vllm["init"]["quantization"] == "gptq"
+    conversations = [[{"role": "user", "content": "hi"}]] * 2
+    out = llm.generate(conversations, GenParams(max_tokens=9, temperature=0.7, n=3, stop=["X"], seed=5))
+    assert out == [["out"] * 3] * 2
+    assert fake_vllm["chat"][1] == {"n": 3, "temperature": 0.7, "max_tokens": 9, "stop": ["X"], "seed": 5}
+    assert llm.generate(conversations, GenParams(deadline=Deadline(0))) == [[], []]
+
+
+def test_vllm_missing_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(BackendUnavailable, match="vllm is not installed"):
+        create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model="x")))
+
+
+class ChatServer:
+    """A loopback OpenAI-style server: fails the first `failures` requests with `status`, then echoes."""
+
+    def __init__(self, failures: int = 0, status: int = 503) -> None:
+        self.requests: list[dict] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.requests.append({"body": body, "auth": self.headers.get("Authorization")})
+                if len(server.requests) <= failures:
+                    code, reply = status, {"error": {"message": "try later"}}
+                else:
+                    text = body["messages"][-1]["content"] + " STOP tail"
+                    code, reply = 200, {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                                        "choices": [{"index": i, "finish_reason": "stop",
+                                                     "message": {"role": "assistant", "content": text}}
+                                                    for i in range(body.get("n") or 1)]}
+                data = json.dumps(reply).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def chat_server(request):
+    server = ChatServer(*getattr(request, "param", ()))
+    yield server
+    server.close()
+
+
+def _backend(url: str, **overrides) -> OpenAIBackend:
+    return OpenAIBackend(OpenAIConfig(base_url=url, model="m", backoff_s=0.01, **overrides))
+
+
+def test_openai_sends_prompts_cuts_stop_and_uses_env_key(chat_server, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    out = _backend(chat_server.url).generate([[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]],
+                                             GenParams(max_tokens=5, stop=["STOP"]))
+    assert out == [["a"], ["b"]]
+    assert {r["auth"] for r in chat_server.requests} == {"Bearer sk-test"}
+    assert chat_server.requests[0]["body"]["max_tokens"] == 5 and chat_server.requests[0]["body"]["stop"] == ["STOP"]
+
+
+def test_openai_n_as_separate_requests_or_native(chat_server):
+    conversation = [[{"role": "user", "content": "a"}]]
+    assert _backend(chat_server.url).generate(conversation, GenParams(n=3)) == [["a STOP tail"] * 3]
+    assert len(chat_server.requests) == 3
+    assert _backend(chat_server.url, native_n=True).generate(conversation, GenParams(n=3)) == [["a STOP tail"] * 3]
+    assert len(chat_server.requests) == 4 and chat_server.requests[-1]["body"]["n"] == 3
+
+
+@pytest.mark.parametrize("chat_server", [(2, 503)], indirect=True)
+def test_openai_retries_transient_errors(chat_server):
+    out = _backend(chat_server.url, max_retries=3).generate([[{"role": "user", "content": "a"}]], GenParams())
+    assert out == [["a STOP tail"]] and len(chat_server.requests) == 3
+
+
+@pytest.mark.parametrize("chat_server", [(5, 503)], indirect=True)
+def test_openai_gives_up_after_bounded_retries(chat_server):
+    out = _backend(chat_server.url, max_retries=2).generate([[{"role": "user", "content": "a"}]], GenParams())
+    assert out == [[]] and len(chat_server.requests) == 3
+
+
+@pytest.mark.parametrize("chat_server", [(5, 400)], indirect=True)
+def test_openai_does_not_retry_a_bad_request(chat_server):
+    out = _backend(chat_server.url, max_retries=3).generate([[{"role": "user", "content": "a"}]], GenParams())
+    assert out == [[]] and len(chat_server.requests) == 1
+
+
+def test_openai_unreachable_server_and_expired_deadline_return_empty():
+    backend = _backend("http://127.0.0.1:9/v1", max_retries=1)
+    assert backend.generate([[{"role": "user", "content": "a"}]], GenParams()) == [[]]
+    assert backend.generate([[{"role": "user", "content": "a"}]], GenParams(deadline=Deadline(0))) == [[]]

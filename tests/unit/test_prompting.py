@@ -1,0 +1,50 @@
+import pytest
+
+from models.prompting import PromptError, PromptLibrary, load_prompt
+from tests.conftest import write
+
+GOOD = "variables: [query]\nsystem: Be brief.\nuser: 'Q: {{ query }}'\n"
+
+
+def test_render_gives_system_and_user_messages(tmp_path):
+    prompt = load_prompt(write(tmp_path / "p.yaml", GOOD))
+    assert prompt.render(query="why?") == [{"role": "system", "content": "Be brief."},
+                                          {"role": "user", "content": "Q: why?"}]
+
+
+def test_missing_variable_is_an_error_not_a_blank(tmp_path):
+    prompt = load_prompt(write(tmp_path / "p.yaml", GOOD))
+    with pytest.raises(PromptError, match="missing \\['query'\\]"):
+        prompt.render()
+
+
+def test_missing_attribute_is_an_error(tmp_path):
+    prompt = load_prompt(write(tmp_path / "p.yaml", "variables: [ref]\nsystem: s\nuser: '{{ ref.title }}'\n"))
+    with pytest.raises(PromptError, match="title"):
+        prompt.render(ref={})
+
+
+def test_undeclared_variable_fails_at_load(tmp_path):
+    with pytest.raises(PromptError, match="undeclared \\['context'\\]"):
+        load_prompt(write(tmp_path / "p.yaml", "variables: [query]\nsystem: s\nuser: '{{ context }}'\n"))
+
+
+def test_syntax_error_names_file_and_line(tmp_path):
+    with pytest.raises(PromptError, match="p.yaml: user template, line 1"):
+        load_prompt(write(tmp_path / "p.yaml", "variables: []\nsystem: s\nuser: '{% for %}'\n"))
+
+
+def test_config_override_points_at_variant(tmp_path):
+    variant = write(tmp_path / "variant.yaml", GOOD.replace("Be brief.", "Variant."))
+    library = PromptLibrary({"reasoning": str(variant)})
+    assert library.get("reasoning").render(query="q")[0]["content"] == "Variant."
+    with pytest.raises(PromptError, match="prompt 'nonexistent' not found"):
+        library.get("nonexistent")
+
+
+def test_shipped_reasoning_prompt_renders_references():
+    messages = PromptLibrary().get("reasoning").render(
+        query="who?", query_time="03/01/2024",
+        references=[{"text": "Nolan directed it.", "page_name": "Inception", "page_last_modified": "2024"}])
+    assert "[1] Inception (updated 2024)" in messages[1]["content"]
+    assert "Nolan directed it." in messages[1]["content"] and "who?" in messages[1]["content"]

@@ -1,0 +1,107 @@
+import pytest
+
+from models.stages.reasoning import parse_answer
+from models.system import unpack_batch
+from tests.conftest import to_batch
+from tests.fakes import ScriptedLLM
+
+
+def test_answers_every_query_in_order(make_system, sample_examples):
+    llm = ScriptedLLM(lambda conv: f"thinking...\n===START=== {conv[1]['content'].split('Question: ')[1].splitlines()[0]} ===END===")
+    system = make_system(llm)
+    batch = to_batch(sample_examples[:4])
+    answers = system.batch_generate_answer(batch)
+    assert answers == batch["query"]  # each reply echoes its own question: order is kept
+    assert len(llm.calls) == 1 and len(llm.calls[0][0]) == 4  # one backend call for the whole batch
+
+
+def test_prompt_carries_the_relevant_page_text(make_system, sample_examples):
+    llm = ScriptedLLM()
+    make_system(llm).batch_generate_answer(to_batch(sample_examples[:1]))  # who directed inception?
+    user = llm.calls[0][0][0][1]["content"]
+    assert "Christopher Nolan" in user and "Inception (film) - FilmWiki" in user
+    assert "window.analytics" not in user  # scripts never reach the prompt
+
+
+def test_top_k_bounds_the_references(make_system, sample_examples, cpu_config):
+    cpu_config.references.top_k = 2
+    llm = ScriptedLLM()
+    make_system(llm).batch_generate_answer(to_batch(sample_examples[:1]))
+    assert llm.calls[0][0][0][1]["content"].count("\n[") == 2
+
+
+@pytest.mark.parametrize("output, expected", [
+    ("===START=== Paris ===END===", "Paris"),
+    ("reasoning\n===START===\nParis\n", "Paris"),
+    ("Explanation: blah\nAnswer: 42 days", "42 days"),
+    ("\n\nParis is the capital.\nMore text", "Paris is the capital."),
+    ("", ""),
+])
+def test_parse_answer(output, expected):
+    assert parse_answer(output) == expected
+
+
+def test_answers_are_normalised_and_trimmed(make_system, sample_examples):
+    replies = iter(["===START=== I Don\u2019t Know. ===END===", "===START=== Invalid question. ===END===",
+                    "===START=== " + "word " * 200 + "===END===", None])
+    answers = make_system(ScriptedLLM(lambda conv: next(replies))).batch_generate_answer(to_batch(sample_examples[:4]))
+    assert answers[:2] == ["i don't know", "invalid question"]
+    assert len(answers[2].split()) == 75
+    assert answers[3] == "i don't know"  # the LLM returned no sample for it
+
+
+def test_no_time_left_skips_llm_and_answers_idk(make_system, sample_examples):
+    llm = ScriptedLLM()
+    system = make_system(llm, per_query_s=0.2, safety_margin_s=0.5)  # 0.3 s for a batch of 4
+    answers = system.batch_generate_answer(to_batch(sample_examples[:4]))
+    assert answers == ["i don't know"] * 4 and llm.calls == []
+    statuses = {r["stage"]: r["status"] for r in system.last_batch_trace[0]["stages"]}
+    assert statuses["reasoning"] == "skipped" and statuses["answer"] == "ok"
+
+
+def test_llm_crash_answers_idk_for_the_batch(make_system, sample_examples):
+    def explode(conv):
+        raise RuntimeError("CUDA out of memory")
+
+    system = make_system(ScriptedLLM(explode))
+    assert system.batch_generate_answer(to_batch(sample_examples[:2])) == ["i don't know"] * 2
+    assert "reasoning failed" in system.last_batch_trace[0]["reason"]
+
+
+def test_malformed_batches_get_defined_answers(make_system, sample_examples):
+    system = make_system()
+    good = to_batch(sample_examples[:3])
+    uneven = dict(good, search_results=good["search_results"][:1], query_time=good["query_time"][:2])
+    assert len(system.batch_generate_answer(uneven)) == 3
+    missing = {"query": good["query"]}
+    assert len(system.batch_generate_answer(missing)) == 3
+    assert system.batch_generate_answer(dict(good, query=["", None, 5])) == ["i don't know"] * 3
+    assert system.batch_generate_answer("not a batch") == []
+    assert system.batch_generate_answer({}) == []
+
+
+@pytest.mark.parametrize("pages", [[], "not a list", [{"page_result": None}], [{"page_result": 42}],
+                                   [{"page_result": ""}], [{"page_result": "<html><body></body></html>"}],
+                                   ["not a page dict"]])
+def test_pages_without_text_answer_idk_without_calling_llm(make_system, sample_examples, pages):
+    llm = ScriptedLLM()
+    system = make_system(llm)
+    batch = to_batch(sample_examples[:1])
+    batch["search_results"] = [pages]
+    assert system.batch_generate_answer(batch) == ["i don't know"]
+    assert llm.calls == []
+    assert system.last_batch_trace[0]["reason"] == "no usable text in the search results"
+
+
+def test_snippet_alone_is_a_reference(make_system):
+    llm = ScriptedLLM()
+    batch = {"interaction_id": ["x"], "query": ["who?"], "query_time": ["t"],
+             "search_results": [[{"page_name": "P", "page_snippet": "Ada wrote it.", "page_result": None}]]}
+    make_system(llm).batch_generate_answer(batch)
+    assert "Ada wrote it." in llm.calls[0][0][0][1]["content"]
+
+
+def test_unpack_batch_keeps_positions():
+    states = unpack_batch({"interaction_id": ["a", 7], "query": ["q1", "q2"], "query_time": ["t", "t"],
+                           "search_results": [[], []]})
+    assert [s.interaction_id for s in states] == ["a", "#1"] and [s.index for s in states] == [0, 1]
