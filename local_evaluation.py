@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 from loguru import logger
@@ -48,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
             predictions.unlink()
         from models.user_config import UserModel  # after the config checks: loading models takes seconds
 
+        started = time.perf_counter()
         model = UserModel(config)
+        print(f"UserModel ready in {time.perf_counter() - started:.1f} s ({config.source})", file=sys.stderr)
         stats = ReadStats()
         records = run_model(model, read_examples(args.data, stats, args.limit), predictions)
     except (ConfigError, DataError, EvaluationError, BackendUnavailable, PromptError) as err:
