@@ -91,8 +91,11 @@ class ReferencesConfig:
 
 @dataclass
 class ReasoningConfig:
+    """`max_reference_chars`: references enter the prompt best first while they fit this many characters."""
+
     max_tokens: int = 96
     temperature: float = 0.0
+    max_reference_chars: int = 4000
 
 
 @dataclass

@@ -7,7 +7,7 @@ from dataclasses import asdict
 
 from models.llm.base import GenParams
 from models.stages.base import StageContext
-from models.state import QueryState
+from models.state import QueryState, Reference
 from utils.answers import IDK
 
 START, END = "===START===", "===END==="
@@ -24,15 +24,29 @@ def parse_answer(output: str) -> str:
     return next((line.strip() for line in output.splitlines() if line.strip()), "")
 
 
+def fit_references(references: list[Reference], max_chars: int) -> list[Reference]:
+    """The best-ranked references whose texts fit in max_chars together (the best one always)."""
+    kept: list[Reference] = []
+    used = 0
+    for ref in references:
+        if kept and used + len(ref.text) > max_chars:
+            break
+        kept.append(ref)
+        used += len(ref.text)
+    return kept
+
+
 class ReasoningStage:
     name = "reasoning"
     prompt_names = ("reasoning",)
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
         prompt = ctx.prompts.get("reasoning")
-        conversations = [prompt.render(query=s.query, query_time=s.query_time,
-                                       references=[asdict(r) for r in s.references]) for s in states]
         settings = ctx.config.reasoning
+        conversations = [prompt.render(query=s.query, query_time=s.query_time,
+                                       references=[asdict(r) for r in fit_references(s.references,
+                                                                                     settings.max_reference_chars)])
+                         for s in states]
         params = GenParams(max_tokens=settings.max_tokens, temperature=settings.temperature, n=1, stop=[END],
                            deadline=ctx.deadline.reserve(ctx.config.budget.answer_reserve_s))
         for state, samples in zip(states, ctx.llm.generate(conversations, params)):

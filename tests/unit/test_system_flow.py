@@ -1,6 +1,7 @@
 import pytest
 
-from models.stages.reasoning import parse_answer
+from models.stages.reasoning import fit_references, parse_answer
+from models.state import Reference
 from models.system import unpack_batch
 from tests.conftest import to_batch
 from tests.fakes import ScriptedLLM
@@ -105,3 +106,17 @@ def test_unpack_batch_keeps_positions():
     states = unpack_batch({"interaction_id": ["a", 7], "query": ["q1", "q2"], "query_time": ["t", "t"],
                            "search_results": [[], []]})
     assert [s.interaction_id for s in states] == ["a", "#1"] and [s.index for s in states] == [0, 1]
+
+
+def test_references_fit_the_prompt_budget_best_first():
+    refs = [Reference("a" * 40, "chunk"), Reference("b" * 40, "chunk"), Reference("c" * 10, "chunk")]
+    assert [r.text[0] for r in fit_references(refs, 85)] == ["a", "b"]  # stops at the first that does not fit
+    assert [r.text[0] for r in fit_references(refs, 5)] == ["a"]  # the best one always goes in
+    assert fit_references([], 100) == []
+
+
+def test_prompt_budget_applies_in_the_pipeline(make_system, sample_examples, cpu_config):
+    cpu_config.reasoning.max_reference_chars = 1
+    llm = ScriptedLLM()
+    make_system(llm).batch_generate_answer(to_batch(sample_examples[:1]))
+    assert llm.calls[0][0][0][1]["content"].count("\n[") == 1
