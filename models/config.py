@@ -82,11 +82,39 @@ class EmbedderConfig:
 
 
 @dataclass
+class RerankConfig:
+    """Optional cross-encoder re-ranking of the best `candidates` by cosine; `model` None turns it off."""
+
+    model: str | None = None
+    candidates: int = 30
+    batch_size: int = 32
+    device: str = "cpu"
+
+
+@dataclass
 class ReferencesConfig:
-    chunk_chars: int = 600
-    top_k: int = 10
+    """Web page processing and ranking. Page settings are those of utils.pages.PageSettings.
+
+    `workers`: processes for pages (0: one per CPU, 1: in this process). `cache`: keep processed pages by content
+    hash under `cache_dir` (null: $CRAG_CACHE_DIR, else ~/.cache/crag-harness). `timeout_s`: the longest the pages
+    of one batch may take (the batch deadline also applies). `table_budget_chars`: the best tables of a query are
+    kept while their total length fits.
+    """
+
+    workers: int = 0
+    cache: bool = True
+    cache_dir: str | None = None
+    timeout_s: float = 10.0
+    chunk_chars: int = 1000
+    sentence_chars: int = 400
+    group_size: int = 3
+    table_chars: int = 4000
+    max_table_parts: int = 20
     max_page_chars: int = 2_000_000
+    top_k: int = 10
+    table_budget_chars: int = 4000
     use_snippets: bool = True
+    rerank: RerankConfig = field(default_factory=RerankConfig)
 
 
 @dataclass

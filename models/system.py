@@ -13,17 +13,24 @@ from models.config import ConfigError, SystemConfig, load_config
 from models.llm.base import LLM, create_llm
 from models.prompting import PromptLibrary
 from models.retrieval.embedder import Embedder
+from models.retrieval.reranker import Reranker
 from models.stages.answer import AnswerStage
 from models.stages.base import StageContext, run_stage
+from models.stages.references import page_settings
 from models.state import QueryState
 from models.strategies import STRATEGIES
 from utils.answers import IDK
+from utils.cache import cache_root
+from utils.pages import PageProcessor
 
 BATCH_FIELDS = ("interaction_id", "query", "search_results", "query_time")
 
 
 class CragSystem:
-    """`llm` and `embedder` are built from the config unless given (tests pass fakes)."""
+    """`llm` and `embedder` are built from the config unless given (tests pass fakes).
+
+    The page workers start first, before any model loads, so that forking them copies no model or GPU state.
+    """
 
     def __init__(self, config: SystemConfig | None = None, llm: LLM | None = None,
                  embedder: Embedder | None = None) -> None:
@@ -35,10 +42,18 @@ class CragSystem:
         for stage in self.strategy.stages:  # a broken prompt file fails here, not in the first batch
             for name in stage.prompt_names:
                 self.prompts.get(name)
+        refs = self.config.references
+        self.pages = PageProcessor(page_settings(refs), refs.workers,
+                                   cache_root(refs.cache_dir) / "pages" if refs.cache else None)
         self.llm = llm or create_llm(self.config.llm)
         self.embedder = embedder or Embedder(self.config.embedder)
+        self.reranker = Reranker(refs.rerank) if refs.rerank.model else None
         self.answer_stage = AnswerStage()
         self.last_batch_trace: list[dict[str, Any]] = []
+
+    def close(self) -> None:
+        """Stop the page workers (they also stop when the process exits)."""
+        self.pages.close()
 
     def get_batch_size(self) -> int:
         return self.config.batch_size
@@ -48,7 +63,7 @@ class CragSystem:
         states = unpack_batch(batch)
         budget = self.config.budget
         deadline = Deadline.for_batch(max(len(states), 1), budget.per_query_s, budget.safety_margin_s)
-        ctx = StageContext(self.config, self.llm, self.embedder, self.prompts, deadline)
+        ctx = StageContext(self.config, self.llm, self.embedder, self.prompts, deadline, self.pages, self.reranker)
         try:
             self.strategy.run(states, ctx)
         except Exception as err:  # a strategy bug: every open query still gets a safe answer below

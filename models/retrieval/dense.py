@@ -1,14 +1,31 @@
-"""Cosine top-k over unit-normalised vectors."""
+"""Ranking over scores: cosine of unit-normalised vectors, top-k texts and the best tables within a budget."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
+from models.state import Reference
 
-def top_k(query: np.ndarray, candidates: np.ndarray, k: int) -> list[tuple[int, float]]:
-    """(index, cosine) of the k best candidates, best first; ties keep the original order."""
-    if k <= 0 or len(candidates) == 0:
-        return []
-    scores = candidates @ query
-    order = np.argsort(-scores, kind="stable")[:k]
-    return [(int(i), float(scores[i])) for i in order]
+
+def best_first(scores: np.ndarray) -> list[int]:
+    """Indices by descending score; ties keep the original order."""
+    return [int(i) for i in np.argsort(-scores, kind="stable")]
+
+
+def select(refs: list[Reference], scores: np.ndarray, k: int, table_budget_chars: int) -> list[Reference]:
+    """The k best non-table references and the best tables that fit the budget together, all best first.
+
+    Each returned reference carries its score.
+    """
+    order = best_first(scores)
+    texts = [i for i in order if refs[i].kind != "table"][:max(k, 0)]
+    tables: list[int] = []
+    used = 0
+    for i in order:
+        if refs[i].kind == "table" and used + len(refs[i].text) <= table_budget_chars:
+            tables.append(i)
+            used += len(refs[i].text)
+    chosen = sorted(texts + tables, key=lambda i: (-scores[i], i))
+    return [replace(refs[i], score=float(scores[i])) for i in chosen]

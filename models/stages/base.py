@@ -13,8 +13,10 @@ from models.config import SystemConfig
 from models.llm.base import LLM
 from models.prompting import PromptLibrary
 from models.retrieval.embedder import Embedder
+from models.retrieval.reranker import Reranker
 from models.state import QueryState, StageRecord
 from utils.answers import IDK
+from utils.pages import PageProcessor
 
 
 @dataclass
@@ -24,6 +26,8 @@ class StageContext:
     embedder: Embedder
     prompts: PromptLibrary
     deadline: Deadline
+    pages: PageProcessor
+    reranker: Reranker | None = None
 
 
 class Stage(Protocol):

@@ -1,14 +1,53 @@
-"""references: pages -> chunks (+ snippets) -> cosine top-k per query, embedded in one call per batch."""
+"""references: the batch's pages -> chunks, tables and snippets -> the best of them for each query.
+
+All pages of the batch go to the page processor at once (worker processes, cached by content); the query and
+every candidate are embedded in one call; chunks and snippets keep the cosine top-k, tables are kept best first
+while they fit the table budget. With a re-ranker configured, a cross-encoder re-scores the best candidates first.
+"""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Mapping
+from typing import Any
 
-from models.retrieval.dense import top_k
+import numpy as np
+
+from models.config import ReferencesConfig
+from models.retrieval.dense import best_first, select
 from models.stages.base import StageContext
 from models.state import QueryState, Reference
 from utils.answers import IDK
-from utils.pages import page_text
+from utils.pages import PageSettings, ProcessedPage
+
+
+def page_settings(config: ReferencesConfig) -> PageSettings:
+    return PageSettings(chunk_chars=config.chunk_chars, sentence_chars=config.sentence_chars,
+                        group_size=config.group_size, table_chars=config.table_chars,
+                        max_table_parts=config.max_table_parts, max_page_chars=config.max_page_chars)
+
+
+def _field(page: Mapping[str, Any], key: str) -> str:
+    value = page.get(key)
+    return " ".join(value.split()) if isinstance(value, str) else ""
+
+
+def candidates(pages: list[Mapping[str, Any]], processed: list[ProcessedPage | None],
+               use_snippets: bool) -> list[Reference]:
+    """Every chunk, table and snippet of one query's pages, each text once, with its page's metadata."""
+    refs: list[Reference] = []
+    seen: set[str] = set()
+    for page, result in zip(pages, processed):
+        meta = (_field(page, "page_name"), _field(page, "page_url"), _field(page, "page_last_modified"))
+        pieces = [(chunk, "chunk") for chunk in result.chunks] if result else []
+        pieces += [(table, "table") for table in result.tables] if result else []
+        snippet = _field(page, "page_snippet")
+        if use_snippets and snippet:
+            pieces.append((snippet, "snippet"))
+        for text, kind in pieces:
+            if text not in seen:
+                seen.add(text)
+                refs.append(Reference(text, kind, *meta))
+    return refs
 
 
 class ReferencesStage:
@@ -17,30 +56,26 @@ class ReferencesStage:
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
         settings = ctx.config.references
-        candidates = [self._candidates(state, ctx) for state in states]
-        texts = [state.query for state in states] + [ref.text for refs in candidates for ref in refs]
+        timeout = min(settings.timeout_s, ctx.deadline.reserve(ctx.config.budget.answer_reserve_s).remaining())
+        flat = [(page.get("page_result"), _field(page, "page_name")) for s in states for page in s.pages]
+        processed = ctx.pages.process(flat, timeout)
+        per_query: list[list[Reference]] = []
+        offset = 0
+        for state in states:
+            per_query.append(candidates(state.pages, processed[offset:offset + len(state.pages)], settings.use_snippets))
+            offset += len(state.pages)
+        texts = [state.query for state in states] + [ref.text for refs in per_query for ref in refs]
         vectors = ctx.embedder.encode(texts)
         queries, documents = vectors[:len(states)], vectors[len(states):]
         offset = 0
-        for state, refs, query in zip(states, candidates, queries):
+        for state, refs, query in zip(states, per_query, queries):
             block = documents[offset:offset + len(refs)]
             offset += len(refs)
-            state.references = [replace(refs[i], score=score) for i, score in top_k(query, block, settings.top_k)]
+            scores = block @ query
+            if ctx.reranker is not None and refs:
+                shortlist = best_first(scores)[:settings.rerank.candidates]
+                refs = [refs[i] for i in shortlist]
+                scores = ctx.reranker.score(state.query, [ref.text for ref in refs])
+            state.references = select(refs, scores, settings.top_k, settings.table_budget_chars)
             if not state.references:
                 state.finish(IDK, "no usable text in the search results")
-
-    @staticmethod
-    def _candidates(state: QueryState, ctx: StageContext) -> list[Reference]:
-        settings = ctx.config.references
-        refs: list[Reference] = []
-        seen: set[str] = set()
-        for page in state.pages:
-            text = page_text(page, settings.chunk_chars, settings.max_page_chars)
-            pieces = [(chunk, "chunk") for chunk in text.chunks]
-            if settings.use_snippets and text.snippet:
-                pieces.append((text.snippet, "snippet"))
-            for piece, kind in pieces:
-                if piece not in seen:
-                    seen.add(piece)
-                    refs.append(Reference(piece, kind, text.name, text.url, text.last_modified))
-        return refs

@@ -6,7 +6,7 @@ import json
 import pytest
 import yaml
 
-from models.config import REPO_ROOT
+from models.config import REPO_ROOT, load_config
 from models.system import CragSystem
 from models.user_config import UserModel
 from tests.conftest import SHARED_CRAG, to_batch
@@ -15,18 +15,23 @@ from utils.answers import trim_to_tokens
 
 @pytest.fixture(scope="module")
 def user_model(hf_llm, embedder, cpu_config_module):
-    return CragSystem(cpu_config_module, llm=hf_llm, embedder=embedder)
+    system = CragSystem(cpu_config_module, llm=hf_llm, embedder=embedder)
+    yield system
+    system.close()
 
 
 @pytest.fixture(scope="module")
-def cpu_config_module():
-    from models.config import load_config
-    return load_config(REPO_ROOT / "configs" / "cpu.yaml")
+def cpu_config_module(tmp_path_factory):
+    """configs/cpu.yaml as shipped (page workers included), with the page cache in a fresh folder."""
+    config = load_config(REPO_ROOT / "configs" / "cpu.yaml")
+    config.references.cache_dir = str(tmp_path_factory.mktemp("cache"))
+    return config
 
 
 def test_default_user_model_builds_from_cpu_config(monkeypatch):
     monkeypatch.delenv("CRAG_CONFIG", raising=False)
     model = UserModel()
+    model.close()
     assert 1 <= model.get_batch_size() <= 16 and model.config.source.endswith("cpu.yaml")
 
 
@@ -45,12 +50,14 @@ def test_openai_config_sends_prompts_to_the_server(served_model, embedder, sampl
     config = yaml.safe_load((REPO_ROOT / "configs" / "cpu.yaml").read_text())
     config["llm"]["backend"] = "openai"
     config["llm"]["openai"].update(base_url=base_url, model=model)
+    config["references"]["cache_dir"] = str(tmp_path / "cache")
     path = tmp_path / "openai.yaml"
     path.write_text(yaml.safe_dump(config))
     monkeypatch.setenv("CRAG_CONFIG", str(path))
     before = log.read_text().count("POST /v1/chat/completions")
     system = UserModel(embedder=embedder)
     answers = system.batch_generate_answer(to_batch(sample_examples[:2]))
+    system.close()
     assert len(answers) == 2 and all(answers)
     assert log.read_text().count("POST /v1/chat/completions") - before == 2
 

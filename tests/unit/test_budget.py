@@ -44,7 +44,7 @@ def _states(n: int) -> list[QueryState]:
 
 
 def _ctx(cpu_config, deadline):
-    return StageContext(cpu_config, ScriptedLLM(), HashEmbedder(), None, deadline)
+    return StageContext(cpu_config, ScriptedLLM(), HashEmbedder(), None, deadline, None)
 
 
 def test_stage_skipped_when_deadline_cannot_afford_it(cpu_config):

@@ -26,6 +26,7 @@ def test_prompt_carries_the_relevant_page_text(make_system, sample_examples):
 
 def test_top_k_bounds_the_references(make_system, sample_examples, cpu_config):
     cpu_config.references.top_k = 2
+    cpu_config.references.table_budget_chars = 0
     llm = ScriptedLLM()
     make_system(llm).batch_generate_answer(to_batch(sample_examples[:1]))
     assert llm.calls[0][0][0][1]["content"].count("\n[") == 2

@@ -1,0 +1,118 @@
+"""The references stage: candidates from pages, ranking, the table budget, the re-ranker switch, bad pages."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from models.budget import Deadline
+from models.retrieval.dense import select
+from models.stages.base import StageContext
+from models.stages.references import ReferencesStage, page_settings
+from models.state import QueryState, Reference
+from tests.fakes import HashEmbedder, ScriptedLLM
+from utils.answers import IDK
+from utils.pages import PageProcessor
+
+CALENDAR = ("<p>2024 has 366 days because it is a leap year.</p><p>Every month has a name.</p>"
+            "<table><tr><th>Month</th><th>Days</th></tr><tr><td>February</td><td>29</td></tr>"
+            "<tr><td>April</td><td>30</td></tr></table>")
+WEATHER = "<p>Rain is expected on Tuesday. Wind from the west.</p>"
+
+
+def page(html, name="Calendar 2024", url="https://example.org/cal", modified="2024-01-02", snippet=""):
+    return {"page_result": html, "page_name": name, "page_url": url, "page_last_modified": modified,
+            "page_snippet": snippet}
+
+
+def run(states, config, reranker=None):
+    processor = PageProcessor(page_settings(config.references), workers=1)
+    ctx = StageContext(config, ScriptedLLM(), HashEmbedder(), None, Deadline(60), processor, reranker)
+    ReferencesStage().run(states, ctx)
+    return states
+
+
+def state(query, *pages, index=0):
+    return QueryState(index, f"q{index}", query, "", list(pages))
+
+
+def test_chunks_tables_and_snippets_keep_their_page(cpu_config):
+    (s,) = run([state("how many days does february 2024 have", page(CALENDAR, snippet="Days of 2024"),
+                      page(WEATHER, name="Weather", url="https://example.org/w"))], cpu_config)
+    kinds = {ref.kind for ref in s.references}
+    assert kinds == {"chunk", "table", "snippet"}
+    table = next(ref for ref in s.references if ref.kind == "table")
+    assert table.text.startswith("Page name: Calendar 2024\n| Month | Days |")
+    assert (table.page_name, table.page_url, table.page_last_modified) == (
+        "Calendar 2024", "https://example.org/cal", "2024-01-02")
+    assert [ref.score for ref in s.references] == sorted((ref.score for ref in s.references), reverse=True)
+
+
+def test_queries_get_their_own_pages_only(cpu_config):
+    states = run([state("leap year days", page(CALENDAR)),
+                  state("rain on tuesday", page(WEATHER, name="Weather"), index=1)], cpu_config)
+    assert {ref.page_name for ref in states[0].references} == {"Calendar 2024"}
+    assert {ref.page_name for ref in states[1].references} == {"Weather"}
+
+
+def test_no_usable_text_answers_idk(cpu_config):
+    cpu_config.references.use_snippets = False
+    (s,) = run([state("anything", page("<script>x()</script>"), page(None), {"page_result": 42})], cpu_config)
+    assert s.done and s.answer == IDK and s.references == []
+
+
+def test_select_keeps_top_k_texts_and_tables_within_the_budget():
+    refs = [Reference("a" * 10, "chunk"), Reference("t" * 60, "table"), Reference("b" * 10, "chunk"),
+            Reference("u" * 50, "table"), Reference("c" * 10, "snippet"), Reference("v" * 30, "table")]
+    scores = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.4], dtype=np.float32)
+    chosen = select(refs, scores, k=2, table_budget_chars=95)
+    assert [r.text[0] for r in chosen] == ["a", "t", "b", "v"]  # "u" does not fit after "t"; "v" does
+    assert select(refs, scores, k=0, table_budget_chars=0) == []
+
+
+class KeywordReranker:
+    """Scores by whether the text holds a keyword; records what it was asked to score."""
+
+    def __init__(self, keyword):
+        self.keyword = keyword
+        self.seen = []
+
+    def score(self, query, texts):
+        self.seen.append(list(texts))
+        return np.array([float(self.keyword in text) for text in texts], dtype=np.float32)
+
+
+def test_reranker_reorders_the_shortlist(cpu_config):
+    cpu_config.references.table_budget_chars = 0
+    cpu_config.references.use_snippets = False
+    facts = " ".join(f"Fact number {i} about leap years." for i in range(9))
+    pages = [page(f"<p>{facts}</p>"), page("<p>Wind is west.</p>", name="Weather")]
+    by_cosine = run([state("facts about leap years", *pages)], cpu_config)[0].references
+    assert by_cosine[-1].text == "Wind is west."  # cosine ranks it last
+
+    reranker = KeywordReranker("Wind")
+    (s,) = run([state("facts about leap years", *pages)], cpu_config, reranker)
+    assert s.references[0].text == "Wind is west." and len(reranker.seen[0]) == 4
+
+    cpu_config.references.rerank.candidates = 2
+    reranker = KeywordReranker("Wind")
+    (s,) = run([state("facts about leap years", *pages)], cpu_config, reranker)
+    assert len(reranker.seen[0]) == 2 and "Wind is west." not in [r.text for r in s.references]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(st.lists(st.one_of(st.binary(max_size=2000), st.text(max_size=2000), st.none(), st.integers()),
+                max_size=5))
+def test_any_pages_yield_references_or_idk(cpu_config, pages):
+    (s,) = run([state("what is it", *[page(raw) for raw in pages])], cpu_config)
+    assert isinstance(s.references, list)
+    assert s.references or (s.done and s.answer == IDK)
+
+
+@pytest.mark.parametrize("field", ["page_name", "page_url", "page_last_modified", "page_snippet"])
+def test_missing_or_odd_metadata_is_tolerated(cpu_config, field):
+    broken = page(CALENDAR)
+    broken[field] = None if field != "page_url" else 12
+    (s,) = run([state("days in february", broken)], cpu_config)
+    assert s.references and all(isinstance(getattr(r, "page_name"), str) for r in s.references)
