@@ -1,11 +1,12 @@
 # make eval: set up .venv and run the local evaluation on data/ with the embedded CPU default.
 # make test: set up .venv and run the tests (unit and integration).
+# make bench: the benchmarks (pages: the seed's web page recipe against ours).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup eval test sample
+.PHONY: setup eval test bench sample
 
 $(STAMP): requirements-local.txt
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +22,10 @@ eval: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# Speed as ratios against a baseline measured in the same run (see benchmarks/).
+bench: $(STAMP)
+	$(PY) benchmarks/pages.py
 
 sample: $(STAMP)
 	$(PY) tools/build_sample.py
