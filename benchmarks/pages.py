@@ -163,10 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         pool.process(unique[:pool.workers], timeout_s=600)  # warm the workers' lazy imports
         for _ in range(args.repeat):  # interleaved, so that a slow spell of the machine hits all three
-            seed_runs.append(per_page_ms(lambda ps: [seed_page(h, n, settings) for h, n in ps], pages))
-            ours_runs.append(per_page_ms(lambda ps: [process_html(h, n, settings) for h, n in ps], pages))
             results: list[ProcessedPage | None] = []
             pool_runs.append(per_page_ms(lambda ps: results.extend(pool.process(ps, timeout_s=600)), pages))
+            ours_runs.append(per_page_ms(lambda ps: [process_html(h, n, settings) for h, n in ps], pages))
+            seed_runs.append(per_page_ms(lambda ps: [seed_page(h, n, settings) for h, n in ps], pages))
             if any(r is None for r in results):
                 raise SystemExit("pages: the pool lost pages")
     finally:
