@@ -16,6 +16,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "cpu.yaml"
 CONFIG_ENV = "CRAG_CONFIG"
 MAX_BATCH_SIZE = 16
+DOMAINS = ("finance", "sports", "music", "movie", "open")
+DYNAMISM = ("static", "slow-changing", "fast-changing", "real-time")
+ATTRIBUTE_METHODS = ("svm", "icl", "none")
 
 
 class ConfigError(ValueError):
@@ -118,12 +121,66 @@ class ReferencesConfig:
 
 
 @dataclass
+class ICLConfig:
+    """Few-shot attribute prediction: `shots_per_class` demonstrations per domain and per dynamism class."""
+
+    shots_per_class: int = 5
+    n: int = 5
+    temperature: float = 0.7
+    max_tokens: int = 24
+    seed: int = 0
+
+
+@dataclass
+class AttributesConfig:
+    """Domain and dynamism prediction. `method`: svm, icl or none. `svm_model`: a file written by
+    tools/train_attributes.py. `labelled_file`: where ICL draws its demonstrations. `dynamic_classes`: the
+    dynamism classes that count as dynamic (answered "i don't know" when `answer.dynamic_idk` is on)."""
+
+    method: str = "svm"
+    svm_model: str = "data/attributes/svm_minilm.pkl"
+    labelled_file: str = "data/attributes/questions.jsonl"
+    dynamic_classes: list[str] = field(default_factory=lambda: ["real-time", "fast-changing"])
+    icl: ICLConfig = field(default_factory=ICLConfig)
+
+
+@dataclass
+class KnowledgeConfig:
+    """The LLM knowledge extractor (no references)."""
+
+    enabled: bool = True
+    max_tokens: int = 192
+    temperature: float = 0.0
+
+
+@dataclass
+class CalculatorConfig:
+    """The LLM writes `n` samples of expressions; at most `max_results` distinct results reach the prompt."""
+
+    enabled: bool = True
+    n: int = 5
+    temperature: float = 0.7
+    max_tokens: int = 192
+    max_results: int = 8
+    max_reference_chars: int = 3000
+
+
+@dataclass
 class ReasoningConfig:
-    """`max_reference_chars`: references enter the prompt best first while they fit this many characters."""
+    """`max_reference_chars`: references enter the prompt best first while they fit this many characters.
+    `summariser_max_tokens`: the backup summariser's answer length, used when the output cannot be parsed."""
 
     max_tokens: int = 96
     temperature: float = 0.0
     max_reference_chars: int = 4000
+    summariser_max_tokens: int = 32
+
+
+@dataclass
+class AnswerConfig:
+    """`dynamic_idk`: queries predicted dynamic answer "i don't know" without the LLM stages."""
+
+    dynamic_idk: bool = True
 
 
 @dataclass
@@ -145,8 +202,12 @@ class SystemConfig:
     log_level: str = "INFO"
     llm: LLMConfig = field(default_factory=LLMConfig)
     embedder: EmbedderConfig = field(default_factory=EmbedderConfig)
+    attributes: AttributesConfig = field(default_factory=AttributesConfig)
     references: ReferencesConfig = field(default_factory=ReferencesConfig)
+    knowledge: KnowledgeConfig = field(default_factory=KnowledgeConfig)
+    calculator: CalculatorConfig = field(default_factory=CalculatorConfig)
     reasoning: ReasoningConfig = field(default_factory=ReasoningConfig)
+    answer: AnswerConfig = field(default_factory=AnswerConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     prompts: dict[str, str] = field(default_factory=dict)
     source: str = field(default="<defaults>", metadata={"internal": True})
@@ -157,6 +218,12 @@ class SystemConfig:
         backends = [f.name for f in dataclasses.fields(LLMConfig) if f.name != "backend"]
         if self.llm.backend not in backends:
             raise ConfigError(f"{self.source}: llm.backend '{self.llm.backend}' is not one of {backends}")
+        if self.attributes.method not in ATTRIBUTE_METHODS:
+            raise ConfigError(f"{self.source}: attributes.method '{self.attributes.method}' is not one of "
+                              f"{list(ATTRIBUTE_METHODS)}")
+        unknown = set(self.attributes.dynamic_classes) - set(DYNAMISM)
+        if unknown:
+            raise ConfigError(f"{self.source}: attributes.dynamic_classes {sorted(unknown)} not in {list(DYNAMISM)}")
         if self.budget.per_query_s <= self.budget.safety_margin_s / max(self.batch_size, 1):
             raise ConfigError(f"{self.source}: budget.per_query_s is too small for the safety margin")
 
@@ -199,6 +266,11 @@ def _coerce(hint: Any, value: Any, source: str, where: str) -> Any:
             return None
         (inner,) = [a for a in args if a is not type(None)]
         return _coerce(inner, value, source, where)
+    if origin is list:
+        (item_t,) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise ConfigError(f"{source}: '{where}' must be a list")
+        return [_coerce(item_t, item, source, f"{where}[{i}]") for i, item in enumerate(value)]
     if origin is dict:
         key_t, val_t = typing.get_args(hint)
         if not isinstance(value, dict):

@@ -11,7 +11,7 @@ class Reference:
     """A piece of evidence shown to the LLM, with where it came from."""
 
     text: str
-    kind: str  # "chunk" or "snippet"; later stages add "table", "kg", "calculation"
+    kind: str  # "chunk", "snippet" or "table"; the KG stage adds "kg"
     page_name: str = ""
     page_url: str = ""
     page_last_modified: str = ""
@@ -34,6 +34,10 @@ class QueryState:
     query_time: str
     pages: list[dict[str, Any]]
     references: list[Reference] = field(default_factory=list)
+    domain: str | None = None         # attributes: finance, sports, music, movie, open
+    dynamism: str | None = None       # attributes: static, slow-changing, fast-changing, real-time
+    knowledge: str | None = None      # the knowledge extractor's answer ("an answer from another agent")
+    calculations: list[str] = field(default_factory=list)  # "expression = value", from the calculator
     llm_output: str | None = None
     answer: str | None = None
     done: bool = False

@@ -37,17 +37,17 @@ class CragSystem:
         self.config = config or load_config()
         if self.config.strategy not in STRATEGIES:
             raise ConfigError(f"{self.config.source}: strategy '{self.config.strategy}' is not one of {sorted(STRATEGIES)}")
-        self.strategy = STRATEGIES[self.config.strategy]()
         self.prompts = PromptLibrary(self.config.prompts)
-        for stage in self.strategy.stages:  # a broken prompt file fails here, not in the first batch
-            for name in stage.prompt_names:
-                self.prompts.get(name)
         refs = self.config.references
         self.pages = PageProcessor(page_settings(refs), refs.workers,
                                    cache_root(refs.cache_dir) / "pages" if refs.cache else None)
         self.llm = llm or create_llm(self.config.llm)
         self.embedder = embedder or Embedder(self.config.embedder)
         self.reranker = Reranker(refs.rerank) if refs.rerank.model else None
+        self.strategy = STRATEGIES[self.config.strategy](self.config, self.embedder)
+        for stage in self.strategy.stages:  # a broken prompt file fails here, not in the first batch
+            for name in stage.prompt_names:
+                self.prompts.get(name)
         self.answer_stage = AnswerStage()
         self.last_batch_trace: list[dict[str, Any]] = []
 

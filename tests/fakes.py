@@ -11,19 +11,45 @@ import numpy as np
 from models.llm.base import Conversation, GenParams
 
 
-class ScriptedLLM:
-    """Answers each conversation with `reply(conversation)`; records every call."""
+SEED_REPLY = "Thinking.\n===START===\n## Answer: paris\n## False Premise: no\n===END==="
+# How each prompt's system message starts, so that one scripted LLM can answer every stage differently.
+PROMPT_MARKERS = {
+    "reasoning": "You are an expert at answering questions from references",
+    "knowledge": "You answer questions from your own knowledge",
+    "calculator": "You write arithmetic",
+    "summariser": "Answer the question in as few words",
+    "attributes": "Classify questions",
+}
 
-    def __init__(self, reply: Callable[[Conversation], str | None] = lambda c: "===START=== paris ===END===") -> None:
+
+def prompt_name(conversation: Conversation) -> str:
+    system = conversation[0]["content"] if conversation and conversation[0]["role"] == "system" else ""
+    return next((name for name, marker in PROMPT_MARKERS.items() if system.startswith(marker)), "unknown")
+
+
+def by_prompt(**replies: Callable[[Conversation], str | None] | str | None) -> Callable[[Conversation], str | None]:
+    """A reply function that answers each prompt (by name) with its own reply (a string or a function)."""
+
+    def reply(conversation: Conversation) -> str | None:
+        chosen = replies.get(prompt_name(conversation), SEED_REPLY)
+        return chosen(conversation) if callable(chosen) else chosen
+
+    return reply
+
+
+class ScriptedLLM:
+    """Answers each conversation with `reply(conversation)` (once per sample); records every call."""
+
+    def __init__(self, reply: Callable[[Conversation], str | None] = lambda c: SEED_REPLY) -> None:
         self.reply = reply
         self.calls: list[tuple[list[Conversation], GenParams]] = []
 
     def generate(self, conversations: list[Conversation], params: GenParams) -> list[list[str]]:
         self.calls.append((conversations, params))
         outputs = []
-        for conversation in conversations:
-            text = self.reply(conversation)
-            outputs.append([] if text is None else [text] * params.n)
+        for conversation in conversations:  # reply is asked once per sample; None serves the conversation nothing
+            samples = [self.reply(conversation) for _ in range(params.n)]
+            outputs.append([] if samples[0] is None else [s for s in samples if s is not None])
         return outputs
 
 
@@ -31,6 +57,7 @@ class HashEmbedder:
     """Bag of words hashed into 512 dimensions: texts sharing words are close."""
 
     dimension = 512
+    name = "hash-512"
 
     def __init__(self) -> None:
         self.calls = 0

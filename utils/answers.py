@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from typing import Any
 
 IDK = "i don't know"
 INVALID = "invalid question"
@@ -31,18 +32,24 @@ def is_invalid(text: str) -> bool:
     return normalize_text(text).startswith(INVALID)
 
 
-def trim_to_tokens(text: str, max_tokens: int = MAX_ANSWER_TOKENS) -> str:
-    """`text` up to the end of its max_tokens-th token, original spacing kept."""
+def trim_to_tokens(text: str, max_tokens: int = MAX_ANSWER_TOKENS, tokenizer: Any = None) -> str:
+    """`text` cut to max_tokens tokens of `tokenizer` (a transformers tokenizer), else of the word-token rule.
+
+    With a tokenizer the cut falls on a token boundary and the kept tokens are decoded back.
+    """
+    if tokenizer is not None:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        return text if len(ids) <= max_tokens else tokenizer.decode(ids[:max_tokens]).strip()
     for count, match in enumerate(_TOKEN.finditer(text), start=1):
         if count == max_tokens:
             return text[:match.end()]
     return text
 
 
-def final_answer(text: str | None) -> str:
+def final_answer(text: str | None, tokenizer: Any = None) -> str:
     """The string the grader gets: canonical IDK / invalid, else the trimmed answer on one line."""
     if text is None or is_idk(text):
         return IDK
     if is_invalid(text):
         return INVALID
-    return trim_to_tokens(" ".join(text.split()))
+    return trim_to_tokens(" ".join(text.split()), tokenizer=tokenizer)

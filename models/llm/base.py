@@ -23,6 +23,8 @@ class GenParams:
 
 
 class LLM(Protocol):
+    """A backend may also carry `tokenizer` (a transformers tokenizer, or None) to trim answers by its tokens."""
+
     def generate(self, conversations: list[Conversation], params: GenParams) -> list[list[str]]:
         """n samples per conversation, in order; a conversation that could not be served gets []."""
 

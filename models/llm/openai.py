@@ -20,6 +20,7 @@ _TRANSIENT = (openai.APIConnectionError, openai.RateLimitError, openai.InternalS
 
 class OpenAIBackend:
     def __init__(self, config: OpenAIConfig) -> None:
+        self.tokenizer = None  # the server's tokenizer is not at hand: answers are trimmed by word tokens
         self.config = config
         self.client = openai.OpenAI(base_url=config.base_url, api_key=os.environ.get(config.api_key_env) or "EMPTY",
                                     max_retries=0, timeout=config.request_timeout_s)

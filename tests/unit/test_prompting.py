@@ -42,9 +42,27 @@ def test_config_override_points_at_variant(tmp_path):
         library.get("nonexistent")
 
 
-def test_shipped_reasoning_prompt_renders_references():
+def test_shipped_reasoning_prompt_renders_every_section():
     messages = PromptLibrary().get("reasoning").render(
         query="who?", query_time="03/01/2024",
-        references=[{"text": "Nolan directed it.", "page_name": "Inception", "page_last_modified": "2024"}])
-    assert "[1] Inception (updated 2024)" in messages[1]["content"]
-    assert "Nolan directed it." in messages[1]["content"] and "who?" in messages[1]["content"]
+        references=[{"text": "Nolan directed it.", "page_name": "Inception", "page_last_modified": "2024"}],
+        tables=[{"text": "Page name: T\n| a | b |"}], kg_references=["movie: Inception, director: Nolan"],
+        calculations=["2024 - 2010 = 14"], other_answer="christopher nolan")
+    user = messages[1]["content"]
+    assert "[1] Inception (updated 2024)" in user and "Nolan directed it." in user and "who?" in user
+    for section in ("### Tables", "| a | b |", "### Knowledge graph", "director: Nolan", "### Calculation results",
+                    "2024 - 2010 = 14", "### Answer from another agent", "christopher nolan", "Current time: 03/01/2024"):
+        assert section in user
+    assert "## False Premise:" in messages[0]["content"]
+
+
+def test_reasoning_prompt_leaves_out_empty_sections():
+    user = PromptLibrary().get("reasoning").render(query="q", query_time="t", references=[], tables=[],
+                                                   kg_references=[], calculations=[], other_answer=None)[1]["content"]
+    assert "(none)" in user
+    assert not any(s in user for s in ("### Tables", "### Knowledge graph", "### Calculation", "another agent"))
+
+
+@pytest.mark.parametrize("name", ["reasoning", "summariser", "knowledge", "calculator", "attributes"])
+def test_every_shipped_prompt_loads(name):
+    assert PromptLibrary().get(name).variables

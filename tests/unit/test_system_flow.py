@@ -1,6 +1,6 @@
 import pytest
 
-from models.stages.reasoning import fit_references, parse_answer
+from models.stages.reasoning import Parsed, fit_references, parse_structured
 from models.state import Reference
 from models.system import unpack_batch
 from tests.conftest import to_batch
@@ -8,7 +8,7 @@ from tests.fakes import ScriptedLLM
 
 
 def test_answers_every_query_in_order(make_system, sample_examples):
-    llm = ScriptedLLM(lambda conv: f"thinking...\n===START=== {conv[1]['content'].split('Question: ')[1].splitlines()[0]} ===END===")
+    llm = ScriptedLLM(lambda conv: f"thinking...\n===START===\n## Answer: {conv[1]['content'].split('Question: ')[1].splitlines()[0]} ===END===")
     system = make_system(llm)
     batch = to_batch(sample_examples[:4])
     answers = system.batch_generate_answer(batch)
@@ -33,19 +33,26 @@ def test_top_k_bounds_the_references(make_system, sample_examples, cpu_config):
 
 
 @pytest.mark.parametrize("output, expected", [
-    ("===START=== Paris ===END===", "Paris"),
-    ("reasoning\n===START===\nParis\n", "Paris"),
-    ("Explanation: blah\nAnswer: 42 days", "42 days"),
-    ("\n\nParis is the capital.\nMore text", "Paris is the capital."),
-    ("", ""),
+    ("===START===\n## Answer: Paris\n## False Premise: no\n===END===", Parsed("Paris", False)),
+    ("reasoning...\n===START===\n## Answer: **Paris**\n## False Premise: No", Parsed("Paris", False)),  # no END
+    ("===START===\n## Answer: <the short answer>\n## False Premise: <yes or no>\n===END===\nSo:\n"
+     "===START===\n## Answer: 42 days\n## False Premise: no\n===END===", Parsed("42 days", False)),  # echo first
+    ("===START===\n## Answer: 3\n===END===\n===START===\n## Answer: 4\n===END===", Parsed("4", False)),  # repeats
+    ("===START===\n## Answer: invalid question\n## False Premise: yes\n===END===", Parsed("invalid question", True)),
+    ("no markers at all\nAnswer: Rome", Parsed("Rome", False)),
+    ("## answer:   Lima  \n## false premise: YES", Parsed("Lima", True)),
+    ("\n\nParis is the capital.\nMore text", None),
+    ("===START===\n## Answer:\n===END===", None),
+    ("", None),
 ])
-def test_parse_answer(output, expected):
-    assert parse_answer(output) == expected
+def test_parse_structured(output, expected):
+    assert parse_structured(output) == expected
 
 
 def test_answers_are_normalised_and_trimmed(make_system, sample_examples):
-    replies = iter(["===START=== I Don\u2019t Know. ===END===", "===START=== Invalid question. ===END===",
-                    "===START=== " + "word " * 200 + "===END===", None])
+    replies = iter(["===START===\n## Answer: I Don\u2019t Know.\n===END===",
+                    "===START===\n## Answer: Invalid question.\n===END===",
+                    "===START===\n## Answer: " + "word " * 200 + "\n===END===", None])
     answers = make_system(ScriptedLLM(lambda conv: next(replies))).batch_generate_answer(to_batch(sample_examples[:4]))
     assert answers[:2] == ["i don't know", "invalid question"]
     assert len(answers[2].split()) == 75

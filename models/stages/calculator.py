@@ -1,0 +1,95 @@
+"""calculator: the LLM writes Python arithmetic from the references, utils/safe_eval computes it (section 4.4).
+
+`n` samples per query; every line that safe_eval accepts becomes "expression = value"; results are
+deduplicated by expression and by value, and at most `max_results` reach the reasoning prompt.
+"""
+
+from __future__ import annotations
+
+import re
+
+from loguru import logger
+
+from models.llm.base import GenParams
+from models.stages.base import StageContext
+from models.stages.reasoning import prompt_evidence
+from models.state import QueryState
+from utils.safe_eval import SafeEvalError, Value, safe_eval
+
+_CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z_0-9]*\s*=(?!=)\s*")
+
+
+def candidate_expressions(output: str) -> list[tuple[str, str]]:
+    """(expression, comment) pairs: the lines of the code blocks (all lines when there are none).
+
+    A trailing "# comment" becomes the comment; "name = expr" keeps expr and uses the name as the comment.
+    """
+    blocks = _CODE_BLOCK.findall(output)
+    lines = [line for block in blocks for line in block.splitlines()] if blocks else output.splitlines()
+    found = []
+    for line in lines:
+        code, _, comment = line.partition("#")
+        code, comment = code.strip().rstrip(","), comment.strip()
+        assigned = _ASSIGNMENT.match(code)
+        if assigned:
+            comment = comment or code[:assigned.end()].rstrip(" =")
+            code = code[assigned.end():]
+        if code and any(ch.isdigit() for ch in code):
+            found.append((code, comment))
+    return found
+
+
+def format_value(value: Value) -> str:
+    """Numbers as a reader writes them: floats to 10 significant digits ("126", "0.3333333333")."""
+    if isinstance(value, float):
+        return f"{value:.10g}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(format_value(v) for v in value) + "]"
+    return str(value)
+
+
+def calculations(samples: list[str], max_results: int) -> list[str]:
+    """Distinct "expression = value  (comment)" lines over all samples, in order of first appearance."""
+    results: list[str] = []
+    seen_expressions: set[str] = set()
+    seen_values: set[str] = set()
+    refused = 0
+    for sample in samples:
+        for expression, comment in candidate_expressions(sample):
+            key = expression.replace(" ", "")
+            if key in seen_expressions:
+                continue
+            seen_expressions.add(key)
+            try:
+                value = format_value(safe_eval(expression))
+            except SafeEvalError:
+                refused += 1
+                continue
+            if value in seen_values:
+                continue
+            seen_values.add(value)
+            results.append(f"{expression} = {value}" + (f"  ({comment})" if comment else ""))
+            if len(results) == max_results:
+                return results
+    if refused:
+        logger.debug("calculator: {} expressions refused by safe_eval", refused)
+    return results
+
+
+class CalculatorStage:
+    name = "calculator"
+    prompt_names = ("calculator",)
+
+    def run(self, states: list[QueryState], ctx: StageContext) -> None:
+        prompt = ctx.prompts.get("calculator")
+        settings = ctx.config.calculator
+        conversations = []
+        for s in states:
+            texts, tables = prompt_evidence(s, settings.max_reference_chars)
+            conversations.append(prompt.render(query=s.query, query_time=s.query_time, references=texts,
+                                               tables=tables))
+        params = GenParams(max_tokens=settings.max_tokens, temperature=settings.temperature, n=settings.n,
+                           deadline=ctx.deadline.reserve(ctx.config.budget.answer_reserve_s))
+        for state, samples in zip(states, ctx.llm.generate(conversations, params)):
+            state.calculations = calculations(samples, settings.max_results)

@@ -1,0 +1,222 @@
+"""The seed's reasoning modules with a scripted LLM: attributes, pre-check, knowledge, calculator, reasoning
+prompt, summariser and corner cases."""
+
+import pickle
+
+import pytest
+
+from models.config import DOMAINS, DYNAMISM, REPO_ROOT
+from models.llm.base import BackendUnavailable
+from models.stages.attributes import SVMAttributes, demonstrations, parse_icl, read_labelled, vote
+from models.stages.calculator import calculations, candidate_expressions
+from tests.conftest import to_batch
+from tests.fakes import SEED_REPLY, HashEmbedder, ScriptedLLM, by_prompt, prompt_name
+from utils.answers import final_answer
+
+LABELLED = REPO_ROOT / "data" / "attributes" / "questions.jsonl"
+
+
+def block(answer, premise="no"):
+    return f"Let me think.\n===START===\n## Answer: {answer}\n## False Premise: {premise}\n===END==="
+
+
+def prompts_sent(llm, name):
+    return [conv for conversations, _ in llm.calls for conv in conversations if prompt_name(conv) == name]
+
+
+# --- reasoning output, summariser, false premise -------------------------------------------------------------
+
+def test_unparsable_reasoning_goes_to_the_summariser(make_system, sample_examples):
+    llm = ScriptedLLM(by_prompt(reasoning=lambda c: "I think it is Nolan" if "inception" in c[1]["content"]
+                                else block("1989"), summariser="Answer: Christopher Nolan\nextra"))
+    answers = make_system(llm).batch_generate_answer(to_batch(sample_examples[:2]))
+    assert answers == ["Christopher Nolan", "1989"]
+    assert len(prompts_sent(llm, "summariser")) == 1  # only the query whose output had no answer
+
+
+def test_summariser_with_nothing_to_say_gives_idk(make_system, sample_examples):
+    llm = ScriptedLLM(by_prompt(reasoning="no block here", summariser="   "))
+    system = make_system(llm)
+    assert system.batch_generate_answer(to_batch(sample_examples[:1])) == ["i don't know"]
+    assert "summariser returned nothing" in system.last_batch_trace[0]["reason"]
+
+
+def test_false_premise_gives_invalid_question(make_system, sample_examples):
+    llm = ScriptedLLM(by_prompt(reasoning=block("he never won a second one", premise="yes")))
+    assert make_system(llm).batch_generate_answer(to_batch(sample_examples[:1])) == ["invalid question"]
+
+
+@pytest.mark.parametrize("answer", ["I don\u2019t know", "Sorry, i dont know.", "I do not know the answer"])
+def test_idk_phrases_become_exactly_idk(make_system, sample_examples, answer):
+    llm = ScriptedLLM(by_prompt(reasoning=block(answer)))
+    assert make_system(llm).batch_generate_answer(to_batch(sample_examples[:1])) == ["i don't know"]
+
+
+class WordPieces:
+    """A tokenizer stand-in: every character is a token."""
+
+    def encode(self, text, add_special_tokens=False):
+        return list(text)
+
+    def decode(self, ids):
+        return "".join(ids)
+
+
+def test_answers_are_trimmed_with_the_llms_tokenizer(make_system, sample_examples):
+    assert final_answer("abcdefghij " * 20, WordPieces()) == ("abcdefghij " * 7)[:75].strip()
+    llm = ScriptedLLM(by_prompt(reasoning=block("x" * 100)))
+    llm.tokenizer = WordPieces()
+    assert make_system(llm).batch_generate_answer(to_batch(sample_examples[:1])) == ["x" * 75]
+
+
+# --- knowledge -------------------------------------------------------------------------------------------------
+
+def test_knowledge_answer_reaches_reasoning_as_another_agents(make_system, sample_examples, cpu_config):
+    cpu_config.knowledge.enabled = True
+    llm = ScriptedLLM(by_prompt(knowledge=block("Christopher Nolan (from memory)")))
+    make_system(llm).batch_generate_answer(to_batch(sample_examples[:1]))
+    (reasoning,) = prompts_sent(llm, "reasoning")
+    assert "### Answer from another agent (without references)\nChristopher Nolan (from memory)" in reasoning[1]["content"]
+    assert "### References" not in prompts_sent(llm, "knowledge")[0][1]["content"]  # knowledge sees no pages
+
+
+def test_knowledge_false_premise_and_unparsable_output(make_system, sample_examples, cpu_config):
+    cpu_config.knowledge.enabled = True
+    llm = ScriptedLLM(by_prompt(knowledge=lambda c: block("x", "yes") if "inception" in c[1]["content"] else "rambling"))
+    make_system(llm).batch_generate_answer(to_batch(sample_examples[:2]))
+    first, second = prompts_sent(llm, "reasoning")
+    assert "another agent (without references)\ninvalid question" in first[1]["content"]
+    assert "another agent" not in second[1]["content"]
+
+
+# --- calculator ------------------------------------------------------------------------------------------------
+
+def test_calculator_results_reach_the_reasoning_prompt(make_system, sample_examples, cpu_config):
+    cpu_config.calculator.enabled = True
+    cpu_config.calculator.n = 3
+    code = ("```python\n(60922 - 26974) / 26974 * 100  # growth in percent\ngrowth = 60922 / 26974\n"
+            "__import__('os').getcwd()\n9**9**9\n```")
+    llm = ScriptedLLM(by_prompt(calculator=code))
+    make_system(llm).batch_generate_answer(to_batch(sample_examples[5:6]))
+    (reasoning,) = prompts_sent(llm, "reasoning")
+    user = reasoning[1]["content"]
+    assert "### Calculation results\n- (60922 - 26974) / 26974 * 100 = 125.8545266  (growth in percent)" in user
+    assert "- 60922 / 26974 = 2.258545266  (growth)" in user
+    assert "__import__" not in user and "9**9**9" not in user
+    assert user.count("(growth in percent)") == 1  # three identical samples, one result
+    (calculator_call,) = [params for conversations, params in llm.calls if prompt_name(conversations[0]) == "calculator"]
+    assert calculator_call.n == 3
+
+
+def test_expressions_are_read_from_code_blocks_or_lines():
+    assert candidate_expressions("```py\nx = 2 + 2\n3 * 4  # twelve\nprint('hi')\n```\n1 + 1") == [
+        ("2 + 2", "x"), ("3 * 4", "twelve")]
+    assert candidate_expressions("Revenue: 10\n10 * 1.5\n") == [("Revenue: 10", ""), ("10 * 1.5", "")]
+    assert calculations(["1 + 1\n2 * 1\n1+1", "max(1, 2)"], max_results=5) == ["1 + 1 = 2"]  # same value once
+    assert calculations(["1\n2\n3\n4"], max_results=2) == ["1 = 1", "2 = 2"]
+
+
+# --- attributes ------------------------------------------------------------------------------------------------
+
+def test_votes_and_ties():
+    assert vote(["static", "static", "real-time"], DYNAMISM, prefer_last=True) == "static"
+    assert vote(["static", "fast-changing"], DYNAMISM, prefer_last=True) == "fast-changing"  # tie: the dynamic one
+    assert vote(["slow-changing", "static", "real-time", "real-time", "static"], DYNAMISM, prefer_last=True) == "real-time"
+    assert vote(["music", "finance"], DOMAINS, prefer_last=False) == "finance"  # tie: first in the label order
+    assert vote(["nonsense"], DYNAMISM, prefer_last=True) is None
+
+
+@pytest.mark.parametrize("reply, expected", [
+    ("domain: finance\ndynamism: real-time", ("finance", "real-time")),
+    ("Domain: Movie\nDynamism: Fast changing", ("movie", "fast-changing")),
+    ("domain: cooking\nstatic_or_dynamic: static", (None, "static")),
+    ("no idea", (None, None)),
+])
+def test_parse_icl(reply, expected):
+    assert parse_icl(reply) == expected
+
+
+def test_icl_votes_and_dynamic_queries_answer_idk_without_llm_stages(make_system, sample_examples, cpu_config):
+    cpu_config.attributes.method = "icl"
+    cpu_config.attributes.icl.n = 4
+    cpu_config.knowledge.enabled = True
+
+    def attributes(conversation):  # the inception question is voted dynamic by a 2-2 tie
+        if "inception" in conversation[1]["content"].rsplit("Question:", 1)[1]:
+            attributes.calls += 1
+            return "domain: movie\ndynamism: " + ("static" if attributes.calls % 2 else "real-time")
+        return "domain: music\ndynamism: static"
+    attributes.calls = 0
+
+    llm = ScriptedLLM(by_prompt(attributes=attributes))
+    system = make_system(llm)
+    answers = system.batch_generate_answer(to_batch(sample_examples[:2]))
+    assert answers == ["i don't know", "paris"]
+    assert "predicted real-time" in system.last_batch_trace[0]["reason"]
+    assert all("inception" not in conv[1]["content"] for conv in prompts_sent(llm, "reasoning") + prompts_sent(llm, "knowledge"))
+    (attribute_params,) = [p for convs, p in llm.calls if prompt_name(convs[0]) == "attributes"]
+    assert attribute_params.n == 4
+    demos = prompts_sent(llm, "attributes")[0][1]["content"].count("dynamism:")
+    assert demos >= 5 * len(DYNAMISM)  # demonstrations of every class
+
+
+def test_dynamic_idk_switch_off_answers_dynamic_queries(make_system, sample_examples, cpu_config):
+    cpu_config.attributes.method = "icl"
+    cpu_config.answer.dynamic_idk = False
+    llm = ScriptedLLM(by_prompt(attributes="domain: movie\ndynamism: real-time"))
+    assert make_system(llm).batch_generate_answer(to_batch(sample_examples[:1])) == ["paris"]
+
+
+def test_demonstrations_cover_every_class():
+    rows = read_labelled(LABELLED)
+    assert len(rows) >= 300
+    assert {r["domain"] for r in rows} == set(DOMAINS) and {r["static_or_dynamic"] for r in rows} == set(DYNAMISM)
+    demos = demonstrations(rows, per_class=5, seed=0)
+    for key, labels in (("domain", DOMAINS), ("static_or_dynamic", DYNAMISM)):
+        assert all(sum(d[key] == label for d in demos) >= 5 for label in labels)
+    assert demos == demonstrations(rows, per_class=5, seed=0)  # reproducible
+
+
+def test_svm_trains_saves_loads_and_predicts_in_the_pipeline(make_system, sample_examples, cpu_config, tmp_path):
+    rows = read_labelled(LABELLED)[::3]  # a slice: 100 questions
+    embedder = HashEmbedder()
+    model = SVMAttributes.train(embedder.encode([r["query"] for r in rows]), [r["domain"] for r in rows],
+                                [r["static_or_dynamic"] for r in rows], embedder.name)
+    path = tmp_path / "svm.pkl"
+    model.save(path)
+    loaded = SVMAttributes.load(path)
+    assert loaded.embedder == "hash-512"
+    vectors = embedder.encode(["what is the stock price of apple right now?", "who wrote pride and prejudice?"])
+    assert loaded.predict(vectors) == model.predict(vectors)
+
+    cpu_config.attributes.method = "svm"
+    cpu_config.attributes.svm_model = str(path)
+    system = make_system(ScriptedLLM())
+    system.batch_generate_answer(to_batch(sample_examples[:2]))
+    assert system.strategy.stages[0].name == "attributes"
+    assert all(r["status"] == "ok" for r in system.last_batch_trace[0]["stages"])
+
+
+def test_svm_model_file_problems_are_clear(tmp_path):
+    with pytest.raises(BackendUnavailable, match="train one with tools/train_attributes.py"):
+        SVMAttributes.load(tmp_path / "missing.pkl")
+    (tmp_path / "junk.pkl").write_bytes(b"not a pickle")
+    with pytest.raises(BackendUnavailable, match="unreadable"):
+        SVMAttributes.load(tmp_path / "junk.pkl")
+    (tmp_path / "other.pkl").write_bytes(pickle.dumps({"format": "something else"}))
+    with pytest.raises(BackendUnavailable, match="not an attributes SVM model"):
+        SVMAttributes.load(tmp_path / "other.pkl")
+
+
+# --- deadline --------------------------------------------------------------------------------------------------
+
+def test_optional_stages_are_skipped_first_when_time_is_short(make_system, sample_examples, cpu_config):
+    cpu_config.knowledge.enabled = True
+    cpu_config.calculator.enabled = True
+    llm = ScriptedLLM()
+    system = make_system(llm, per_query_s=3.0, safety_margin_s=0.0)  # 3 s: knowledge needs 3.5, reasoning 1.5
+    assert system.batch_generate_answer(to_batch(sample_examples[:1])) == ["paris"]
+    statuses = {r["stage"]: r["status"] for r in system.last_batch_trace[0]["stages"]}
+    assert statuses == {"references": "ok", "knowledge": "skipped", "calculator": "skipped", "reasoning": "ok",
+                        "answer": "ok"}
+    assert SEED_REPLY in llm.reply(prompts_sent(llm, "reasoning")[0])

@@ -1,0 +1,124 @@
+"""Train the attribute SVMs (domain, and how fast the answer changes) on MiniLM embeddings of the questions.
+
+Reads any CRAG-format .jsonl (query, domain, static_or_dynamic), prints cross-validated accuracy of both
+SVMs, the accuracy of SVM and (with --icl) of in-context learning on the same held-out split, then trains on
+every row and writes the model that `attributes.svm_model` loads.
+
+    python tools/train_attributes.py                                   # the shipped labelled file
+    python tools/train_attributes.py --data crag_task_1_dev_v4.jsonl --out data/attributes/svm_crag.pkl
+    python tools/train_attributes.py --icl --config configs/cpu.yaml   # also ICL with the config's LLM
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from models.config import DOMAINS, DYNAMISM, ConfigError, EmbedderConfig, load_config  # noqa: E402
+from models.llm.base import BackendUnavailable  # noqa: E402
+from models.retrieval.embedder import Embedder  # noqa: E402
+from models.stages.attributes import SVMAttributes, read_labelled  # noqa: E402
+
+MIN_ROWS = 20
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=REPO / "data" / "attributes" / "questions.jsonl",
+                        help="CRAG-format .jsonl with query, domain and static_or_dynamic")
+    parser.add_argument("--out", type=Path, default=REPO / "data" / "attributes" / "svm_minilm.pkl",
+                        help="where to write the model")
+    parser.add_argument("--folds", type=int, default=5, help="cross-validation folds")
+    parser.add_argument("--test-size", type=float, default=0.2, help="held-out share for the SVM/ICL comparison")
+    parser.add_argument("--c", type=float, default=1.0, help="SVM regularisation C")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--icl", action="store_true", help="also measure in-context learning on the held-out split")
+    parser.add_argument("--config", type=Path, default=None, help="config whose LLM runs ICL (default: cpu.yaml)")
+    return parser.parse_args(argv)
+
+
+def accuracy(predicted: list[str | None], gold: list[str]) -> float:
+    return sum(p == g for p, g in zip(predicted, gold)) / max(len(gold), 1)
+
+
+def icl_predictions(rows_train: list[dict], rows_test: list[dict], config_path: Path | None) -> list[tuple]:
+    from models.budget import Deadline
+    from models.llm.base import create_llm
+    from models.prompting import PromptLibrary
+    from models.stages.attributes import AttributesStage, demonstrations
+    from models.stages.base import StageContext
+    from models.state import QueryState
+
+    config = load_config(config_path)
+    config.attributes = replace(config.attributes, method="icl")
+    stage = AttributesStage(config.attributes, None)
+    stage.examples = demonstrations(rows_train, config.attributes.icl.shots_per_class, config.attributes.icl.seed)
+    llm = create_llm(config.llm)
+    states = [QueryState(i, str(i), row["query"], "", []) for i, row in enumerate(rows_test)]
+    batch = config.batch_size
+    for start in range(0, len(states), batch):
+        ctx = StageContext(config, llm, None, PromptLibrary(config.prompts), Deadline(3600), None)
+        stage.run(states[start:start + batch], ctx)
+    return [(s.domain, s.dynamism) for s in states]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from sklearn.model_selection import StratifiedKFold, cross_val_score, train_test_split
+    from sklearn.svm import LinearSVC
+
+    if not args.data.is_file():
+        print(f"error: --data {args.data} not found (give a CRAG-format .jsonl)", file=sys.stderr)
+        return 2
+    rows = read_labelled(args.data)
+    if len(rows) < MIN_ROWS:
+        print(f"error: --data {args.data} has {len(rows)} usable rows (query, domain in {list(DOMAINS)}, "
+              f"static_or_dynamic in {list(DYNAMISM)}); at least {MIN_ROWS} are needed", file=sys.stderr)
+        return 2
+    try:
+        embedder = Embedder(EmbedderConfig())
+    except BackendUnavailable as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    vectors = embedder.encode([row["query"] for row in rows])
+    domains = [row["domain"] for row in rows]
+    dynamism = [row["static_or_dynamic"] for row in rows]
+    print(f"{len(rows)} questions from {args.data}; embeddings: {embedder.name}")
+
+    for name, labels in (("domain", domains), ("dynamism", dynamism)):
+        folds = StratifiedKFold(n_splits=args.folds, shuffle=True, random_state=args.seed)
+        scores = cross_val_score(LinearSVC(C=args.c, class_weight="balanced"), vectors, labels, cv=folds)
+        print(f"cross-validated SVM accuracy, {name:8s}: {scores.mean():.3f} (+/- {scores.std():.3f}, {args.folds} folds)")
+
+    index = list(range(len(rows)))
+    train, test = train_test_split(index, test_size=args.test_size, random_state=args.seed,
+                                   stratify=[f"{d}/{y}" for d, y in zip(domains, dynamism)])
+    held_out = SVMAttributes.train(vectors[train], [domains[i] for i in train], [dynamism[i] for i in train],
+                                   embedder.name, args.c)
+    predicted = held_out.predict(vectors[test])
+    gold_domain, gold_dynamism = [domains[i] for i in test], [dynamism[i] for i in test]
+    print(f"held-out split ({len(test)} questions):")
+    print(f"  SVM  domain {accuracy([p[0] for p in predicted], gold_domain):.3f}  "
+          f"dynamism {accuracy([p[1] for p in predicted], gold_dynamism):.3f}")
+    if args.icl:
+        try:
+            icl = icl_predictions([rows[i] for i in train], [rows[i] for i in test], args.config)
+        except (ConfigError, BackendUnavailable) as err:
+            print(f"error: ICL: {err}", file=sys.stderr)
+            return 2
+        print(f"  ICL  domain {accuracy([p[0] for p in icl], gold_domain):.3f}  "
+              f"dynamism {accuracy([p[1] for p in icl], gold_dynamism):.3f}")
+
+    model = SVMAttributes.train(vectors, domains, dynamism, embedder.name, args.c)
+    model.save(args.out)
+    print(f"model trained on all {len(rows)} questions: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
