@@ -67,6 +67,19 @@ def icl_predictions(rows_train: list[dict], rows_test: list[dict], config_path: 
     return [(s.domain, s.dynamism) for s in states]
 
 
+def _strata(domains: list[str], dynamism: list[str], test_size: float) -> list[str] | None:
+    """Stratify the held-out split by domain and dynamism together when the split is big enough for every
+    pair, else by dynamism, else not at all."""
+    from collections import Counter
+
+    n_test = int(round(test_size * len(domains)))
+    for labels in ([f"{d}/{y}" for d, y in zip(domains, dynamism)], dynamism):
+        counts = Counter(labels)
+        if min(counts.values()) >= 2 and len(counts) <= n_test <= len(labels) - len(counts):
+            return labels
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from sklearn.model_selection import StratifiedKFold, cross_val_score, train_test_split
@@ -97,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
     index = list(range(len(rows)))
     train, test = train_test_split(index, test_size=args.test_size, random_state=args.seed,
-                                   stratify=[f"{d}/{y}" for d, y in zip(domains, dynamism)])
+                                   stratify=_strata(domains, dynamism, args.test_size))
     held_out = SVMAttributes.train(vectors[train], [domains[i] for i in train], [dynamism[i] for i in train],
                                    embedder.name, args.c)
     predicted = held_out.predict(vectors[test])

@@ -71,9 +71,10 @@ def prompt_evidence(state: QueryState, max_chars: int) -> tuple[list[dict], list
 
 
 def first_line(output: str) -> str:
-    """The summariser's answer: its first non-empty line, without an "Answer:" label."""
+    """The summariser's answer: its first non-empty line, without an "Answer:" label or leading "[n]" citations."""
     line = next((line.strip() for line in output.splitlines() if line.strip()), "")
-    return re.sub(r"^(?:final\s+)?answer\s*:\s*", "", line, flags=re.IGNORECASE).strip()
+    line = re.sub(r"^(?:final\s+)?answer\s*:\s*", "", line, flags=re.IGNORECASE)
+    return re.sub(r"^(?:\[\d+\]\s*)+", "", line).strip()
 
 
 class ReasoningStage:

@@ -28,7 +28,7 @@ def prompts_sent(llm, name):
 
 def test_unparsable_reasoning_goes_to_the_summariser(make_system, sample_examples):
     llm = ScriptedLLM(by_prompt(reasoning=lambda c: "I think it is Nolan" if "inception" in c[1]["content"]
-                                else block("1989"), summariser="Answer: Christopher Nolan\nextra"))
+                                else block("1989"), summariser="Answer: [8][2] Christopher Nolan\nextra"))
     answers = make_system(llm).batch_generate_answer(to_batch(sample_examples[:2]))
     assert answers == ["Christopher Nolan", "1989"]
     assert len(prompts_sent(llm, "summariser")) == 1  # only the query whose output had no answer
