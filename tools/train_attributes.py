@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO))
 from models.config import DOMAINS, DYNAMISM, ConfigError, EmbedderConfig, load_config  # noqa: E402
 from models.llm.base import BackendUnavailable  # noqa: E402
 from models.retrieval.embedder import Embedder  # noqa: E402
-from models.stages.attributes import SVMAttributes, read_labelled  # noqa: E402
+from models.stages.attributes import SVMAttributes, read_labelled, svm_classifier  # noqa: E402
 
 MIN_ROWS = 20
 
@@ -83,7 +83,6 @@ def _strata(domains: list[str], dynamism: list[str], test_size: float) -> list[s
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from sklearn.model_selection import StratifiedKFold, cross_val_score, train_test_split
-    from sklearn.svm import LinearSVC
 
     if not args.data.is_file():
         print(f"error: --data {args.data} not found (give a CRAG-format .jsonl)", file=sys.stderr)
@@ -105,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for name, labels in (("domain", domains), ("dynamism", dynamism)):
         folds = StratifiedKFold(n_splits=args.folds, shuffle=True, random_state=args.seed)
-        scores = cross_val_score(LinearSVC(C=args.c, class_weight="balanced"), vectors, labels, cv=folds)
+        scores = cross_val_score(svm_classifier(args.c), vectors, labels, cv=folds)
         print(f"cross-validated SVM accuracy, {name:8s}: {scores.mean():.3f} (+/- {scores.std():.3f}, {args.folds} folds)")
 
     index = list(range(len(rows)))

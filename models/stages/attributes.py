@@ -63,6 +63,13 @@ def vote(labels: list[str], order: tuple[str, ...], prefer_last: bool) -> str | 
     return tied[-1] if prefer_last else tied[0]
 
 
+def svm_classifier(c: float = 1.0) -> Any:
+    """The classifier both attributes use (and cross-validation measures): a linear SVM, balanced classes."""
+    from sklearn.svm import LinearSVC
+
+    return LinearSVC(C=c, class_weight="balanced", random_state=0)
+
+
 @dataclass
 class SVMAttributes:
     """Two SVMs over sentence embeddings; `embedder` names the model the vectors must come from."""
@@ -74,12 +81,7 @@ class SVMAttributes:
     @classmethod
     def train(cls, vectors: np.ndarray, domains: list[str], dynamism: list[str], embedder: str,
               c: float = 1.0) -> SVMAttributes:
-        from sklearn.svm import LinearSVC
-
-        def fit(labels: list[str]) -> Any:
-            return LinearSVC(C=c, class_weight="balanced").fit(vectors, labels)
-
-        return cls(embedder, fit(domains), fit(dynamism))
+        return cls(embedder, svm_classifier(c).fit(vectors, domains), svm_classifier(c).fit(vectors, dynamism))
 
     def predict(self, vectors: np.ndarray) -> list[tuple[str, str]]:
         if len(vectors) == 0:
@@ -171,7 +173,7 @@ class AttributesStage:
         conversations = [prompt.render(query=s.query, examples=self.examples, domains=list(DOMAINS),
                                        dynamism=list(DYNAMISM)) for s in states]
         params = GenParams(max_tokens=settings.max_tokens, temperature=settings.temperature, n=settings.n,
-                           seed=settings.seed, deadline=ctx.deadline.reserve(ctx.config.budget.answer_reserve_s))
+                           seed=settings.seed, deadline=ctx.work_deadline())
         for state, samples in zip(states, ctx.llm.generate(conversations, params)):
             votes = [parse_icl(sample) for sample in samples]
             state.domain = vote([d for d, _ in votes if d], DOMAINS, prefer_last=False)

@@ -29,6 +29,10 @@ class StageContext:
     pages: PageProcessor
     reranker: Reranker | None = None
 
+    def work_deadline(self) -> Deadline:
+        """When a stage's work (an LLM call, page processing) must end: the batch deadline less the answer reserve."""
+        return self.deadline.reserve(self.config.budget.answer_reserve_s)
+
 
 class Stage(Protocol):
     name: str

@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
 from models.config import ReferencesConfig
 from models.retrieval.dense import best_first, select
 from models.stages.base import StageContext
@@ -56,7 +54,7 @@ class ReferencesStage:
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
         settings = ctx.config.references
-        timeout = min(settings.timeout_s, ctx.deadline.reserve(ctx.config.budget.answer_reserve_s).remaining())
+        timeout = min(settings.timeout_s, ctx.work_deadline().remaining())
         flat = [(page.get("page_result"), _field(page, "page_name")) for s in states for page in s.pages]
         processed = ctx.pages.process(flat, timeout)
         per_query: list[list[Reference]] = []

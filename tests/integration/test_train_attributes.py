@@ -2,15 +2,14 @@
 
 import json
 
+from models.config import REPO_ROOT
 from models.stages.attributes import SVMAttributes
 from tools.train_attributes import main
-
-from tests.conftest import REPO_ROOT
 
 LABELLED = REPO_ROOT / "data" / "attributes" / "questions.jsonl"
 
 
-def test_trains_reports_and_writes_a_loadable_model(tmp_path, capsys, cpu_config):
+def test_trains_reports_and_writes_a_loadable_model(tmp_path, capsys):
     rows = LABELLED.read_text(encoding="utf-8").splitlines()[::4]  # 85 questions, every class present
     data = tmp_path / "slice.jsonl"
     data.write_text("\n".join(rows) + "\n", encoding="utf-8")
