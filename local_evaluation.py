@@ -1,9 +1,13 @@
-"""Run UserModel over CRAG data, score with rules, print the table. Re-running resumes an interrupted run."""
+"""Run UserModel over CRAG data, judge the predictions (rules, then an optional LLM judge), write the report.
+
+Re-running resumes an interrupted run; --rejudge judges an existing run again without running the model.
+Judges: "rules" (exact match to a gold answer, else wrong), "local" (the embedded SmolLM2 through the hf
+backend), or the base URL of an OpenAI-compatible server with --judge-model.
+"""
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -12,11 +16,13 @@ from loguru import logger
 from tqdm import tqdm
 
 from evaluation.data import DataError, ReadStats, check_data_file, read_examples
-from evaluation.report import format_table, score_records, write_summary
-from evaluation.runner import EvaluationError, run_model
-from models.config import CONFIG_ENV, DEFAULT_CONFIG, ConfigError, load_config
+from evaluation.judge import LLMJudge, judge_records
+from evaluation.report import format_table, score_records, write_report
+from evaluation.runner import EvaluationError, load_predictions, run_model
+from models.config import CONFIG_ENV, DEFAULT_CONFIG, ConfigError, HFConfig, OpenAIConfig, load_config
 from models.llm.base import BackendUnavailable
-from models.prompting import PromptError
+from models.prompting import PromptError, PromptLibrary
+from utils.cache import JsonCache, cache_root
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "crag_sample.jsonl"
 
@@ -29,8 +35,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None, help="run folder (default: runs/<data>__<config>)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N examples")
     parser.add_argument("--restart", action="store_true", help="discard earlier predictions of this run folder")
+    parser.add_argument("--judge", default="rules",
+                        help="rules, local, or an OpenAI-compatible base URL such as http://127.0.0.1:8001/v1")
+    parser.add_argument("--judge-model", default=None, help="model name for a URL judge")
+    parser.add_argument("--rejudge", action="store_true",
+                        help="judge the predictions already in the run folder again; the model is not loaded")
     parser.add_argument("--log-level", default="WARNING", help="loguru level for the model's logs")
     return parser.parse_args(argv)
+
+
+def build_judge(spec: str, model_name: str | None) -> LLMJudge | None:
+    """The LLM judge named by --judge; None for rules only."""
+    if spec == "rules":
+        return None
+    if spec == "local":
+        from models.llm.hf import HFBackend, resolve_model_folder
+
+        llm, name = HFBackend(HFConfig()), f"hf:{resolve_model_folder(HFConfig()).name}"
+    elif spec.startswith(("http://", "https://")):
+        if not model_name:
+            raise ConfigError(f"--judge {spec}: name the served model with --judge-model")
+        from models.llm.openai import OpenAIBackend
+
+        llm, name = OpenAIBackend(OpenAIConfig(base_url=spec, model=model_name)), f"{spec}#{model_name}"
+    else:
+        raise ConfigError(f"--judge {spec!r}: use rules, local, or an http(s) base URL")
+    return LLMJudge(llm, PromptLibrary().get("judge"), name, JsonCache(cache_root(None) / "judge"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,32 +68,40 @@ def main(argv: list[str] | None = None) -> int:
     logger.remove()
     logger.add(lambda message: tqdm.write(message, end="", file=sys.stderr), level=args.log_level.upper())
     try:
-        if args.config is not None:
-            os.environ[CONFIG_ENV] = str(args.config)
-        config = load_config()
+        config = load_config(args.config)  # --config, else $CRAG_CONFIG, else configs/cpu.yaml
         check_data_file(args.data)
         data_name = args.data.name.split(".")[0]
         out_dir = args.out or Path("runs") / f"{data_name}__{Path(config.source).stem}"
         predictions = out_dir / "predictions.jsonl"
-        if args.restart and predictions.exists():
-            predictions.unlink()
-        from models.user_config import UserModel  # after the config checks: loading models takes seconds
-
-        started = time.perf_counter()
-        model = UserModel(config)
-        print(f"UserModel ready in {time.perf_counter() - started:.1f} s ({config.source})", file=sys.stderr)
+        judge = build_judge(args.judge, args.judge_model)
         stats = ReadStats()
-        records = run_model(model, read_examples(args.data, stats, args.limit), predictions)
+        if args.rejudge:
+            if not predictions.exists():
+                raise EvaluationError(f"--rejudge: {predictions} does not exist; run without --rejudge first")
+            records = list(load_predictions(predictions).values())
+        else:
+            if args.restart and predictions.exists():
+                predictions.unlink()
+            from models.user_config import UserModel  # after the checks: loading models takes seconds
+
+            started = time.perf_counter()
+            model = UserModel(config)
+            print(f"UserModel ready in {time.perf_counter() - started:.1f} s ({config.source})", file=sys.stderr)
+            records = run_model(model, read_examples(args.data, stats, args.limit), predictions)
     except (ConfigError, DataError, EvaluationError, BackendUnavailable, PromptError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    judge_records(records, judge)
     summary = score_records(records)
+    summary["judge"] = judge.name if judge else "rules"
     summary["skipped_lines"] = stats.skipped_lines
-    summary_path = write_summary(summary, out_dir)
+    written = write_report(summary, out_dir, f"{data_name} with {Path(config.source).name}, judge {summary['judge']}")
     print(format_table(summary))
+    if judge is None:
+        print("judge: rules only (exact match); sentence answers need an LLM judge: --judge local or --judge URL")
     if stats.skipped_lines:
         print(f"skipped {len(stats.skipped_lines)} malformed lines of {args.data}: {stats.skipped_lines[:10]}")
-    print(f"predictions: {predictions}\nsummary: {summary_path}")
+    print(f"predictions: {predictions}\nreport: {written[1]} ({len(written)} files in {out_dir})")
     return 0
 
 

@@ -1,21 +1,16 @@
-"""Rule-based scoring: +1 correct, 0 "i don't know" (miss), -1 wrong (hallucination)."""
+"""Scores: +1 correct, 0 miss ("i don't know"), -1 wrong (hallucination); unjudged counted on its own.
+
+Rates are shares of all questions, so accuracy + hallucination + missing + unjudged = 1 and an unjudged
+prediction lowers neither the score nor the hallucination rate.
+"""
 
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import dataclass
 
-from utils.answers import is_idk, normalize_text, trim_to_tokens
-
-CORRECT, MISS, WRONG = "correct", "miss", "wrong"
-
-
-def judge_by_rules(prediction: str, answer: str, alt_answers: list[str]) -> str:
-    """miss for an "i don't know" variant, correct for an exact match to any gold answer, else wrong."""
-    prediction = trim_to_tokens(prediction)
-    if is_idk(prediction):
-        return MISS
-    golds = {normalize_text(g) for g in [answer, *alt_answers]}
-    return CORRECT if normalize_text(prediction) in golds else WRONG
+from evaluation.judge import CORRECT, MISS, UNJUDGED, WRONG
 
 
 @dataclass
@@ -24,10 +19,12 @@ class Scores:
     correct: int
     miss: int
     wrong: int
+    unjudged: int = 0
 
     @classmethod
     def of(cls, verdicts: list[str]) -> Scores:
-        return cls(len(verdicts), verdicts.count(CORRECT), verdicts.count(MISS), verdicts.count(WRONG))
+        return cls(len(verdicts), verdicts.count(CORRECT), verdicts.count(MISS), verdicts.count(WRONG),
+                   verdicts.count(UNJUDGED))
 
     def _rate(self, count: int) -> float:
         return count / self.total if self.total else 0.0
@@ -45,9 +42,22 @@ class Scores:
         return self._rate(self.miss)
 
     @property
+    def unjudged_rate(self) -> float:
+        return self._rate(self.unjudged)
+
+    @property
     def score(self) -> float:
         return self.accuracy - self.hallucination
 
     def as_dict(self) -> dict[str, float | int]:
         return {"total": self.total, "score": self.score, "accuracy": self.accuracy,
-                "hallucination": self.hallucination, "missing": self.missing}
+                "hallucination": self.hallucination, "missing": self.missing, "unjudged": self.unjudged_rate}
+
+
+def latency(values: list[float]) -> dict[str, float]:
+    """p50, p95 and max of `values` (seconds); zeros when there are none."""
+    if not values:
+        return {"p50": 0.0, "p95": 0.0, "max": 0.0, "n": 0}
+    ordered = sorted(values)
+    p95 = ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]  # nearest rank
+    return {"p50": statistics.median(ordered), "p95": p95, "max": ordered[-1], "n": len(ordered)}

@@ -1,45 +1,120 @@
-"""Score table: overall and per domain / question type; written as summary.json beside the predictions."""
+"""The report of a run: scores overall and by breakdown, who judged, latency; report.json, report.md, PNG charts."""
 
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from evaluation.metrics import Scores, judge_by_rules
+from evaluation.metrics import Scores, latency
+
+BREAKDOWNS = ("domain", "question_type", "static_or_dynamic", "popularity")
 
 
 def score_records(records: list[dict[str, Any]]) -> dict[str, Any]:
-    groups: dict[str, dict[str, list[str]]] = {"domain": defaultdict(list), "question_type": defaultdict(list)}
-    verdicts = []
+    """Scores of judged records (each has "verdict"), by breakdown; latency per query and per stage.
+
+    A breakdown whose field no record has (popularity outside Task 1/2 data) is left out. Latency is each
+    query's share of its batch: batch seconds / batch size, and the same for every stage of the trace.
+    """
+    groups: dict[str, dict[str, list[str]]] = {key: defaultdict(list) for key in BREAKDOWNS}
+    per_query: list[float] = []
+    per_stage: dict[str, list[float]] = defaultdict(list)
     for record in records:
-        verdict = judge_by_rules(record["prediction"], record["answer"], record.get("alt_answers") or [])
-        record["verdict"] = verdict
-        verdicts.append(verdict)
         for key, buckets in groups.items():
-            buckets[str(record.get(key) or "unknown")].append(verdict)
-    return {"overall": Scores.of(verdicts).as_dict(),
-            **{f"by_{key}": {name: Scores.of(v).as_dict() for name, v in sorted(buckets.items())}
-               for key, buckets in groups.items()}}
+            if record.get(key) not in (None, ""):
+                buckets[str(record[key])].append(record["verdict"])
+        size = max(int(record.get("batch_size") or 1), 1)
+        if isinstance(record.get("batch_seconds"), (int, float)):
+            per_query.append(record["batch_seconds"] / size)
+        for stage in (record.get("trace") or {}).get("stages", []):
+            if stage.get("status") == "ok":
+                per_stage[stage["stage"]].append(float(stage.get("seconds", 0.0)) / size)
+    return {
+        "overall": Scores.of([r["verdict"] for r in records]).as_dict(),
+        **{f"by_{key}": {name: Scores.of(v).as_dict() for name, v in sorted(buckets.items())}
+           for key, buckets in groups.items() if buckets},
+        "judged_by": dict(Counter(r.get("judged_by", "rules") for r in records)),
+        "latency_s": {"per_query": latency(per_query), "per_stage": {k: latency(v) for k, v in per_stage.items()}},
+    }
+
+
+COLUMNS = ("total", "score", "accuracy", "hallucination", "missing", "unjudged")
+
+
+def _sections(summary: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    return [(key, summary[key]) for key in summary if key.startswith("by_")]
 
 
 def format_table(summary: dict[str, Any]) -> str:
-    header = f"{'':<24}{'n':>5}{'score':>9}{'accuracy':>10}{'halluc.':>9}{'missing':>9}"
+    header = f"{'':<24}{'n':>5}{'score':>9}{'accuracy':>10}{'halluc.':>9}{'missing':>9}{'unjudged':>10}"
     lines = [header, "-" * len(header)]
 
     def row(name: str, s: dict[str, Any]) -> str:
         return (f"{name:<24}{s['total']:>5}{s['score']:>9.3f}{s['accuracy']:>10.3f}"
-                f"{s['hallucination']:>9.3f}{s['missing']:>9.3f}")
+                f"{s['hallucination']:>9.3f}{s['missing']:>9.3f}{s['unjudged']:>10.3f}")
 
     lines.append(row("overall", summary["overall"]))
-    for section in ("by_domain", "by_question_type"):
+    for section, rows in _sections(summary):
         lines.append(f"{section.replace('_', ' ')}:")
-        lines.extend(row(f"  {name}", s) for name, s in summary[section].items())
+        lines.extend(row(f"  {name}", s) for name, s in rows.items())
     return "\n".join(lines)
 
 
-def write_summary(summary: dict[str, Any], out_dir: Path) -> Path:
-    path = out_dir / "summary.json"
-    path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    return path
+def format_markdown(summary: dict[str, Any], title: str) -> str:
+    def table(rows: dict[str, dict[str, Any]], first: str) -> list[str]:
+        out = [f"| {first} | n | score | accuracy | hallucination | missing | unjudged |", "|---|---|---|---|---|---|---|"]
+        for name, s in rows.items():
+            out.append(f"| {name} | {s['total']} | " + " | ".join(f"{s[c]:.3f}" for c in COLUMNS[1:]) + " |")
+        return out
+
+    lines = [f"# {title}", "", "## Overall", "", *table({"all": summary["overall"]}, ""), ""]
+    for section, rows in _sections(summary):
+        lines += [f"## {section.replace('by_', 'By ').replace('_', ' ')}", "", *table(rows, section[3:]), ""]
+    lines += ["## Judged by", "", ", ".join(f"{k}: {v}" for k, v in summary["judged_by"].items()), ""]
+    lat = summary["latency_s"]
+    lines += ["## Latency (seconds per query)", "", "| | p50 | p95 | max |", "|---|---|---|---|",
+              f"| query | {lat['per_query']['p50']:.2f} | {lat['per_query']['p95']:.2f} | {lat['per_query']['max']:.2f} |"]
+    lines += [f"| {name} | {v['p50']:.2f} | {v['p95']:.2f} | {v['max']:.2f} |" for name, v in lat["per_stage"].items()]
+    if summary.get("skipped_lines"):
+        lines += ["", f"Skipped malformed data lines: {summary['skipped_lines']}"]
+    return "\n".join(lines) + "\n"
+
+
+def plot(summary: dict[str, Any], out_dir: Path) -> list[Path]:
+    """One bar chart per breakdown (score, accuracy, hallucination, missing per group), as PNG files."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    metrics = ("score", "accuracy", "hallucination", "missing")
+    for section, rows in [("overall", {"all": summary["overall"]}), *_sections(summary)]:
+        names = list(rows)
+        figure, axis = plt.subplots(figsize=(max(4.0, 1.2 * len(names) + 2), 3.2))
+        width = 0.8 / len(metrics)
+        for offset, metric in enumerate(metrics):
+            axis.bar([i + offset * width for i in range(len(names))], [rows[n][metric] for n in names], width,
+                     label=metric)
+        axis.set_xticks([i + 0.4 - width / 2 for i in range(len(names))], names, rotation=30, ha="right")
+        axis.axhline(0, color="black", linewidth=0.6)
+        axis.set_ylim(-1, 1)
+        axis.set_title(section.replace("_", " "))
+        axis.legend(fontsize=7, ncols=4, loc="lower left")
+        figure.tight_layout()
+        path = out_dir / f"chart_{section}.png"
+        figure.savefig(path, dpi=100)
+        plt.close(figure)
+        paths.append(path)
+    return paths
+
+
+def write_report(summary: dict[str, Any], out_dir: Path, title: str) -> list[Path]:
+    """report.json, report.md and the charts in out_dir; the paths written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out_dir / "report.json", out_dir / "report.md"
+    json_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    md_path.write_text(format_markdown(summary, title), encoding="utf-8")
+    return [json_path, md_path, *plot(summary, out_dir)]

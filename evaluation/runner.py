@@ -15,7 +15,8 @@ from tqdm import tqdm
 from evaluation.data import MODEL_FIELDS
 from models.config import MAX_BATCH_SIZE
 
-RECORD_FIELDS = ("interaction_id", "query", "answer", "alt_answers", "domain", "question_type", "static_or_dynamic")
+RECORD_FIELDS = ("interaction_id", "query", "answer", "alt_answers", "domain", "question_type", "static_or_dynamic",
+                 "popularity")
 
 
 class EvaluationError(RuntimeError):

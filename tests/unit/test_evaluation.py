@@ -7,7 +7,8 @@ import pytest
 
 import local_evaluation
 from evaluation.data import DataError, ReadStats, alternative_answers, read_examples
-from evaluation.metrics import CORRECT, MISS, WRONG, Scores, judge_by_rules
+from evaluation.judge import CORRECT, MISS, UNJUDGED, WRONG, Item, judge_by_rules
+from evaluation.metrics import Scores, latency
 from evaluation.runner import EvaluationError, load_predictions, run_model
 from models.config import REPO_ROOT
 from tests.conftest import SAMPLE, write
@@ -49,17 +50,25 @@ def test_unreadable_data_files_are_named(tmp_path):
         list(read_examples(write(tmp_path / "d.csv", "a,b")))
 
 
-@pytest.mark.parametrize("prediction, verdict", [
-    ("Christopher Nolan.", CORRECT), ("nolan", CORRECT), ("I don\u2019t know", MISS), ("", MISS),
-    ("Steven Spielberg", WRONG), ("christopher nolan " + "x " * 80, WRONG)])
-def test_rule_judge(prediction, verdict):
-    assert judge_by_rules(prediction, "christopher nolan", ["Nolan"]) == verdict
+@pytest.mark.parametrize("prediction, answer, verdict", [
+    ("Christopher Nolan.", "christopher nolan", CORRECT), ("nolan", "christopher nolan", CORRECT),  # alternative
+    ("I don\u2019t know", "christopher nolan", MISS), ("i dont know.", "x", MISS), ("", "christopher nolan", MISS),
+    ("Invalid question.", "invalid question", CORRECT), ("Invalid question", "christopher nolan", WRONG),
+    ("Nolan directed it", "invalid question", WRONG),
+    ("Steven Spielberg", "christopher nolan", None),  # the rules cannot tell: an LLM judge reads it
+    ("christopher nolan " + "x " * 80, "christopher nolan", None),
+])
+def test_rule_judge(prediction, answer, verdict):
+    assert judge_by_rules(Item("q", answer, ("Nolan",), prediction)) == verdict
 
 
-def test_scores():
-    scores = Scores.of([CORRECT, CORRECT, MISS, WRONG])
-    assert (scores.accuracy, scores.hallucination, scores.missing, scores.score) == (0.5, 0.25, 0.25, 0.25)
+def test_scores_and_latency():
+    scores = Scores.of([CORRECT, CORRECT, MISS, WRONG, UNJUDGED])
+    assert (scores.accuracy, scores.hallucination, scores.missing, scores.unjudged_rate) == (0.4, 0.2, 0.2, 0.2)
+    assert scores.score == pytest.approx(0.2)  # an unjudged prediction is not a hallucination
     assert Scores.of([]).score == 0.0
+    assert latency([float(i) for i in range(1, 21)]) == {"p50": 10.5, "p95": 19.0, "max": 20.0, "n": 20}
+    assert latency([])["n"] == 0
 
 
 class CountingModel:

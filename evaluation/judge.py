@@ -1,0 +1,161 @@
+"""Judging predictions: rules first, then an LLM judge for what the rules cannot decide.
+
+Verdicts: correct (+1), miss (0, "i don't know"), wrong (-1), unjudged (the LLM judge failed: reported on
+its own, never counted as a hallucination). Predictions are trimmed to 75 tokens before judging, as the
+grader does. LLM judgements are cached by (question, gold answers, prediction, judge model, prompt), so
+re-judging a run costs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from loguru import logger
+
+from models.llm.base import LLM, GenParams
+from models.prompting import Prompt
+from utils.answers import INVALID, is_idk, is_invalid, normalize_text, trim_to_tokens
+from utils.cache import JsonCache, content_key
+
+CORRECT, MISS, WRONG, UNJUDGED = "correct", "miss", "wrong", "unjudged"
+VERDICTS = (CORRECT, MISS, WRONG, UNJUDGED)
+
+
+@dataclass(frozen=True)
+class Item:
+    query: str
+    answer: str
+    alt_answers: tuple[str, ...]
+    prediction: str
+
+
+def judge_by_rules(item: Item) -> str | None:
+    """miss, correct or wrong where the rules decide; None where a judge must read the prediction.
+
+    As the official kit: an "i don't know" variant is a miss (curly apostrophes included); "invalid
+    question" is correct only when the gold answer is "invalid question", and wrong otherwise.
+    """
+    prediction = trim_to_tokens(item.prediction)
+    if is_idk(prediction):
+        return MISS
+    golds = {normalize_text(g) for g in (item.answer, *item.alt_answers)}
+    if INVALID in golds or is_invalid(prediction):
+        return CORRECT if INVALID in golds and is_invalid(prediction) else WRONG
+    return CORRECT if normalize_text(prediction) in golds else None
+
+
+_OBJECT = re.compile(r"\{[^{}]*\}", re.DOTALL)
+_KEYED = re.compile(r'"?(correct|accuracy|score)"?\s*[:=]\s*"?(true|false|yes|no|1|0)\b', re.IGNORECASE)
+
+
+def _truth(value: Any) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "yes", "no", "1", "0"):
+        return value.strip().lower() in ("true", "yes", "1")
+    return None
+
+
+def parse_judgement(output: str) -> bool | None:
+    """True/False from the judge's reply: the first JSON object with "correct" (or "accuracy", "score"),
+    else such a key written loosely; None when the reply says neither."""
+    for candidate in _OBJECT.findall(output):
+        try:
+            data = json.loads(candidate)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(data, dict):
+            lowered = {str(k).lower(): v for k, v in data.items()}
+            for key in ("correct", "accuracy", "score"):
+                if key in lowered and _truth(lowered[key]) is not None:
+                    return _truth(lowered[key])
+    loose = _KEYED.search(output)
+    return _truth(loose.group(2)) if loose else None
+
+
+class LLMJudge:
+    """Judges items with `llm` (any backend) through `prompt`; `name` identifies the judge model in the cache.
+
+    Each batch of `batch_size` items is one backend call (remote backends send its requests concurrently);
+    an item whose reply cannot be parsed is asked again (sampling) up to `retries` times, then it is unjudged.
+    """
+
+    def __init__(self, llm: LLM, prompt: Prompt, name: str, cache: JsonCache | None = None, batch_size: int = 16,
+                 retries: int = 2, max_tokens: int = 64) -> None:
+        self.llm, self.prompt, self.name, self.cache = llm, prompt, name, cache
+        self.batch_size, self.retries, self.max_tokens = batch_size, retries, max_tokens
+        self._prompt_key = content_key(prompt.path.read_text(encoding="utf-8") if prompt.path.is_file() else prompt.name)
+        self.calls = 0
+
+    def key(self, item: Item) -> str:
+        return content_key(item.query, item.answer, *item.alt_answers, "\x00", trim_to_tokens(item.prediction),
+                           self.name, self._prompt_key)
+
+    def judge(self, items: Sequence[Item]) -> list[str]:
+        verdicts: list[str | None] = [None] * len(items)
+        todo = []
+        for index, item in enumerate(items):
+            cached = self.cache.get(self.key(item)) if self.cache is not None else None
+            if cached in (CORRECT, WRONG):
+                verdicts[index] = cached
+            else:
+                todo.append(index)
+        for attempt in range(1 + self.retries):
+            if not todo:
+                break
+            todo = self._ask(items, todo, verdicts, temperature=0.0 if attempt == 0 else 0.7)
+        if todo:
+            logger.warning("LLM judge {}: {} of {} predictions unjudged (no parsable reply)", self.name, len(todo),
+                           len(items))
+        return [verdict or UNJUDGED for verdict in verdicts]
+
+    def _ask(self, items: Sequence[Item], todo: list[int], verdicts: list[str | None], temperature: float) -> list[int]:
+        """Ask about `todo`; fill `verdicts`; return the indices still without one. Retries sample (temperature
+        above 0), since a greedy judge would repeat the same unparsable reply."""
+        failed = []
+        params = GenParams(max_tokens=self.max_tokens, temperature=temperature, n=1)
+        for start in range(0, len(todo), self.batch_size):
+            chunk = todo[start:start + self.batch_size]
+            conversations = [self.prompt.render(query=items[i].query, answers=[items[i].answer, *items[i].alt_answers],
+                                                prediction=trim_to_tokens(items[i].prediction)) for i in chunk]
+            self.calls += 1
+            try:
+                outputs = self.llm.generate(conversations, params)
+            except Exception as err:  # a judge backend down must cost verdicts, not the report
+                logger.warning("LLM judge {} failed on {} predictions: {}", self.name, len(chunk), err)
+                failed.extend(chunk)
+                continue
+            for index, samples in zip(chunk, outputs):
+                judged = parse_judgement(samples[0]) if samples else None
+                if judged is None:
+                    failed.append(index)
+                    continue
+                verdicts[index] = CORRECT if judged else WRONG
+                if self.cache is not None:
+                    self.cache.put(self.key(items[index]), verdicts[index])
+        return failed
+
+
+def judge_records(records: list[dict[str, Any]], llm_judge: LLMJudge | None) -> None:
+    """Set record["verdict"] and record["judged_by"] ("rules", "llm" or "none") on every record."""
+    items = [Item(str(r.get("query") or ""), str(r.get("answer") or ""), tuple(str(a) for a in r.get("alt_answers") or []),
+                  str(r.get("prediction") or "")) for r in records]
+    undecided = []
+    for index, (record, item) in enumerate(zip(records, items)):
+        verdict = judge_by_rules(item)
+        if verdict is None:
+            undecided.append(index)
+        else:
+            record.update(verdict=verdict, judged_by="rules")
+    if llm_judge is None:  # rules only: what they cannot decide is wrong, as in the exact-match baseline
+        for index in undecided:
+            records[index].update(verdict=WRONG, judged_by="rules")
+        return
+    for index, verdict in zip(undecided, llm_judge.judge([items[i] for i in undecided])):
+        records[index].update(verdict=verdict, judged_by="llm" if verdict != UNJUDGED else "none")

@@ -1,0 +1,116 @@
+"""The LLM judge with a scripted LLM: parsing, retries, unjudged, the cache; the report files."""
+
+import json
+
+import pytest
+
+import local_evaluation
+from evaluation.judge import CORRECT, UNJUDGED, WRONG, Item, LLMJudge, judge_records, parse_judgement
+from evaluation.report import score_records, write_report
+from models.prompting import PromptLibrary
+from tests.conftest import SAMPLE
+from tests.fakes import ScriptedLLM
+from utils.cache import JsonCache
+
+ITEMS = [Item("who directed inception?", "christopher nolan", (), "It was Nolan, the British director"),
+         Item("capital of france?", "paris", ("Paris, France",), "Lyon")]
+
+
+@pytest.mark.parametrize("reply, expected", [
+    ('{"correct": true, "reason": "same person"}', True),
+    ('Sure! {"correct": false}', False),
+    ('{"score": 1}', True), ('{"Accuracy": "False"}', False), ('{"accuracy": "True", "x": {"y": 1}}', True),
+    ('correct: yes', True), ('"correct" = 0', False),
+    ('{"correct": "maybe"}', None), ("I think so", None), ("", None), ("{not json", None),
+])
+def test_parse_judgement(reply, expected):
+    assert parse_judgement(reply) is expected if expected is None else parse_judgement(reply) == expected
+
+
+def judge_with(reply, tmp_path=None, retries=2):
+    cache = JsonCache(tmp_path) if tmp_path else None
+    llm = ScriptedLLM(reply)
+    return LLMJudge(llm, PromptLibrary().get("judge"), "scripted", cache, batch_size=8, retries=retries), llm
+
+
+def test_llm_verdicts_and_the_cache(tmp_path):
+    reply = lambda conv: '{"correct": %s}' % ("true" if "Nolan" in conv[1]["content"] else "false")  # noqa: E731
+    judge, llm = judge_with(reply, tmp_path)
+    assert judge.judge(ITEMS) == [CORRECT, WRONG]
+    prompt = llm.calls[0][0][1][1]["content"]
+    assert "- paris" in prompt and "- Paris, France" in prompt and "Prediction: Lyon" in prompt
+    again, llm_again = judge_with(reply, tmp_path)  # a new judge over the same cache folder
+    assert again.judge(ITEMS) == [CORRECT, WRONG] and llm_again.calls == []
+
+
+def test_unparsable_replies_are_retried_then_unjudged(caplog_loguru):
+    replies = iter(["no idea", '{"correct": true}', "still no idea", "nope", "nothing"])
+    judge, llm = judge_with(lambda conv: next(replies), retries=2)
+    assert judge.judge(ITEMS) == [UNJUDGED, CORRECT]  # the first stays unparsable through both retries
+    assert len(llm.calls) == 3  # the first try and two retries, each with only the undecided items
+    assert "1 of 2 predictions unjudged" in caplog_loguru.text
+
+
+def test_a_judge_backend_that_raises_leaves_predictions_unjudged():
+    def down(conv):
+        raise ConnectionError("judge server down")
+    judge, _ = judge_with(down, retries=0)
+    assert judge.judge(ITEMS) == [UNJUDGED, UNJUDGED]
+
+
+def test_judge_records_uses_rules_first_and_the_llm_for_the_rest():
+    records = [{"query": "q", "answer": "paris", "alt_answers": [], "prediction": "Paris."},
+               {"query": "q", "answer": "paris", "alt_answers": [], "prediction": "i don't know"},
+               {"query": "q", "answer": "paris", "alt_answers": [], "prediction": "It is Paris, of course"}]
+    judge, llm = judge_with(lambda conv: '{"correct": true}')
+    judge_records(records, judge)
+    assert [(r["verdict"], r["judged_by"]) for r in records] == [("correct", "rules"), ("miss", "rules"),
+                                                                 ("correct", "llm")]
+    assert len(llm.calls) == 1 and len(llm.calls[0][0]) == 1  # only the undecided one reached the LLM
+    judge_records(records, None)
+    assert records[2]["verdict"] == "wrong"  # rules only: no exact match is wrong
+
+
+def test_report_files_carry_every_breakdown(tmp_path):
+    records = [json.loads(line) for line in SAMPLE.read_text().splitlines()]
+    for i, record in enumerate(records):
+        record.update(prediction=record["answer"] if i % 2 else "i don't know", batch_seconds=8.0, batch_size=4,
+                      popularity="head" if i % 3 else "tail",
+                      trace={"stages": [{"stage": "reasoning", "status": "ok", "seconds": 4.0}]})
+    judge_records(records, None)
+    summary = score_records(records)
+    assert summary["overall"]["accuracy"] == 0.5 and summary["overall"]["missing"] == 0.5
+    assert set(summary) >= {"by_domain", "by_question_type", "by_static_or_dynamic", "by_popularity"}
+    assert summary["latency_s"]["per_query"]["p50"] == 2.0 and summary["latency_s"]["per_stage"]["reasoning"]["max"] == 1.0
+    written = write_report(summary, tmp_path, "test run")
+    names = {p.name for p in written}
+    assert {"report.json", "report.md", "chart_overall.png", "chart_by_domain.png", "chart_by_popularity.png"} <= names
+    markdown = (tmp_path / "report.md").read_text()
+    assert "## By question type" in markdown and "| simple_w_condition |" in markdown and "| reasoning |" in markdown
+    assert all(p.stat().st_size > 1000 for p in written if p.suffix == ".png")
+
+
+def test_cli_rejudges_without_loading_the_model(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    records = [json.loads(line) for line in SAMPLE.read_text().splitlines()][:3]
+    with (out / "predictions.jsonl").open("w") as handle:
+        for record in records:
+            record.pop("search_results")
+            record.update(prediction=record["answer"], alt_answers=[], batch_seconds=1.0, batch_size=1)
+            handle.write(json.dumps(record) + "\n")
+    assert local_evaluation.main(["--data", str(SAMPLE), "--out", str(out), "--rejudge"]) == 0
+    printed = capsys.readouterr().out
+    assert "overall" in printed and (out / "report.md").exists()
+    assert json.loads((out / "report.json").read_text())["overall"]["accuracy"] == 1.0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--judge", "gpt"], "use rules, local, or an http(s) base URL"),
+    (["--judge", "http://127.0.0.1:9/v1"], "--judge-model"),
+    (["--rejudge"], "does not exist"),
+])
+def test_cli_judge_errors_are_one_line(tmp_path, capsys, args, message):
+    assert local_evaluation.main(["--data", str(SAMPLE), "--out", str(tmp_path / "empty"), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err
