@@ -8,6 +8,8 @@ backend), or the base URL of an OpenAI-compatible server with --judge-model.
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -15,7 +17,7 @@ from pathlib import Path
 from loguru import logger
 from tqdm import tqdm
 
-from evaluation.data import DataError, ReadStats, check_data_file, read_examples
+from evaluation.data import DataError, ReadStats, Selection, check_data_file, parse_shard, read_examples
 from evaluation.judge import LLMJudge, judge_records
 from evaluation.report import format_table, score_records, write_report
 from evaluation.runner import EvaluationError, load_predictions, run_model
@@ -33,8 +35,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--config", type=Path, default=None,
                         help=f"system config YAML (default: ${CONFIG_ENV}, else {DEFAULT_CONFIG.name})")
     parser.add_argument("--out", type=Path, default=None, help="run folder (default: runs/<data>__<config>)")
-    parser.add_argument("--limit", type=int, default=None, help="only the first N examples")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N examples (of the shard)")
+    parser.add_argument("--domain", default="", help="only these domains, comma-separated (e.g. finance,music)")
+    parser.add_argument("--question-type", default="", help="only these question types, comma-separated")
+    parser.add_argument("--split", type=int, default=None, help="only examples with this CRAG split value (0 or 1)")
+    parser.add_argument("--shard", default="1/1",
+                        help="i/n: run the i-th of n equal parts (into <out>/shard-i-of-n); merge with --merge")
+    parser.add_argument("--merge", action="store_true",
+                        help="combine <out>/shard-*-of-n/predictions.jsonl into <out> and judge; no model")
     parser.add_argument("--restart", action="store_true", help="discard earlier predictions of this run folder")
+    parser.add_argument("--time-limit", type=float, default=30.0,
+                        help="seconds per query; a batch over batch size x this is timed out (0: no limit)")
     parser.add_argument("--judge", default="rules",
                         help="rules, local, or an OpenAI-compatible base URL such as http://127.0.0.1:8001/v1")
     parser.add_argument("--judge-model", default=None, help="model name for a URL judge")
@@ -63,6 +74,25 @@ def build_judge(spec: str, model_name: str | None) -> LLMJudge | None:
     return LLMJudge(llm, PromptLibrary().get("judge"), name, JsonCache(cache_root(None) / "judge"))
 
 
+def merge_shards(out_dir: Path, predictions: Path) -> list[dict]:
+    """The records of every shard folder under out_dir, written together to `predictions` (shard order)."""
+    folders = sorted(out_dir.glob("shard-*-of-*"), key=lambda p: [int(n) for n in re.findall(r"\d+", p.name)])
+    counts = {re.fullmatch(r"shard-(\d+)-of-(\d+)", f.name).group(2) for f in folders}
+    if not folders or len(counts) != 1:
+        raise EvaluationError(f"--merge: {out_dir} needs shard-i-of-n folders of one n (found {[f.name for f in folders]})")
+    count = int(counts.pop())
+    missing = [i for i in range(1, count + 1) if not (out_dir / f"shard-{i}-of-{count}" / "predictions.jsonl").exists()]
+    if missing:
+        raise EvaluationError(f"--merge: shards {missing} of {count} have no predictions.jsonl under {out_dir}")
+    records: dict[str, dict] = {}
+    for i in range(1, count + 1):
+        records.update(load_predictions(out_dir / f"shard-{i}-of-{count}" / "predictions.jsonl"))
+    with predictions.open("w", encoding="utf-8") as handle:
+        for record in records.values():
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+    return list(records.values())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logger.remove()
@@ -72,10 +102,18 @@ def main(argv: list[str] | None = None) -> int:
         check_data_file(args.data)
         data_name = args.data.name.split(".")[0]
         out_dir = args.out or Path("runs") / f"{data_name}__{Path(config.source).stem}"
+        shard_index, shard_count = parse_shard(args.shard)
+        if shard_count > 1:
+            out_dir = out_dir / f"shard-{shard_index}-of-{shard_count}"
         predictions = out_dir / "predictions.jsonl"
+        selection = Selection(frozenset(filter(None, args.domain.split(","))),
+                              frozenset(filter(None, args.question_type.split(","))), args.split,
+                              shard_index, shard_count, args.limit)
         judge = build_judge(args.judge, args.judge_model)
         stats = ReadStats()
-        if args.rejudge:
+        if args.merge:
+            records = merge_shards(out_dir, predictions)
+        elif args.rejudge:
             if not predictions.exists():
                 raise EvaluationError(f"--rejudge: {predictions} does not exist; run without --rejudge first")
             records = list(load_predictions(predictions).values())
@@ -87,8 +125,9 @@ def main(argv: list[str] | None = None) -> int:
             started = time.perf_counter()
             model = UserModel(config)
             print(f"UserModel ready in {time.perf_counter() - started:.1f} s ({config.source})", file=sys.stderr)
-            records = run_model(model, read_examples(args.data, stats, args.limit), predictions)
-    except (ConfigError, DataError, EvaluationError, BackendUnavailable, PromptError) as err:
+            records = run_model(model, read_examples(args.data, stats, selection=selection), predictions,
+                                per_query_s=args.time_limit or None)
+    except (ConfigError, DataError, EvaluationError, BackendUnavailable, PromptError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     judge_records(records, judge)

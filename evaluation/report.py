@@ -36,6 +36,7 @@ def score_records(records: list[dict[str, Any]]) -> dict[str, Any]:
         **{f"by_{key}": {name: Scores.of(v).as_dict() for name, v in sorted(buckets.items())}
            for key, buckets in groups.items() if buckets},
         "judged_by": dict(Counter(r.get("judged_by", "rules") for r in records)),
+        "timed_out": sum(bool(r.get("timed_out")) for r in records),
         "latency_s": {"per_query": latency(per_query), "per_stage": {k: latency(v) for k, v in per_stage.items()}},
     }
 
@@ -73,6 +74,7 @@ def format_markdown(summary: dict[str, Any], title: str) -> str:
     for section, rows in _sections(summary):
         lines += [f"## {section.replace('by_', 'By ').replace('_', ' ')}", "", *table(rows, section[3:]), ""]
     lines += ["## Judged by", "", ", ".join(f"{k}: {v}" for k, v in summary["judged_by"].items()), ""]
+    lines += [f"Queries in batches over the time limit (answered \"i don't know\"): {summary['timed_out']}", ""]
     lat = summary["latency_s"]
     lines += ["## Latency (seconds per query)", "", "| | p50 | p95 | max |", "|---|---|---|---|",
               f"| query | {lat['per_query']['p50']:.2f} | {lat['per_query']['p95']:.2f} | {lat['per_query']['max']:.2f} |"]

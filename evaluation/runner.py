@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ from tqdm import tqdm
 
 from evaluation.data import MODEL_FIELDS
 from models.config import MAX_BATCH_SIZE
+from utils.answers import IDK
 
 RECORD_FIELDS = ("interaction_id", "query", "answer", "alt_answers", "domain", "question_type", "static_or_dynamic",
                  "popularity")
@@ -55,9 +57,42 @@ def _take(examples: Iterator[dict[str, Any]], count: int) -> list[dict[str, Any]
     return [example for _, example in zip(range(count), examples)]
 
 
+def call_with_limit(model: Any, batch: dict[str, list[Any]], limit_s: float | None) -> tuple[Any, float, bool]:
+    """(answers, seconds, timed_out) of model.batch_generate_answer(batch), run in a worker thread.
+
+    Past `limit_s` the batch counts as timed out, as the grader would count it. A thread cannot be stopped,
+    so the call is still awaited before the next batch starts (the model is not safe to call twice at once).
+    An exception of the call, KeyboardInterrupt included, is raised here.
+    """
+    outcome: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            outcome["answers"] = model.batch_generate_answer(batch)
+        except BaseException as err:  # re-raised in the caller's thread below
+            outcome["error"] = err
+
+    started = time.perf_counter()
+    worker = threading.Thread(target=call, name="batch_generate_answer", daemon=True)
+    worker.start()
+    worker.join(limit_s)
+    timed_out = worker.is_alive()
+    if timed_out:
+        logger.warning("batch of {} exceeded its {:.0f} s limit; its answers count as timed out",
+                       len(batch.get("query", [])), limit_s)
+        worker.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("answers"), time.perf_counter() - started, timed_out
+
+
 def run_model(model: Any, examples: Iterable[dict[str, Any]], predictions_path: Path,
-              total: int | None = None) -> list[dict[str, Any]]:
-    """Records for every example, in order: loaded from an earlier run where present, else predicted now."""
+              total: int | None = None, per_query_s: float | None = 30.0) -> list[dict[str, Any]]:
+    """Records for every example, in order: loaded from an earlier run where present, else predicted now.
+
+    A batch gets batch size x `per_query_s` seconds (None: no limit); the queries of a batch over it are
+    recorded with `timed_out` and the answer "i don't know", whatever the model returned late.
+    """
     predictions_path.parent.mkdir(parents=True, exist_ok=True)
     done = load_predictions(predictions_path)
     order: list[str] = []
@@ -71,17 +106,17 @@ def run_model(model: Any, examples: Iterable[dict[str, Any]], predictions_path: 
     queue = pending()
     with predictions_path.open("a", encoding="utf-8") as out, tqdm(total=total, unit="q", desc="evaluating") as bar:
         while batch := _take(queue, _batch_size(model)):
-            started = time.perf_counter()
-            answers = model.batch_generate_answer({key: [e[key] for e in batch] for key in MODEL_FIELDS})
-            seconds = time.perf_counter() - started
+            limit = len(batch) * per_query_s if per_query_s else None
+            answers, seconds, timed_out = call_with_limit(model, {key: [e[key] for e in batch] for key in MODEL_FIELDS},
+                                                          limit)
             if not isinstance(answers, list) or len(answers) != len(batch) or not all(isinstance(a, str) for a in answers):
                 raise EvaluationError(f"batch_generate_answer returned {type(answers).__name__} "
                                       f"for {len(batch)} queries; it must return a list of {len(batch)} strings")
             traces = {t.get("interaction_id"): t for t in getattr(model, "last_batch_trace", []) or []}
             for example, answer in zip(batch, answers):
                 record = {key: example.get(key) for key in RECORD_FIELDS}
-                record.update(prediction=answer, batch_seconds=round(seconds, 3), batch_size=len(batch),
-                              trace=traces.get(example["interaction_id"]))
+                record.update(prediction=IDK if timed_out else answer, batch_seconds=round(seconds, 3),
+                              batch_size=len(batch), timed_out=timed_out, trace=traces.get(example["interaction_id"]))
                 done[example["interaction_id"]] = record
                 out.write(json.dumps(record, ensure_ascii=False) + "\n")
             out.flush()

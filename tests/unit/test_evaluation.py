@@ -2,6 +2,7 @@ import bz2
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -99,6 +100,20 @@ def test_run_appends_and_resumes(tmp_path):
     assert all(r["prediction"] == r["answer"] for r in records)
 
 
+class SlowModel(CountingModel):
+    def batch_generate_answer(self, batch):
+        if "id0" in batch["interaction_id"]:
+            time.sleep(0.6)
+        return super().batch_generate_answer(batch)
+
+
+def test_batches_over_the_time_limit_are_marked_timed_out(tmp_path):
+    records = run_model(SlowModel(batch_size=2), iter([_example(i) for i in range(4)]), tmp_path / "p.jsonl",
+                        per_query_s=0.1)  # 0.2 s per batch of 2; the first batch sleeps 0.6 s
+    assert [r["timed_out"] for r in records] == [True, True, False, False]
+    assert [r["prediction"] for r in records] == ["i don't know", "i don't know", "a2", "a3"]
+
+
 def test_torn_last_line_is_dropped(tmp_path):
     path = write(tmp_path / "p.jsonl", json.dumps({"interaction_id": "a"}) + "\n{\"interaction_id\": \"b")
     assert list(load_predictions(path)) == ["a"]
@@ -132,3 +147,48 @@ def test_cli_errors_are_one_line_with_exit_2(tmp_path, capsys):
     bad = write(tmp_path / "bad.yaml", "batch_sise: 3\n")
     assert local_evaluation.main(["--config", str(bad), "--out", str(tmp_path)]) == 2
     assert "unknown key 'batch_sise'" in capsys.readouterr().err
+
+
+def test_filters_and_shards_cover_the_selection_once():
+    from evaluation.data import Selection
+
+    everything = [e["interaction_id"] for e in read_examples(SAMPLE)]
+    shards = [[e["interaction_id"] for e in read_examples(SAMPLE, selection=Selection(shard_index=i, shard_count=3))]
+              for i in (1, 2, 3)]
+    assert sorted(sum(shards, [])) == sorted(everything) and all(len(s) == 4 for s in shards)
+    music = list(read_examples(SAMPLE, selection=Selection(domains=frozenset({"music"}))))
+    assert len(music) == 3 and {e["domain"] for e in music} == {"music"}
+    typed = list(read_examples(SAMPLE, selection=Selection(question_types=frozenset({"set", "simple"}), limit=3)))
+    assert len(typed) == 3 and {e["question_type"] for e in typed} <= {"set", "simple"}
+    assert list(read_examples(SAMPLE, selection=Selection(split=1))) == []  # the sample has no split field
+
+
+def _shard_file(folder, records):
+    folder.mkdir(parents=True)
+    with (folder / "predictions.jsonl").open("w") as handle:
+        for record in records:
+            handle.write(json.dumps(record) + "\n")
+
+
+def test_merge_combines_shards_into_one_report(tmp_path, capsys):
+    records = [dict(_example(i), alt_answers=[], prediction=f"a{i}" if i else "no", domain="music",
+                    batch_seconds=1.0, batch_size=1) for i in range(3)]
+    for record in records:
+        record.pop("search_results")
+    _shard_file(tmp_path / "shard-1-of-2", records[::2])
+    _shard_file(tmp_path / "shard-2-of-2", records[1::2])
+    assert local_evaluation.main(["--data", str(SAMPLE), "--out", str(tmp_path), "--merge"]) == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["overall"]["total"] == 3 and report["by_domain"]["music"]["accuracy"] == pytest.approx(2 / 3)
+    assert len((tmp_path / "predictions.jsonl").read_text().splitlines()) == 3
+    capsys.readouterr()
+    (tmp_path / "shard-2-of-2" / "predictions.jsonl").unlink()
+    assert local_evaluation.main(["--data", str(SAMPLE), "--out", str(tmp_path), "--merge"]) == 2
+    assert "shards [2] of 2 have no predictions.jsonl" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("shard", ["3", "0/2", "3/2", "a/b"])
+def test_bad_shard_is_a_one_line_error(tmp_path, capsys, shard):
+    assert local_evaluation.main(["--data", str(SAMPLE), "--out", str(tmp_path), "--shard", shard]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --shard") and err.count("\n") == 0
