@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import ast
 import bz2
+import glob
+import io
 import json
+import re
+import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO
 
 from loguru import logger
 
@@ -54,19 +58,73 @@ def parse_shard(text: str) -> tuple[int, int]:
     return index, count
 
 
+SUPPORTED = "a CRAG .jsonl, .jsonl.bz2 or Task 3 .tar.bz2 file (or the first of its .tar.bz2.partN pieces)"
+
+
+def _parts(path: Path) -> list[Path]:
+    """The pieces of a split archive, in order, when `path` names one piece or their common stem."""
+    stem = re.sub(r"\.part\d+$", "", path.name)
+    pieces = sorted(path.parent.glob(f"{glob.escape(stem)}.part*"), key=lambda p: int(re.findall(r"\d+$", p.name)[0] or 0))
+    return [p for p in pieces if re.search(r"\.part\d+$", p.name)]
+
+
+def _is_tar(path: Path) -> bool:
+    return ".tar" in "".join(Path(re.sub(r"\.part\d+$", "", path.name)).suffixes)
+
+
 def check_data_file(path: Path) -> None:
     """Raise DataError unless `path` is a data file this module reads."""
-    if not path.is_file():
-        raise DataError(f"{path}: no such data file (give a CRAG .jsonl or .jsonl.bz2 file)")
-    if path.suffix not in (".bz2", ".jsonl", ".json"):
-        raise DataError(f"{path}: unsupported data file type (give a .jsonl or .jsonl.bz2 file)")
+    if not path.is_file() and not (_is_tar(path) and _parts(path)):
+        raise DataError(f"{path}: no such data file (give {SUPPORTED})")
+    if not (_is_tar(path) or path.suffix in (".bz2", ".jsonl", ".json")):
+        raise DataError(f"{path}: unsupported data file type (give {SUPPORTED})")
 
 
-def _open(path: Path) -> TextIO:
+class _Concatenated(io.RawIOBase):
+    """The bytes of several files, one after another, read sequentially (split archives)."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self._paths = iter(paths)
+        self._handle: BinaryIO | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while True:
+            if self._handle is None:
+                following = next(self._paths, None)
+                if following is None:
+                    return 0
+                self._handle = following.open("rb")
+            count = self._handle.readinto(buffer)
+            if count:
+                return count
+            self._handle.close()
+            self._handle = None
+
+
+def _tar_lines(path: Path) -> Iterator[str]:
+    """Lines of every .jsonl member of a (possibly split) .tar.bz2, streamed: the archive is never unpacked."""
+    pieces = _parts(path) if re.search(r"\.part\d+$", path.name) or not path.is_file() else [path]
+    stream = io.BufferedReader(_Concatenated(pieces), buffer_size=1 << 20)
+    with tarfile.open(fileobj=stream, mode="r|*") as archive:
+        for member in archive:
+            if member.isfile() and member.name.endswith((".jsonl", ".json")):
+                handle = archive.extractfile(member)
+                if handle is not None:  # decoded line by line: a streamed member cannot back a TextIOWrapper
+                    for raw in handle:
+                        yield raw.decode("utf-8", errors="replace")
+
+
+def _lines(path: Path) -> Iterator[str]:
     check_data_file(path)
-    if path.suffix == ".bz2":
-        return bz2.open(path, "rt", encoding="utf-8")
-    return path.open("r", encoding="utf-8")
+    if _is_tar(path):
+        yield from _tar_lines(path)
+        return
+    opener = bz2.open if path.suffix == ".bz2" else open
+    with opener(path, "rt", encoding="utf-8") as handle:
+        yield from handle
 
 
 def alternative_answers(example: dict[str, Any]) -> list[str]:
@@ -91,8 +149,9 @@ def read_examples(path: Path, stats: ReadStats | None = None, limit: int | None 
     stats = stats or ReadStats()
     selection = selection or Selection(limit=limit)
     count = kept = 0
-    with _open(path) as handle:
-        for number, line in enumerate(handle, start=1):
+    lines = _lines(path)
+    try:
+        for number, line in enumerate(lines, start=1):
             if selection.limit is not None and count >= selection.limit:
                 return
             if not line.strip():
@@ -114,3 +173,5 @@ def read_examples(path: Path, stats: ReadStats | None = None, limit: int | None 
             example["alt_answers"] = alternative_answers(example)
             count += 1
             yield example
+    finally:
+        lines.close()  # closes the file even when the limit stops early
