@@ -1,0 +1,55 @@
+"""Offline prompt tuning: upstream stages run once and are cached; each variant re-runs only downstream."""
+
+import json
+
+from models.config import REPO_ROOT
+from tests.conftest import SAMPLE
+from tests.fakes import ScriptedLLM, by_prompt, prompt_name
+from tools.tune_prompts import main
+from utils.cache import CACHE_ENV
+
+
+def calls_of(llm, name):
+    return sum(1 for conversations, _ in llm.calls if prompt_name(conversations[0]) == name)
+
+
+def test_variants_share_cached_upstream_results(make_system, cpu_config, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    cpu_config.knowledge.enabled = True
+    cpu_config.calculator.enabled = True
+    baseline = REPO_ROOT / "prompts" / "reasoning.yaml"
+    variant = tmp_path / "reasoning_nolan.yaml"
+    variant.write_text(baseline.read_text().replace("Think step by step, then give a short answer.",
+                                                    "Think step by step, then give a short answer. VARIANT-B"))
+
+    def reasoning(conversation):
+        answer = "christopher nolan" if "VARIANT-B" in conversation[0]["content"] else "paris"
+        return f"===START===\n## Answer: {answer}\n## False Premise: no\n===END==="
+
+    llm = ScriptedLLM(by_prompt(reasoning=reasoning, calculator="```python\n1 + 1\n```"))
+    system = make_system(llm)
+    args = ["--prompt", "reasoning", "--variant", str(baseline), "--variant", str(variant), "--data", str(SAMPLE),
+            "--out", str(tmp_path / "out")]
+    assert main(args, system=system) == 0
+    batches = 3  # 12 questions, batch size 4
+    assert calls_of(llm, "knowledge") == batches and calls_of(llm, "calculator") == batches
+    assert calls_of(llm, "reasoning") == 2 * batches  # once per variant
+    rows = json.loads((tmp_path / "out" / "tuning.json").read_text())
+    assert rows["reasoning.yaml"]["overall"]["accuracy"] == 0.0
+    assert rows["reasoning_nolan.yaml"]["overall"]["accuracy"] == 1 / 12  # the inception question
+    table = capsys.readouterr().out
+    assert "| reasoning_nolan.yaml | overall | 12 | -0.833 | +0.167 |" in table  # one wrong answer made right
+    assert (tmp_path / "out" / "tuning.png").stat().st_size > 1000
+
+    assert main(args, system=system) == 0  # a second run: upstream comes from the cache
+    assert calls_of(llm, "knowledge") == batches and calls_of(llm, "calculator") == batches
+    assert calls_of(llm, "reasoning") == 4 * batches
+
+
+def test_prompt_no_stage_uses_is_a_one_line_error(make_system, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    args = ["--prompt", "judge", "--variant", "prompts/judge.yaml", "--data", str(SAMPLE), "--out", str(tmp_path)]
+    assert main(args, system=make_system()) == 2
+    assert "no stage of strategy hybrid uses it" in capsys.readouterr().err
+    assert main(["--variant", "nope.yaml", "--data", str(SAMPLE)], system=make_system()) == 2
+    assert "--variant nope.yaml: no such prompt file" in capsys.readouterr().err

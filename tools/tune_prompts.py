@@ -1,0 +1,214 @@
+"""Offline prompt tuning: compare variants of one prompt over the same cached upstream results.
+
+The stages before the first stage that uses the tuned prompt run once per question, and their output (the
+query states) is cached by content hash under the cache folder (`stages/`), so a second tuning run calls no
+upstream stage at all. For each variant only the stages from that one on run again, then the answers are
+judged and a side-by-side table of scores and deltas against the first variant is printed and written
+(`tuning.json`, `tuning.md`, `tuning.png`).
+
+    python tools/tune_prompts.py --prompt reasoning --variant prompts/reasoning.yaml \\
+        --variant my/reasoning_short.yaml --data data/crag_sample.jsonl --limit 40 --judge rules
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from evaluation.data import DataError, check_data_file, read_examples  # noqa: E402
+from evaluation.judge import judge_records  # noqa: E402
+from evaluation.report import score_records  # noqa: E402
+from models.budget import Deadline  # noqa: E402
+from models.config import ConfigError, SystemConfig, load_config  # noqa: E402
+from models.llm.base import BackendUnavailable  # noqa: E402
+from models.prompting import PromptError, PromptLibrary  # noqa: E402
+from models.stages.base import StageContext, run_stage  # noqa: E402
+from models.state import QueryState, Reference, StageRecord  # noqa: E402
+from models.system import CragSystem, unpack_batch  # noqa: E402
+from utils.cache import JsonCache, cache_root, content_key  # noqa: E402
+
+STAGE_CACHE_VERSION = "stages-1"
+
+
+def state_to_json(state: QueryState) -> dict[str, Any]:
+    data = dataclasses.asdict(state)
+    data.pop("pages")  # the input: given back from the data file when the state is loaded
+    return data
+
+
+def state_from_json(data: dict[str, Any], pages: list[dict[str, Any]]) -> QueryState:
+    fields = dict(data, pages=pages)
+    fields["references"] = [Reference(**r) for r in data["references"]]
+    fields["trace"] = [StageRecord(**r) for r in data["trace"]]
+    return QueryState(**fields)
+
+
+def upstream_key(example: dict[str, Any], config: SystemConfig, stage_names: list[str], prompt_texts: list[str]) -> str:
+    """Everything the upstream stages' output depends on: the question and its pages, the config (prompt
+    overrides aside) and the texts of the prompts those stages use."""
+    settings = dataclasses.asdict(config)
+    settings.pop("prompts")
+    settings.pop("source")
+    return content_key(STAGE_CACHE_VERSION, json.dumps(settings, sort_keys=True), *stage_names, *prompt_texts,
+                       example["interaction_id"], example["query"], example["query_time"],
+                       json.dumps(example["search_results"], sort_keys=True))
+
+
+class Tuner:
+    """Runs upstream stages once (cached) and downstream stages once per variant of `prompt`."""
+
+    def __init__(self, system: CragSystem, prompt: str, cache: JsonCache) -> None:
+        stages = system.strategy.stages
+        split = next((i for i, s in enumerate(stages) if prompt in s.prompt_names), None)
+        if split is None:
+            raise ConfigError(f"--prompt {prompt!r}: no stage of strategy {system.config.strategy} uses it "
+                              f"(stages: {[s.name for s in stages]})")
+        self.system, self.prompt, self.cache = system, prompt, cache
+        self.upstream, self.downstream = stages[:split], stages[split:]
+        texts = [system.prompts.get(n).path.read_text(encoding="utf-8") for s in self.upstream for n in s.prompt_names]
+        self._key_parts = ([s.name for s in self.upstream], texts)
+
+    def _context(self, prompts: PromptLibrary, size: int) -> StageContext:
+        budget = self.system.config.budget
+        deadline = Deadline.for_batch(max(size, 1), budget.per_query_s, budget.safety_margin_s)
+        return StageContext(self.system.config, self.system.llm, self.system.embedder, prompts, deadline,
+                            self.system.pages, self.system.reranker)
+
+    def upstream_states(self, examples: list[dict[str, Any]]) -> list[QueryState]:
+        keys = [upstream_key(e, self.system.config, *self._key_parts) for e in examples]
+        cached = [self.cache.get(key) for key in keys]
+        missing = [i for i, value in enumerate(cached) if value is None]
+        batch_size = self.system.config.batch_size
+        for start in range(0, len(missing), batch_size):
+            chunk = missing[start:start + batch_size]
+            states = unpack_batch({k: [examples[i][k] for i in chunk] for k in
+                                   ("interaction_id", "query", "search_results", "query_time")})
+            ctx = self._context(self.system.prompts, len(states))
+            for stage in self.upstream:
+                run_stage(stage, states, ctx)
+            for i, state in zip(chunk, states):
+                cached[i] = state_to_json(state)
+                self.cache.put(keys[i], cached[i])
+        return [state_from_json(value, [p for p in e["search_results"] if isinstance(p, dict)])
+                for value, e in zip(cached, examples)]
+
+    def variant_answers(self, states: list[QueryState], variant: str) -> list[str]:
+        prompts = PromptLibrary({**self.system.config.prompts, self.prompt: variant})
+        prompts.get(self.prompt)  # a broken variant fails before any call
+        answers: list[str] = []
+        batch_size = self.system.config.batch_size
+        for start in range(0, len(states), batch_size):
+            batch = [copy.deepcopy(s) for s in states[start:start + batch_size]]
+            ctx = self._context(prompts, len(batch))
+            for stage in self.downstream:
+                run_stage(stage, batch, ctx)
+            run_stage(self.system.answer_stage, batch, ctx, always=True)
+            answers.extend(s.answer for s in batch)
+        return answers
+
+
+def compare(rows: dict[str, dict[str, Any]]) -> str:
+    """Markdown: one row per variant and breakdown group, with the score delta against the first variant."""
+    names = list(rows)
+    base = rows[names[0]]
+    lines = ["| variant | group | n | score | Δ score | accuracy | hallucination | missing | unjudged |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    groups = [("overall", "overall", None)] + [(section, group, section) for section in base if section.startswith("by_")
+                                               for group in base[section]]
+    for section, group, parent in groups:
+        for name in names:
+            s = rows[name]["overall"] if parent is None else rows[name].get(parent, {}).get(group)
+            b = base["overall"] if parent is None else base.get(parent, {}).get(group)
+            if s is None or b is None:
+                continue
+            label = group if parent is None else f"{parent[3:]}={group}"
+            lines.append(f"| {name} | {label} | {s['total']} | {s['score']:.3f} | {s['score'] - b['score']:+.3f} | "
+                         f"{s['accuracy']:.3f} | {s['hallucination']:.3f} | {s['missing']:.3f} | {s['unjudged']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: dict[str, dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(rows)
+    groups = ["overall"] + [f"{g}" for g in rows[names[0]].get("by_domain", {})]
+    figure, axis = plt.subplots(figsize=(max(5.0, 1.1 * len(groups) * len(names) / 2 + 2), 3.2))
+    width = 0.8 / len(names)
+    for offset, name in enumerate(names):
+        values = [rows[name]["overall"]["score"]] + [rows[name]["by_domain"][g]["score"] for g in groups[1:]]
+        axis.bar([i + offset * width for i in range(len(groups))], values, width, label=name)
+    axis.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))], groups, rotation=30, ha="right")
+    axis.axhline(0, color="black", linewidth=0.6)
+    axis.set_ylim(-1, 1)
+    axis.set_title("score by variant")
+    axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompt", default="reasoning", help="the prompt name to vary (a file stem of prompts/)")
+    parser.add_argument("--variant", action="append", required=True,
+                        help="a prompt file; give it once per variant; the first is the baseline")
+    parser.add_argument("--data", type=Path, default=REPO / "data" / "crag_sample.jsonl")
+    parser.add_argument("--config", type=Path, default=None)
+    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--judge", default="rules", help="rules, local, or an OpenAI-compatible base URL")
+    parser.add_argument("--judge-model", default=None)
+    parser.add_argument("--out", type=Path, default=REPO / "runs" / "tuning")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None, system: CragSystem | None = None) -> int:
+    from local_evaluation import build_judge
+
+    args = parse_args(argv)
+    try:
+        check_data_file(args.data)
+        missing = [v for v in args.variant if not (REPO / v).is_file() and not Path(v).is_file()]
+        if missing:
+            raise ConfigError(f"--variant {missing[0]}: no such prompt file")
+        system = system or CragSystem(load_config(args.config))
+        tuner = Tuner(system, args.prompt, JsonCache(cache_root(None) / "stages"))
+        judge = build_judge(args.judge, args.judge_model)
+        examples = list(read_examples(args.data, limit=args.limit))
+        states = tuner.upstream_states(examples)
+        rows: dict[str, dict[str, Any]] = {}
+        for variant in args.variant:
+            answers = tuner.variant_answers(states, str(Path(variant).resolve()))
+            records = [dict({k: e.get(k) for k in ("query", "answer", "alt_answers", "domain", "question_type",
+                                                   "static_or_dynamic", "popularity")}, prediction=a)
+                       for e, a in zip(examples, answers)]
+            judge_records(records, judge)
+            summary = score_records(records)
+            summary.pop("latency_s")
+            rows[Path(variant).name if Path(variant).name not in rows else variant] = summary
+    except (ConfigError, DataError, BackendUnavailable, PromptError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    table = compare(rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "tuning.json").write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+    (args.out / "tuning.md").write_text(f"# Variants of prompt '{args.prompt}' on {args.data.name}\n\n{table}",
+                                        encoding="utf-8")
+    plot(rows, args.out / "tuning.png")
+    print(table)
+    print(f"written: {args.out / 'tuning.md'}, tuning.json, tuning.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
