@@ -8,6 +8,16 @@ judged and a side-by-side table of scores and deltas against the first variant i
 
     python tools/tune_prompts.py --prompt reasoning --variant prompts/reasoning.yaml \\
         --variant my/reasoning_short.yaml --data data/crag_sample.jsonl --limit 40 --judge rules
+    python tools/tune_prompts.py --grid my/grid.yaml --data data/crag_sample.jsonl
+
+A grid file names the prompt, a base file and, for each piece of its text, the alternatives to try; every
+combination becomes a variant (the base itself first):
+
+    prompt: reasoning
+    base: prompts/reasoning.yaml
+    replace:
+      "Think step by step, then give a short answer.": ["Answer at once.", "List the facts, then answer."]
+      "5. The answer is as short as possible": ["5. The answer is one short phrase"]
 """
 
 from __future__ import annotations
@@ -158,11 +168,47 @@ def plot(rows: dict[str, dict[str, Any]], path: Path) -> None:
     plt.close(figure)
 
 
+def grid_variants(path: Path, out_dir: Path) -> tuple[str, list[str]]:
+    """(prompt name, variant files) of a grid file; the combinations are written under out_dir/variants/."""
+    import itertools
+
+    import yaml
+
+    try:
+        grid = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as err:
+        raise ConfigError(f"--grid {path}: unreadable ({err})") from err
+    if not isinstance(grid, dict) or not {"prompt", "base", "replace"} <= grid.keys() or not isinstance(grid["replace"], dict):
+        raise ConfigError(f"--grid {path}: needs 'prompt', 'base' and a 'replace' mapping of text to alternatives")
+    base_path = Path(grid["base"]) if Path(grid["base"]).is_absolute() else REPO / grid["base"]
+    if not base_path.is_file():
+        raise ConfigError(f"--grid {path}: base {grid['base']} not found")
+    base = base_path.read_text(encoding="utf-8")
+    absent = [text for text in grid["replace"] if text not in base]
+    if absent:
+        raise ConfigError(f"--grid {path}: {absent[0]!r} does not occur in {grid['base']}")
+    choices = [[(text, None)] + [(text, alt) for alt in (alts if isinstance(alts, list) else [alts])]
+               for text, alts in grid["replace"].items()]
+    folder = out_dir / "variants"
+    folder.mkdir(parents=True, exist_ok=True)
+    files = []
+    for number, combination in enumerate(itertools.product(*choices)):
+        text = base
+        for original, alternative in combination:
+            if alternative is not None:
+                text = text.replace(original, str(alternative))
+        target = folder / f"{grid['prompt']}_v{number}.yaml"
+        target.write_text(text, encoding="utf-8")
+        files.append(str(target))
+    return str(grid["prompt"]), files
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompt", default="reasoning", help="the prompt name to vary (a file stem of prompts/)")
-    parser.add_argument("--variant", action="append", required=True,
+    parser.add_argument("--variant", action="append", default=[],
                         help="a prompt file; give it once per variant; the first is the baseline")
+    parser.add_argument("--grid", type=Path, default=None, help="a grid file of text alternatives (see above)")
     parser.add_argument("--data", type=Path, default=REPO / "data" / "crag_sample.jsonl")
     parser.add_argument("--config", type=Path, default=None)
     parser.add_argument("--limit", type=int, default=None)
@@ -178,6 +224,11 @@ def main(argv: list[str] | None = None, system: CragSystem | None = None) -> int
     args = parse_args(argv)
     try:
         check_data_file(args.data)
+        if args.grid is not None:
+            args.prompt, grid_files = grid_variants(args.grid, args.out)
+            args.variant = args.variant + grid_files
+        if len(args.variant) < 1:
+            raise ConfigError("give prompt files with --variant, or a --grid file")
         missing = [v for v in args.variant if not (REPO / v).is_file() and not Path(v).is_file()]
         if missing:
             raise ConfigError(f"--variant {missing[0]}: no such prompt file")

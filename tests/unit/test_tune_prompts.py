@@ -53,3 +53,26 @@ def test_prompt_no_stage_uses_is_a_one_line_error(make_system, tmp_path, monkeyp
     assert "no stage of strategy hybrid uses it" in capsys.readouterr().err
     assert main(["--variant", "nope.yaml", "--data", str(SAMPLE)], system=make_system()) == 2
     assert "--variant nope.yaml: no such prompt file" in capsys.readouterr().err
+
+
+def test_grid_makes_every_combination(make_system, cpu_config, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    grid = tmp_path / "grid.yaml"
+    grid.write_text('prompt: reasoning\nbase: prompts/reasoning.yaml\nreplace:\n'
+                    '  "Think step by step, then give a short answer.": ["VARIANT-B", "Answer at once."]\n'
+                    '  "5. The answer is as short as possible": "5. One phrase"\n')
+    llm = ScriptedLLM(by_prompt(reasoning=lambda c: "## Answer: christopher nolan" if "VARIANT-B" in c[0]["content"]
+                                else "## Answer: paris"))
+    assert main(["--grid", str(grid), "--data", str(SAMPLE), "--out", str(tmp_path / "out")], system=make_system(llm)) == 0
+    variants = sorted((tmp_path / "out" / "variants").glob("*.yaml"))
+    assert len(variants) == 3 * 2  # (base, 2 alternatives) x (base, 1 alternative)
+    rows = json.loads((tmp_path / "out" / "tuning.json").read_text())
+    assert len(rows) == 6 and rows["reasoning_v0.yaml"]["overall"]["accuracy"] == 0.0
+    assert sum(r["overall"]["accuracy"] > 0 for r in rows.values()) == 2  # the two combinations with VARIANT-B
+
+
+def test_bad_grid_is_a_one_line_error(make_system, tmp_path, capsys):
+    grid = tmp_path / "grid.yaml"
+    grid.write_text('prompt: reasoning\nbase: prompts/reasoning.yaml\nreplace:\n  "not in the file": ["x"]\n')
+    assert main(["--grid", str(grid), "--data", str(SAMPLE), "--out", str(tmp_path)], system=make_system()) == 2
+    assert "does not occur in prompts/reasoning.yaml" in capsys.readouterr().err
