@@ -11,7 +11,6 @@ import argparse
 import json
 import re
 import sys
-import time
 from pathlib import Path
 
 from loguru import logger
@@ -21,6 +20,7 @@ from evaluation.data import DataError, ReadStats, Selection, check_data_file, pa
 from evaluation.judge import LLMJudge, judge_records
 from evaluation.report import format_table, score_records, write_report
 from evaluation.runner import EvaluationError, load_predictions, run_model
+from evaluation.worker import ModelWorker, WorkerError
 from models.config import CONFIG_ENV, DEFAULT_CONFIG, ConfigError, HFConfig, OpenAIConfig, load_config
 from models.llm.base import BackendUnavailable
 from models.prompting import PromptError, PromptLibrary
@@ -55,22 +55,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def check_judge(spec: str, model_name: str | None) -> None:
+    """A ConfigError naming --judge when it cannot name a judge (checked before any model loads)."""
+    if spec in ("rules", "local"):
+        return
+    if not spec.startswith(("http://", "https://")):
+        raise ConfigError(f"--judge {spec!r}: use rules, local, or an http(s) base URL")
+    if not model_name:
+        raise ConfigError(f"--judge {spec}: name the served model with --judge-model")
+
+
 def build_judge(spec: str, model_name: str | None) -> LLMJudge | None:
     """The LLM judge named by --judge; None for rules only."""
+    check_judge(spec, model_name)
     if spec == "rules":
         return None
     if spec == "local":
         from models.llm.hf import HFBackend, resolve_model_folder
 
         llm, name = HFBackend(HFConfig()), f"hf:{resolve_model_folder(HFConfig()).name}"
-    elif spec.startswith(("http://", "https://")):
-        if not model_name:
-            raise ConfigError(f"--judge {spec}: name the served model with --judge-model")
+    else:
         from models.llm.openai import OpenAIBackend
 
         llm, name = OpenAIBackend(OpenAIConfig(base_url=spec, model=model_name)), f"{spec}#{model_name}"
-    else:
-        raise ConfigError(f"--judge {spec!r}: use rules, local, or an http(s) base URL")
     return LLMJudge(llm, PromptLibrary().get("judge"), name, JsonCache(cache_root(None) / "judge"))
 
 
@@ -109,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         selection = Selection(frozenset(filter(None, args.domain.split(","))),
                               frozenset(filter(None, args.question_type.split(","))), args.split,
                               shard_index, shard_count, args.limit)
-        judge = build_judge(args.judge, args.judge_model)
+        check_judge(args.judge, args.judge_model)  # the judge itself loads after the run (see below)
         stats = ReadStats()
         if args.merge:
             records = merge_shards(out_dir, predictions)
@@ -122,12 +129,18 @@ def main(argv: list[str] | None = None) -> int:
                 predictions.unlink()
             from models.user_config import UserModel  # after the checks: loading models takes seconds
 
-            started = time.perf_counter()
-            model = UserModel(config)
-            print(f"UserModel ready in {time.perf_counter() - started:.1f} s ({config.source})", file=sys.stderr)
-            records = run_model(model, read_examples(args.data, stats, selection=selection), predictions,
-                                per_query_s=args.time_limit or None)
-    except (ConfigError, DataError, EvaluationError, BackendUnavailable, PromptError, ValueError) as err:
+            # The model lives in a child process, so that a batch over its time limit can be stopped.
+            model = ModelWorker(lambda: UserModel(config))
+            print(f"UserModel ready in {model.load_seconds:.1f} s ({config.source})", file=sys.stderr)
+            try:
+                records = run_model(model, read_examples(args.data, stats, selection=selection), predictions,
+                                    per_query_s=args.time_limit or None)
+            finally:
+                model.close()
+        # Built after the run: a judge on torch in this process before the model's child forks could leave the
+        # child's OpenMP threads deadlocked.
+        judge = build_judge(args.judge, args.judge_model)
+    except (ConfigError, DataError, EvaluationError, BackendUnavailable, PromptError, WorkerError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     judge_records(records, judge)

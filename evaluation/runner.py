@@ -62,8 +62,11 @@ def call_with_limit(model: Any, batch: dict[str, list[Any]], limit_s: float | No
 
     Past `limit_s` the batch counts as timed out, as the grader would count it. A thread cannot be stopped,
     so the call is still awaited before the next batch starts (the model is not safe to call twice at once).
-    An exception of the call, KeyboardInterrupt included, is raised here.
+    An exception of the call, KeyboardInterrupt included, is raised here. A model that offers its own
+    `call_with_limit` (evaluation.worker.ModelWorker: a child process it can stop) is asked to do it.
     """
+    if hasattr(model, "call_with_limit"):
+        return model.call_with_limit(batch, limit_s)
     outcome: dict[str, Any] = {}
 
     def call() -> None:
@@ -109,13 +112,15 @@ def run_model(model: Any, examples: Iterable[dict[str, Any]], predictions_path: 
             limit = len(batch) * per_query_s if per_query_s else None
             answers, seconds, timed_out = call_with_limit(model, {key: [e[key] for e in batch] for key in MODEL_FIELDS},
                                                           limit)
-            if not isinstance(answers, list) or len(answers) != len(batch) or not all(isinstance(a, str) for a in answers):
+            if timed_out:
+                answers = [IDK] * len(batch)
+            elif not isinstance(answers, list) or len(answers) != len(batch) or not all(isinstance(a, str) for a in answers):
                 raise EvaluationError(f"batch_generate_answer returned {type(answers).__name__} "
                                       f"for {len(batch)} queries; it must return a list of {len(batch)} strings")
             traces = {t.get("interaction_id"): t for t in getattr(model, "last_batch_trace", []) or []}
             for example, answer in zip(batch, answers):
                 record = {key: example.get(key) for key in RECORD_FIELDS}
-                record.update(prediction=IDK if timed_out else answer, batch_seconds=round(seconds, 3),
+                record.update(prediction=answer, batch_seconds=round(seconds, 3),
                               batch_size=len(batch), timed_out=timed_out, trace=traces.get(example["interaction_id"]))
                 done[example["interaction_id"]] = record
                 out.write(json.dumps(record, ensure_ascii=False) + "\n")

@@ -10,6 +10,7 @@ class Deadline:
     def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._end = clock() + seconds
+        self.total = seconds
 
     @classmethod
     def for_batch(cls, batch_size: int, per_query_s: float, safety_margin_s: float,
@@ -28,7 +29,13 @@ class Deadline:
 
     def reserve(self, seconds: float) -> Deadline:
         """A deadline `seconds` earlier than this one, to keep time for what must run after."""
-        earlier = Deadline.__new__(Deadline)
-        earlier._clock = self._clock
-        earlier._end = self._end - seconds
-        return earlier
+        return self._ending(self._end - seconds)
+
+    def capped(self, seconds: float) -> Deadline:
+        """This deadline, or `seconds` from now if that comes first."""
+        return self._ending(min(self._end, self._clock() + seconds))
+
+    def _ending(self, end: float) -> Deadline:
+        other = Deadline.__new__(Deadline)
+        other._clock, other._end, other.total = self._clock, end, self.total
+        return other

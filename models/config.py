@@ -185,7 +185,8 @@ class AnswerConfig:
 
 @dataclass
 class BudgetConfig:
-    """Seconds. A stage starts only when the batch deadline leaves at least its `stage_min_s`."""
+    """Seconds. A stage starts only when the batch deadline leaves at least its `stage_min_s`, and works at most
+    its `stage_share` of the batch's seconds."""
 
     per_query_s: float = 30.0
     safety_margin_s: float = 2.0
@@ -193,6 +194,8 @@ class BudgetConfig:
     stage_min_s: dict[str, float] = field(
         default_factory=lambda: {"references": 0.5, "reasoning": 1.0}
     )
+    # The most of the batch's seconds a stage may spend, so that optional stages leave reasoning its time.
+    stage_share: dict[str, float] = field(default_factory=lambda: {"knowledge": 0.2, "calculator": 0.25})
 
 
 @dataclass

@@ -173,7 +173,7 @@ class AttributesStage:
         conversations = [prompt.render(query=s.query, examples=self.examples, domains=list(DOMAINS),
                                        dynamism=list(DYNAMISM)) for s in states]
         params = GenParams(max_tokens=settings.max_tokens, temperature=settings.temperature, n=settings.n,
-                           seed=settings.seed, deadline=ctx.work_deadline())
+                           seed=settings.seed, deadline=ctx.work_deadline(self.name))
         for state, samples in zip(states, ctx.llm.generate(conversations, params)):
             votes = [parse_icl(sample) for sample in samples]
             state.domain = vote([d for d, _ in votes if d], DOMAINS, prefer_last=False)

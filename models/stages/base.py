@@ -29,9 +29,12 @@ class StageContext:
     pages: PageProcessor
     reranker: Reranker | None = None
 
-    def work_deadline(self) -> Deadline:
-        """When a stage's work (an LLM call, page processing) must end: the batch deadline less the answer reserve."""
-        return self.deadline.reserve(self.config.budget.answer_reserve_s)
+    def work_deadline(self, stage: str | None = None) -> Deadline:
+        """When a stage's work (an LLM call, page processing) must end: the batch deadline less the answer
+        reserve, and no later than the stage's `budget.stage_share` of the batch's seconds from now."""
+        deadline = self.deadline.reserve(self.config.budget.answer_reserve_s)
+        share = self.config.budget.stage_share.get(stage or "")
+        return deadline.capped(share * self.deadline.total) if share else deadline
 
 
 class Stage(Protocol):

@@ -90,6 +90,6 @@ class CalculatorStage:
             conversations.append(prompt.render(query=s.query, query_time=s.query_time, references=texts,
                                                tables=tables))
         params = GenParams(max_tokens=settings.max_tokens, temperature=settings.temperature, n=settings.n,
-                           deadline=ctx.work_deadline())
+                           deadline=ctx.work_deadline(self.name))
         for state, samples in zip(states, ctx.llm.generate(conversations, params)):
             state.calculations = calculations(samples, settings.max_results)

@@ -22,7 +22,7 @@ class KnowledgeStage:
         settings = ctx.config.knowledge
         conversations = [prompt.render(query=s.query, query_time=s.query_time) for s in states]
         params = GenParams(max_tokens=settings.max_tokens, temperature=settings.temperature, n=1, stop=[END],
-                           deadline=ctx.work_deadline())
+                           deadline=ctx.work_deadline(self.name))
         for state, samples in zip(states, ctx.llm.generate(conversations, params)):
             parsed = parse_structured(samples[0]) if samples else None
             if parsed is not None:

@@ -91,7 +91,7 @@ class ReasoningStage:
             conversations.append(prompt.render(query=s.query, query_time=s.query_time, references=texts,
                                                tables=tables, kg_references=kg, calculations=s.calculations,
                                                other_answer=s.knowledge))
-        deadline = ctx.work_deadline()
+        deadline = ctx.work_deadline(self.name)
         params = GenParams(max_tokens=settings.max_tokens, temperature=settings.temperature, n=1, stop=[END],
                            deadline=deadline)
         unparsed: list[QueryState] = []
@@ -113,7 +113,7 @@ class ReasoningStage:
     @staticmethod
     def _summarise(states: list[QueryState], ctx: StageContext) -> None:
         """The backup summariser, for the queries whose reasoning output had no answer to parse."""
-        deadline = ctx.work_deadline()
+        deadline = ctx.work_deadline("reasoning")
         if deadline.expired():
             for state in states:
                 state.finish(IDK, "reasoning output unparsable and no time left for the summariser")

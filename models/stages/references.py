@@ -54,7 +54,7 @@ class ReferencesStage:
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
         settings = ctx.config.references
-        timeout = min(settings.timeout_s, ctx.work_deadline().remaining())
+        timeout = min(settings.timeout_s, ctx.work_deadline(self.name).remaining())
         flat = [(page.get("page_result"), _field(page, "page_name")) for s in states for page in s.pages]
         processed = ctx.pages.process(flat, timeout)
         per_query: list[list[Reference]] = []

@@ -76,3 +76,14 @@ def test_always_stage_runs_even_when_expired(cpu_config):
     states, stage = _states(1), Recorder()
     run_stage(stage, states, _ctx(cpu_config, Deadline(0)), always=True)
     assert stage.seen == ["id0"]
+
+
+def test_optional_stages_work_at_most_their_share_of_the_batch(cpu_config):
+    clock = Clock()
+    deadline = Deadline(100.0, clock)
+    ctx = _ctx(cpu_config, deadline)
+    cpu_config.budget.stage_share = {"calculator": 0.25}
+    assert ctx.work_deadline("calculator").remaining() == 25.0
+    assert ctx.work_deadline("reasoning").remaining() == 100.0 - cpu_config.budget.answer_reserve_s
+    clock.now += 90.0  # near the end, the batch deadline comes first
+    assert ctx.work_deadline("calculator").remaining() == 10.0 - cpu_config.budget.answer_reserve_s

@@ -235,3 +235,28 @@ def test_interrupted_and_resumed_run_reports_like_an_uninterrupted_one(tmp_path)
         judge_records(records, None)
     strip = lambda summary: {k: v for k, v in summary.items() if k != "latency_s"}  # noqa: E731
     assert strip(score_records(resumed)) == strip(score_records(straight))
+
+
+def test_model_worker_stops_a_late_batch_and_starts_afresh(tmp_path):
+    from evaluation.worker import ModelWorker
+
+    worker = ModelWorker(lambda: SlowModel(batch_size=2))
+    try:
+        first_pid = worker._process.pid
+        records = run_model(worker, iter([_example(i) for i in range(4)]), tmp_path / "p.jsonl", per_query_s=0.1)
+        assert [r["timed_out"] for r in records] == [True, True, False, False]
+        assert [r["prediction"] for r in records] == ["i don't know", "i don't know", "a2", "a3"]
+        assert worker._process.pid != first_pid  # the late child was killed; a fresh one answered the rest
+    finally:
+        worker.close()
+
+
+def test_model_worker_reports_a_model_that_cannot_be_built():
+    from evaluation.worker import ModelWorker
+    from models.llm.base import BackendUnavailable
+
+    def broken():
+        raise FileNotFoundError("no weights at /models/x")
+
+    with pytest.raises(BackendUnavailable, match="no weights at /models/x"):
+        ModelWorker(broken)

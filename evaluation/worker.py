@@ -1,0 +1,113 @@
+"""The model in a child process, so that a batch over its time limit can really be stopped.
+
+The grader gives a batch batch size x 30 s. In a thread the runner could only mark a late batch; here the
+child is killed at the limit and the next batch starts a fresh one (the model is loaded again).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import time
+from collections.abc import Callable
+from typing import Any
+
+from loguru import logger
+
+from models.llm.base import BackendUnavailable
+
+
+class WorkerError(RuntimeError):
+    """The model could not be built or failed in the child; the message is the child's error."""
+
+
+def _serve(factory: Callable[[], Any], connection: multiprocessing.connection.Connection) -> None:
+    try:
+        model = factory()
+    except Exception as err:  # sent to the parent, which raises it as a one-line error
+        connection.send(("error", f"{type(err).__name__}: {err}"))
+        return
+    connection.send(("ready", None))
+    while True:
+        try:
+            request, payload = connection.recv()
+        except EOFError:
+            return
+        try:
+            if request == "batch_size":
+                connection.send(("ok", model.get_batch_size()))
+            else:
+                answers = model.batch_generate_answer(payload)
+                connection.send(("ok", (answers, getattr(model, "last_batch_trace", []))))
+        except Exception as err:  # the parent raises it; the child stays up for the next request
+            connection.send(("error", f"{type(err).__name__}: {err}"))
+
+
+class ModelWorker:
+    """A model built by `factory()` in a forked child; the parent must not have loaded models before."""
+
+    def __init__(self, factory: Callable[[], Any]) -> None:
+        self.factory = factory
+        self.last_batch_trace: list[dict[str, Any]] = []
+        self.load_seconds = 0.0
+        self._process: multiprocessing.Process | None = None
+        self._connection: multiprocessing.connection.Connection | None = None
+        self._start()
+
+    def _start(self) -> None:
+        context = multiprocessing.get_context("fork")
+        self._connection, child = context.Pipe()
+        started = time.perf_counter()
+        # not a daemon: the model starts page workers of its own, and daemons may not have children
+        self._process = context.Process(target=_serve, args=(self.factory, child), name="crag-model", daemon=False)
+        self._process.start()
+        child.close()
+        status, message = self._receive(None)
+        if status != "ready":
+            self.close()
+            raise BackendUnavailable(f"the model could not be built: {message}")
+        self.load_seconds = time.perf_counter() - started
+
+    def _receive(self, timeout: float | None) -> tuple[str, Any]:
+        assert self._connection is not None
+        if not self._connection.poll(timeout):
+            raise TimeoutError
+        try:
+            return self._connection.recv()
+        except EOFError:
+            raise WorkerError(f"the model process died (exit code {self._process.exitcode if self._process else '?'})")
+
+    def _ask(self, request: str, payload: Any, timeout: float | None) -> Any:
+        if self._process is None or not self._process.is_alive():
+            self._start()
+        assert self._connection is not None
+        self._connection.send((request, payload))
+        status, value = self._receive(timeout)
+        if status == "error":
+            raise WorkerError(value)
+        return value
+
+    def get_batch_size(self) -> int:
+        return self._ask("batch_size", None, None)
+
+    def call_with_limit(self, batch: dict[str, list[Any]], limit_s: float | None) -> tuple[Any, float, bool]:
+        """(answers, seconds, timed_out); past the limit the child is killed and answers is None."""
+        started = time.perf_counter()
+        try:
+            answers, self.last_batch_trace = self._ask("batch", batch, limit_s)
+            return answers, time.perf_counter() - started, False
+        except TimeoutError:
+            logger.warning("batch of {} exceeded its {:.0f} s limit: the model process is stopped and reloaded",
+                           len(batch.get("query", [])), limit_s)
+            self.close()
+            self.last_batch_trace = []
+            return None, time.perf_counter() - started, True
+
+    def close(self) -> None:
+        if self._process is not None:
+            self._process.kill()
+            self._process.join()
+            self._process = None
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
