@@ -4,7 +4,7 @@ The stages before the first stage that uses the tuned prompt run once per questi
 query states) is cached by content hash under the cache folder (`stages/`), so a second tuning run calls no
 upstream stage at all. For each variant only the stages from that one on run again, then the answers are
 judged and a side-by-side table of scores and deltas against the first variant is printed and written
-(`tuning.json`, `tuning.md`, `tuning.png`).
+(`tuning.json`, `tuning.md`, and `tuning.png` with the score deltas).
 
     python tools/tune_prompts.py --prompt reasoning --variant prompts/reasoning.yaml \\
         --variant my/reasoning_short.yaml --data data/crag_sample.jsonl --limit 40 --judge rules
@@ -146,22 +146,30 @@ def compare(rows: dict[str, dict[str, Any]]) -> str:
 
 
 def plot(rows: dict[str, dict[str, Any]], path: Path) -> None:
+    """Score deltas against the first variant, overall and per domain, one bar group per variant."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     names = list(rows)
-    groups = ["overall"] + [f"{g}" for g in rows[names[0]].get("by_domain", {})]
-    figure, axis = plt.subplots(figsize=(max(5.0, 1.1 * len(groups) * len(names) / 2 + 2), 3.2))
-    width = 0.8 / len(names)
-    for offset, name in enumerate(names):
-        values = [rows[name]["overall"]["score"]] + [rows[name]["by_domain"][g]["score"] for g in groups[1:]]
-        axis.bar([i + offset * width for i in range(len(groups))], values, width, label=name)
+    base = rows[names[0]]
+    groups = ["overall"] + list(base.get("by_domain", {}))
+
+    def score(summary: dict[str, Any], group: str) -> float:
+        entry = summary["overall"] if group == "overall" else summary.get("by_domain", {}).get(group)
+        return entry["score"] if entry else 0.0
+
+    figure, axis = plt.subplots(figsize=(max(5.0, 0.9 * len(groups) * max(len(names) - 1, 1) + 2), 3.2))
+    others = names[1:] or names
+    width = 0.8 / len(others)
+    for offset, name in enumerate(others):
+        deltas = [score(rows[name], g) - score(base, g) for g in groups]
+        axis.bar([i + offset * width for i in range(len(groups))], deltas, width, label=name)
     axis.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))], groups, rotation=30, ha="right")
     axis.axhline(0, color="black", linewidth=0.6)
-    axis.set_ylim(-1, 1)
-    axis.set_title("score by variant")
+    axis.set_ylabel(f"score - {names[0]}")
+    axis.set_title("score delta against the baseline variant")
     axis.legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
