@@ -13,6 +13,7 @@ import ast
 import math
 import operator
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -57,7 +58,9 @@ def safe_eval(expression: str, max_chars: int = MAX_CHARS, time_limit_s: float =
     if len(text) > max_chars:
         raise SafeEvalError(f"longer than {max_chars} characters")
     try:
-        tree = ast.parse(text, mode="eval")
+        with warnings.catch_warnings():  # untrusted text such as "1e" makes the parser warn on stderr
+            warnings.simplefilter("ignore", SyntaxWarning)
+            tree = ast.parse(text, mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as err:
         raise SafeEvalError(f"not an expression: {type(err).__name__}") from None
     return _Walker(time.monotonic() + time_limit_s).visit(tree.body, 0)

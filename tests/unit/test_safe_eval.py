@@ -93,3 +93,14 @@ def test_random_arithmetic_never_escapes(expression):
     except SafeEvalError:
         return
     assert isinstance(value, (int, float, bool))
+
+
+def test_parser_warnings_on_odd_literals_stay_quiet():
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for text in ("1or 2", "1if 1 else 2", "0x1for"):  # the parser warns on each
+            with pytest.raises(SafeEvalError):
+                safe_eval(text)
+    assert [w for w in caught if issubclass(w.category, SyntaxWarning)] == []
