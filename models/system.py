@@ -55,15 +55,20 @@ class CragSystem:
         """Stop the page workers (they also stop when the process exits)."""
         self.pages.close()
 
+    def context(self, batch_size: int, prompts: PromptLibrary | None = None) -> StageContext:
+        """What the stages of one batch share: this system's models and a fresh batch deadline."""
+        budget = self.config.budget
+        deadline = Deadline.for_batch(max(batch_size, 1), budget.per_query_s, budget.safety_margin_s)
+        return StageContext(self.config, self.llm, self.embedder, prompts or self.prompts, deadline, self.pages,
+                            self.reranker)
+
     def get_batch_size(self) -> int:
         return self.config.batch_size
 
     def batch_generate_answer(self, batch: Mapping[str, Any]) -> list[str]:
         """One answer per query, in input order; a query that fails answers "i don't know"."""
         states = unpack_batch(batch)
-        budget = self.config.budget
-        deadline = Deadline.for_batch(max(len(states), 1), budget.per_query_s, budget.safety_margin_s)
-        ctx = StageContext(self.config, self.llm, self.embedder, self.prompts, deadline, self.pages, self.reranker)
+        ctx = self.context(len(states))
         try:
             self.strategy.run(states, ctx)
         except Exception as err:  # a strategy bug: every open query still gets a safe answer below

@@ -36,11 +36,10 @@ sys.path.insert(0, str(REPO))
 from evaluation.data import DataError, check_data_file, read_examples  # noqa: E402
 from evaluation.judge import judge_records  # noqa: E402
 from evaluation.report import score_records  # noqa: E402
-from models.budget import Deadline  # noqa: E402
 from models.config import ConfigError, SystemConfig, load_config  # noqa: E402
 from models.llm.base import BackendUnavailable  # noqa: E402
 from models.prompting import PromptError, PromptLibrary  # noqa: E402
-from models.stages.base import StageContext, run_stage  # noqa: E402
+from models.stages.base import run_stage  # noqa: E402
 from models.state import QueryState, Reference, StageRecord  # noqa: E402
 from models.system import CragSystem, unpack_batch  # noqa: E402
 from utils.cache import JsonCache, cache_root, content_key  # noqa: E402
@@ -86,12 +85,6 @@ class Tuner:
         texts = [system.prompts.get(n).path.read_text(encoding="utf-8") for s in self.upstream for n in s.prompt_names]
         self._key_parts = ([s.name for s in self.upstream], texts)
 
-    def _context(self, prompts: PromptLibrary, size: int) -> StageContext:
-        budget = self.system.config.budget
-        deadline = Deadline.for_batch(max(size, 1), budget.per_query_s, budget.safety_margin_s)
-        return StageContext(self.system.config, self.system.llm, self.system.embedder, prompts, deadline,
-                            self.system.pages, self.system.reranker)
-
     def upstream_states(self, examples: list[dict[str, Any]]) -> list[QueryState]:
         keys = [upstream_key(e, self.system.config, *self._key_parts) for e in examples]
         cached = [self.cache.get(key) for key in keys]
@@ -101,7 +94,7 @@ class Tuner:
             chunk = missing[start:start + batch_size]
             states = unpack_batch({k: [examples[i][k] for i in chunk] for k in
                                    ("interaction_id", "query", "search_results", "query_time")})
-            ctx = self._context(self.system.prompts, len(states))
+            ctx = self.system.context(len(states))
             for stage in self.upstream:
                 run_stage(stage, states, ctx)
             for i, state in zip(chunk, states):
@@ -117,7 +110,7 @@ class Tuner:
         batch_size = self.system.config.batch_size
         for start in range(0, len(states), batch_size):
             batch = [copy.deepcopy(s) for s in states[start:start + batch_size]]
-            ctx = self._context(prompts, len(batch))
+            ctx = self.system.context(len(batch), prompts)
             for stage in self.downstream:
                 run_stage(stage, batch, ctx)
             run_stage(self.system.answer_stage, batch, ctx, always=True)
@@ -211,6 +204,14 @@ def grid_variants(path: Path, out_dir: Path) -> tuple[str, list[str]]:
     return str(grid["prompt"]), files
 
 
+def variant_path(variant: str) -> Path | None:
+    """A variant file as given (from the working folder), else from the repository; None if neither exists."""
+    for candidate in (Path(variant), REPO / variant):
+        if candidate.is_file():
+            return candidate.resolve()
+    return None
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompt", default="reasoning", help="the prompt name to vary (a file stem of prompts/)")
@@ -237,7 +238,7 @@ def main(argv: list[str] | None = None, system: CragSystem | None = None) -> int
             args.variant = args.variant + grid_files
         if len(args.variant) < 1:
             raise ConfigError("give prompt files with --variant, or a --grid file")
-        missing = [v for v in args.variant if not (REPO / v).is_file() and not Path(v).is_file()]
+        missing = [v for v in args.variant if variant_path(v) is None]
         if missing:
             raise ConfigError(f"--variant {missing[0]}: no such prompt file")
         system = system or CragSystem(load_config(args.config))
@@ -247,7 +248,7 @@ def main(argv: list[str] | None = None, system: CragSystem | None = None) -> int
         states = tuner.upstream_states(examples)
         rows: dict[str, dict[str, Any]] = {}
         for variant in args.variant:
-            answers = tuner.variant_answers(states, str(Path(variant).resolve()))
+            answers = tuner.variant_answers(states, str(variant_path(variant)))
             records = [dict({k: e.get(k) for k in ("query", "answer", "alt_answers", "domain", "question_type",
                                                    "static_or_dynamic", "popularity")}, prediction=a)
                        for e, a in zip(examples, answers)]

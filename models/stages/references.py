@@ -8,6 +8,7 @@ while they fit the table budget. With a re-ranker configured, a cross-encoder re
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import fields
 from typing import Any
 
 from models.config import ReferencesConfig
@@ -19,9 +20,8 @@ from utils.pages import PageSettings, ProcessedPage
 
 
 def page_settings(config: ReferencesConfig) -> PageSettings:
-    return PageSettings(chunk_chars=config.chunk_chars, sentence_chars=config.sentence_chars,
-                        group_size=config.group_size, table_chars=config.table_chars,
-                        max_table_parts=config.max_table_parts, max_page_chars=config.max_page_chars)
+    """The page-processing fields of the references config (PageSettings names them)."""
+    return PageSettings(**{f.name: getattr(config, f.name) for f in fields(PageSettings)})
 
 
 def _field(page: Mapping[str, Any], key: str) -> str:
