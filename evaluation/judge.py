@@ -90,7 +90,7 @@ class LLMJudge:
                  retries: int = 2, max_tokens: int = 64) -> None:
         self.llm, self.prompt, self.name, self.cache = llm, prompt, name, cache
         self.batch_size, self.retries, self.max_tokens = batch_size, retries, max_tokens
-        self._prompt_key = content_key(prompt.path.read_text(encoding="utf-8") if prompt.path.is_file() else prompt.name)
+        self._prompt_key = content_key(prompt.path.read_text(encoding="utf-8"))  # a loaded prompt has its file
         self.calls = 0
 
     def key(self, item: Item) -> str:

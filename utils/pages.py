@@ -125,7 +125,7 @@ class PageProcessor:
             keys = [content_key(PROCESSING_VERSION, self._fingerprint, name,
                                 html if isinstance(html, (str, bytes)) else "") for html, name in pages]
         done: dict[str, ProcessedPage] = {}
-        todo: dict[str, tuple[object, str, PageSettings]] = {}
+        todo: dict[str, tuple[str | bytes, str, PageSettings]] = {}
         for key, (html, name) in zip(keys, pages):
             if key in done or key in todo:
                 continue
@@ -149,7 +149,7 @@ class PageProcessor:
                            missing, len(keys), timeout_s)
         return [done.get(key) for key in keys]
 
-    def _run(self, todo: dict[str, tuple[object, str, PageSettings]], end: float) -> dict[str, ProcessedPage | str]:
+    def _run(self, todo: dict[str, tuple[str | bytes, str, PageSettings]], end: float) -> dict[str, ProcessedPage | str]:
         if self._pool is None and self.workers > 1:
             self._pool = self._new_pool()
         if self._pool is None:  # in this process: no page can be interrupted, so check the clock between pages
@@ -160,7 +160,7 @@ class PageProcessor:
                 results[key] = _work(task)
             return results
         # Longest first (by HTML size), so that no big page starts last and leaves the other workers idle.
-        ordered = sorted(todo.items(), key=lambda item: -len(item[1][0]) if isinstance(item[1][0], (str, bytes)) else 0)
+        ordered = sorted(todo.items(), key=lambda item: -len(item[1][0]))  # todo holds str or bytes pages only
         pending = {key: self._pool.apply_async(_work, (task,)) for key, task in ordered}
         results = {}
         for key, async_result in pending.items():
