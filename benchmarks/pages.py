@@ -39,7 +39,7 @@ from models.retrieval.embedder import Embedder  # noqa: E402
 from models.stages.base import StageContext  # noqa: E402
 from models.stages.references import ReferencesStage, page_settings  # noqa: E402
 from models.state import QueryState  # noqa: E402
-from utils.answers import normalize_text  # noqa: E402
+from utils.answers import contains_answer, normalize_text  # noqa: E402
 from utils.chunking import seed_chunks, split_sentences  # noqa: E402
 from utils.pages import PageProcessor, PageSettings, ProcessedPage, process_html  # noqa: E402
 
@@ -85,12 +85,7 @@ def load(path: Path) -> list[dict[str, Any]]:
 
 
 def answer_found(example: dict[str, Any], texts: list[str]) -> bool:
-    haystack = normalize_text(" ".join(texts))
-    for answer in [example["answer"], *alternative_answers(example)]:
-        needle = normalize_text(str(answer))
-        if needle and re.search(rf"(?<!\w){re.escape(needle)}(?!\w)", haystack):
-            return True
-    return False
+    return contains_answer(" ".join(texts), [example["answer"], *alternative_answers(example)])
 
 
 def token_recall(example: dict[str, Any], texts: list[str]) -> float:

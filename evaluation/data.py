@@ -127,6 +127,18 @@ def _lines(path: Path) -> Iterator[str]:
         yield from handle
 
 
+def first_record(path: Path) -> dict[str, Any] | None:
+    """The first non-empty line of a data file as JSON, or None when it is not a JSON object."""
+    for line in _lines(path):
+        if line.strip():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                return None
+            return record if isinstance(record, dict) else None
+    return None
+
+
 def alternative_answers(example: dict[str, Any]) -> list[str]:
     """`alt_ans` or `alternative_answers`, as a list or as the JSON / Python list string CRAG ships."""
     raw = example.get("alternative_answers", example.get("alt_ans", []))

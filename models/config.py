@@ -19,6 +19,7 @@ MAX_BATCH_SIZE = 16
 DOMAINS = ("finance", "sports", "music", "movie", "open")
 DYNAMISM = ("static", "slow-changing", "fast-changing", "real-time")
 ATTRIBUTE_METHODS = ("svm", "icl", "none")
+R2AG_MODES = ("relevance", "prompt")
 
 
 class ConfigError(ValueError):
@@ -121,6 +122,22 @@ class ReferencesConfig:
 
 
 @dataclass
+class R2AGConfig:
+    """R2AG: an R2-Former (`checkpoint`, written by tools/train_r2former.py) reads the retrieval features of each
+    query's ranked references. `mode`: `relevance` re-orders them by its query-document-matching probability and
+    drops those under `threshold` (the best `min_keep` always stay), with any backend; `prompt` keeps the
+    retriever's list and injects a projected retrieval embedding before each reference in the reasoning prompt
+    (hf backend; a backend that cannot take embeddings falls back to `relevance`, logged)."""
+
+    enabled: bool = False
+    checkpoint: str | None = None
+    mode: str = "relevance"
+    threshold: float = 0.5
+    min_keep: int = 3
+    device: str = "cpu"
+
+
+@dataclass
 class ICLConfig:
     """Few-shot attribute prediction: `shots_per_class` demonstrations per domain and per dynamism class."""
 
@@ -207,6 +224,7 @@ class SystemConfig:
     embedder: EmbedderConfig = field(default_factory=EmbedderConfig)
     attributes: AttributesConfig = field(default_factory=AttributesConfig)
     references: ReferencesConfig = field(default_factory=ReferencesConfig)
+    r2ag: R2AGConfig = field(default_factory=R2AGConfig)
     knowledge: KnowledgeConfig = field(default_factory=KnowledgeConfig)
     calculator: CalculatorConfig = field(default_factory=CalculatorConfig)
     reasoning: ReasoningConfig = field(default_factory=ReasoningConfig)
@@ -227,8 +245,19 @@ class SystemConfig:
         unknown = set(self.attributes.dynamic_classes) - set(DYNAMISM)
         if unknown:
             raise ConfigError(f"{self.source}: attributes.dynamic_classes {sorted(unknown)} not in {list(DYNAMISM)}")
+        if self.r2ag.mode not in R2AG_MODES:
+            raise ConfigError(f"{self.source}: r2ag.mode '{self.r2ag.mode}' is not one of {list(R2AG_MODES)}")
+        if self.r2ag.enabled and not self.r2ag.checkpoint:
+            raise ConfigError(f"{self.source}: r2ag.enabled needs r2ag.checkpoint (train one with "
+                              "tools/train_r2former.py)")
         if self.budget.per_query_s <= self.budget.safety_margin_s / max(self.batch_size, 1):
             raise ConfigError(f"{self.source}: budget.per_query_s is too small for the safety margin")
+
+
+def resolve_path(path: str) -> Path:
+    """A path from a config: absolute, or relative to the repository."""
+    candidate = Path(path).expanduser()
+    return candidate if candidate.is_absolute() else REPO_ROOT / candidate
 
 
 def load_config(path: str | os.PathLike | None = None) -> SystemConfig:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 
 @dataclass
 class Reference:
@@ -16,6 +18,7 @@ class Reference:
     page_url: str = ""
     page_last_modified: str = ""
     score: float = 0.0
+    relevance: float | None = None  # R2AG: the R2-Former's query-document-matching probability
 
 
 @dataclass
@@ -34,6 +37,12 @@ class QueryState:
     query_time: str
     pages: list[dict[str, Any]]
     references: list[Reference] = field(default_factory=list)
+    # Embeddings from the references stage, rows aligned with `references` (a stage that re-orders or drops
+    # references re-orders these too); kept in memory only, never cached.
+    query_vector: np.ndarray | None = field(default=None, repr=False)
+    reference_vectors: np.ndarray | None = field(default=None, repr=False)
+    # R2AG retrieval-aware prompting: (relevance, precedent, neighbour) per reference, aligned with `references`.
+    retrieval_features: list[list[float]] | None = None
     domain: str | None = None         # attributes: finance, sports, music, movie, open
     dynamism: str | None = None       # attributes: static, slow-changing, fast-changing, real-time
     knowledge: str | None = None      # the knowledge extractor's answer ("an answer from another agent")

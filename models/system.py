@@ -9,10 +9,11 @@ from typing import Any
 from loguru import logger
 
 from models.budget import Deadline
-from models.config import ConfigError, SystemConfig, load_config
+from models.config import ConfigError, SystemConfig, load_config, resolve_path
 from models.llm.base import LLM, create_llm
 from models.prompting import PromptLibrary
 from models.retrieval.embedder import Embedder
+from models.retrieval.r2former import R2FormerError, R2FormerHead, load_checkpoint
 from models.retrieval.reranker import Reranker
 from models.stages.answer import AnswerStage
 from models.stages.base import StageContext, run_stage
@@ -44,6 +45,7 @@ class CragSystem:
         self.llm = llm or create_llm(self.config.llm)
         self.embedder = embedder or Embedder(self.config.embedder)
         self.reranker = Reranker(refs.rerank) if refs.rerank.model else None
+        self.r2former = self._r2former() if self.config.r2ag.enabled else None
         self.strategy = STRATEGIES[self.config.strategy](self.config, self.embedder)
         for stage in self.strategy.stages:  # a broken prompt file fails here, not in the first batch
             for name in stage.prompt_names:
@@ -60,7 +62,26 @@ class CragSystem:
         budget = self.config.budget
         deadline = Deadline.for_batch(max(batch_size, 1), budget.per_query_s, budget.safety_margin_s)
         return StageContext(self.config, self.llm, self.embedder, prompts or self.prompts, deadline, self.pages,
-                            self.reranker)
+                            self.reranker, self.r2former)
+
+    def _r2former(self) -> R2FormerHead:
+        """The R2AG head of the config. Prompt mode needs a backend that takes input embeddings and a checkpoint
+        trained for this LLM's hidden size; a backend without embeddings falls back to relevance mode (logged)."""
+        settings = self.config.r2ag
+        prompting = settings.mode == "prompt"
+        if prompting and not hasattr(self.llm, "generate_with_embeddings"):
+            logger.warning("r2ag.mode prompt: the {} backend cannot take input embeddings; R2AG filters references "
+                           "instead (relevance mode)", self.config.llm.backend)
+            prompting = False
+        path = resolve_path(settings.checkpoint)
+        checkpoint = load_checkpoint(path, settings.device, self.llm.hidden_size if prompting else None)
+        embedder = getattr(self.embedder, "name", "")
+        if checkpoint.embedder != embedder:
+            raise R2FormerError(f"{path}: trained on {checkpoint.embedder} embeddings, but the embedder is {embedder}; "
+                                "retrain it with this embedder (tools/train_r2former.py)")
+        if prompting:
+            self.llm.retrieval_placeholder()  # the token joins the vocabulary now, not inside a batch
+        return R2FormerHead(checkpoint, settings.device, prompting)
 
     def get_batch_size(self) -> int:
         return self.config.batch_size

@@ -50,6 +50,8 @@ STAGE_CACHE_VERSION = "stages-1"
 def state_to_json(state: QueryState) -> dict[str, Any]:
     data = dataclasses.asdict(state)
     data.pop("pages")  # the input: given back from the data file when the state is loaded
+    data.pop("query_vector")  # embeddings stay in memory: the stages after the tuned prompt's never read them
+    data.pop("reference_vectors")
     return data
 
 

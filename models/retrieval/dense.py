@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 
 from models.state import Reference
@@ -14,11 +12,9 @@ def best_first(scores: np.ndarray) -> list[int]:
     return [int(i) for i in np.argsort(-scores, kind="stable")]
 
 
-def select(refs: list[Reference], scores: np.ndarray, k: int, table_budget_chars: int) -> list[Reference]:
-    """The k best non-table references and the best tables that fit the budget together, all best first.
-
-    Each returned reference carries its score.
-    """
+def select(refs: list[Reference], scores: np.ndarray, k: int, table_budget_chars: int) -> list[int]:
+    """Indices of the k best non-table references and of the best tables that fit the budget together, best
+    first."""
     order = best_first(scores)
     texts = [i for i in order if refs[i].kind != "table"][:max(k, 0)]
     tables: list[int] = []
@@ -27,5 +23,4 @@ def select(refs: list[Reference], scores: np.ndarray, k: int, table_budget_chars
         if refs[i].kind == "table" and used + len(refs[i].text) <= table_budget_chars:
             tables.append(i)
             used += len(refs[i].text)
-    chosen = sorted(texts + tables, key=lambda i: (-scores[i], i))
-    return [replace(refs[i], score=float(scores[i])) for i in chosen]
+    return sorted(texts + tables, key=lambda i: (-scores[i], i))

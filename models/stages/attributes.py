@@ -20,19 +20,13 @@ from typing import Any
 import numpy as np
 from loguru import logger
 
-from models.config import DOMAINS, DYNAMISM, REPO_ROOT, AttributesConfig, EmbedderConfig
+from models.config import DOMAINS, DYNAMISM, AttributesConfig, EmbedderConfig, resolve_path
 from models.llm.base import BackendUnavailable, GenParams
 from models.retrieval.embedder import Embedder
 from models.stages.base import StageContext
 from models.state import QueryState
 
 SVM_FORMAT = "crag-attributes-svm-1"
-
-
-def resolve(path: str) -> Path:
-    """A config path: absolute, or relative to the repository."""
-    candidate = Path(path).expanduser()
-    return candidate if candidate.is_absolute() else REPO_ROOT / candidate
 
 
 def read_labelled(path: Path) -> list[dict[str, str]]:
@@ -147,14 +141,14 @@ class AttributesStage:
         self.svm_embedder = embedder
         self.examples: list[dict[str, str]] = []
         if config.method == "svm":
-            self.svm = SVMAttributes.load(resolve(config.svm_model))
+            self.svm = SVMAttributes.load(resolve_path(config.svm_model))
             if getattr(embedder, "name", None) != self.svm.embedder:  # the SVM needs the vectors it was trained on
                 self.svm_embedder = Embedder(EmbedderConfig())
                 if self.svm_embedder.name != self.svm.embedder:
                     raise BackendUnavailable(f"attributes SVM was trained on {self.svm.embedder} embeddings; "
                                              "retrain it with tools/train_attributes.py")
         elif config.method == "icl":
-            path = resolve(config.labelled_file)
+            path = resolve_path(config.labelled_file)
             if not path.is_file():
                 raise BackendUnavailable(f"attributes.labelled_file {path} not found")
             self.examples = demonstrations(read_labelled(path), config.icl.shots_per_class, config.icl.seed)

@@ -13,6 +13,7 @@ from models.config import SystemConfig
 from models.llm.base import LLM
 from models.prompting import PromptLibrary
 from models.retrieval.embedder import Embedder
+from models.retrieval.r2former import R2FormerHead
 from models.retrieval.reranker import Reranker
 from models.state import QueryState, StageRecord
 from utils.answers import IDK
@@ -28,6 +29,7 @@ class StageContext:
     deadline: Deadline
     pages: PageProcessor
     reranker: Reranker | None = None
+    r2former: R2FormerHead | None = None
 
     def work_deadline(self, stage: str | None = None) -> Deadline:
         """When a stage's work (an LLM call, page processing) must end: the batch deadline less the answer

@@ -6,9 +6,11 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
+import numpy as np
 from loguru import logger
 
-from models.llm.base import GenParams
+from models.llm.base import Conversation, GenParams
+from models.prompting import Prompt
 from models.stages.base import StageContext
 from models.state import QueryState, Reference
 from utils.answers import IDK, INVALID
@@ -18,6 +20,9 @@ _BLOCK = re.compile(re.escape(START) + r"(.*?)(?:" + re.escape(END) + r"|\Z)", r
 _ANSWER = re.compile(r"^[#* \t]*(?:final[ \t]+)?answer[ \t]*[:：][ \t]*(.*)$", re.IGNORECASE | re.MULTILINE)
 _PREMISE = re.compile(r"^[#* \t]*false[ \t]+premise[ \t]*[:：][ \t*]*(yes|no|true|false)", re.IGNORECASE | re.MULTILINE)
 _PLACEHOLDER = re.compile(r"^<.*>$")
+# Where a reference's R2AG retrieval embedding goes: private-use characters around its position in the list.
+_MARKER = "\ue000{}\ue001"
+_MARKER_RE = re.compile("\ue000(\\d+)\ue001")
 
 
 @dataclass
@@ -62,12 +67,40 @@ def fit_references(references: list[Reference], max_chars: int) -> list[Referenc
     return kept
 
 
-def prompt_evidence(state: QueryState, max_chars: int) -> tuple[list[dict], list[dict]]:
-    """(texts, tables) for a prompt: the best references within max_chars, split by kind, best first."""
+def prompt_evidence(state: QueryState, max_chars: int, markers: int = 0) -> tuple[list[dict], list[dict]]:
+    """(texts, tables) for a prompt: the best references within max_chars, split by kind, best first.
+
+    Each carries `retrieval_marker`: for the first `markers` references of the state a marker naming its
+    position (where R2AG puts its retrieval embedding), else "".
+    """
     fitted = fit_references(state.references, max_chars)
-    texts = [asdict(r) for r in fitted if r.kind not in ("table", "kg")]
-    tables = [asdict(r) for r in fitted if r.kind == "table"]
+    items = [dict(asdict(r), retrieval_marker=_MARKER.format(i) if i < markers else "") for i, r in enumerate(fitted)]
+    texts = [item for item in items if item["kind"] not in ("table", "kg")]
+    tables = [item for item in items if item["kind"] == "table"]
     return texts, tables
+
+
+def reasoning_conversation(prompt: Prompt, state: QueryState, max_chars: int, markers: int = 0) -> Conversation:
+    """The reasoning prompt for `state`; with `markers`, its first references carry retrieval markers."""
+    texts, tables = prompt_evidence(state, max_chars, markers)
+    kg = [r.text for r in state.references if r.kind == "kg"]
+    return prompt.render(query=state.query, query_time=state.query_time, references=texts, tables=tables,
+                         kg_references=kg, calculations=state.calculations, other_answer=state.knowledge)
+
+
+def place_embeddings(conversation: Conversation, vectors: np.ndarray, placeholder: str
+                     ) -> tuple[Conversation, np.ndarray]:
+    """The conversation with each reference marker replaced by the placeholder token, and the rows of `vectors`
+    (one per reference) in the order the markers appear. A placeholder already in the text is removed first."""
+    order: list[int] = []
+
+    def swap(match: re.Match) -> str:
+        order.append(int(match.group(1)))
+        return placeholder
+
+    placed = [dict(message, content=_MARKER_RE.sub(swap, message["content"].replace(placeholder, "")))
+              for message in conversation]
+    return placed, vectors[order].reshape(len(order), vectors.shape[-1])
 
 
 def first_line(output: str) -> str:
@@ -84,18 +117,22 @@ class ReasoningStage:
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
         prompt = ctx.prompts.get("reasoning")
         settings = ctx.config.reasoning
-        conversations = []
-        for s in states:
-            texts, tables = prompt_evidence(s, settings.max_reference_chars)
-            kg = [r.text for r in s.references if r.kind == "kg"]
-            conversations.append(prompt.render(query=s.query, query_time=s.query_time, references=texts,
-                                               tables=tables, kg_references=kg, calculations=s.calculations,
-                                               other_answer=s.knowledge))
+        prompting = ctx.r2former is not None and ctx.r2former.prompting
+        vectors = self._retrieval_embeddings(states, ctx) if prompting else [None] * len(states)
+        conversations = [reasoning_conversation(prompt, s, settings.max_reference_chars,
+                                                0 if rows is None else len(rows)) for s, rows in zip(states, vectors)]
         deadline = ctx.work_deadline(self.name)
         params = GenParams(max_tokens=settings.max_tokens, temperature=settings.temperature, n=1, stop=[END],
                            deadline=deadline)
+        if prompting:
+            placeholder = ctx.llm.retrieval_placeholder()
+            placed = [place_embeddings(c, rows if rows is not None else np.zeros((0, ctx.llm.hidden_size)),
+                                       placeholder) for c, rows in zip(conversations, vectors)]
+            outputs = ctx.llm.generate_with_embeddings([c for c, _ in placed], [e for _, e in placed], params)
+        else:
+            outputs = ctx.llm.generate(conversations, params)
         unparsed: list[QueryState] = []
-        for state, samples in zip(states, ctx.llm.generate(conversations, params)):
+        for state, samples in zip(states, outputs):
             if not samples or not samples[0].strip():
                 state.finish(IDK, "reasoning: the LLM returned nothing")
                 continue
@@ -109,6 +146,14 @@ class ReasoningStage:
                 state.answer = parsed.answer
         if unparsed:
             self._summarise(unparsed, ctx)
+
+    @staticmethod
+    def _retrieval_embeddings(states: list[QueryState], ctx: StageContext) -> list[np.ndarray | None]:
+        """Per query, the R2-Former's projected embedding of each reference (None without retrieval features)."""
+        having = [s for s in states if s.retrieval_features]
+        _, projected = ctx.r2former.run([np.asarray(s.retrieval_features, dtype=np.float32) for s in having])
+        by_state = {id(s): rows for s, rows in zip(having, projected)}
+        return [by_state.get(id(s)) for s in states]
 
     @staticmethod
     def _summarise(states: list[QueryState], ctx: StageContext) -> None:

@@ -8,7 +8,7 @@ while they fit the table budget. With a re-ranker configured, a cross-encoder re
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 from models.config import ReferencesConfig
@@ -70,10 +70,14 @@ class ReferencesStage:
             block = documents[offset:offset + len(refs)]
             offset += len(refs)
             scores = block @ query
+            shortlist: list[int] = []  # with a re-ranker: the candidates it scored, as indices into block
             if ctx.reranker is not None and refs:
                 shortlist = best_first(scores)[:settings.rerank.candidates]
                 refs = [refs[i] for i in shortlist]
                 scores = ctx.reranker.score(state.query, [ref.text for ref in refs])
-            state.references = select(refs, scores, settings.top_k, settings.table_budget_chars)
+            chosen = select(refs, scores, settings.top_k, settings.table_budget_chars)
+            state.references = [replace(refs[i], score=float(scores[i])) for i in chosen]
+            state.query_vector = query
+            state.reference_vectors = block[[shortlist[i] for i in chosen] if shortlist else chosen]
             if not state.references:
                 state.finish(IDK, "no usable text in the search results")

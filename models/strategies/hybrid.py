@@ -1,5 +1,5 @@
-"""The seed system (default): attributes -> dynamic pre-check -> references -> knowledge -> calculator ->
-reasoning. The answer step runs after the strategy, in CragSystem.
+"""The seed system (default): attributes -> dynamic pre-check -> references -> (R2AG) -> knowledge ->
+calculator -> reasoning. The answer step runs after the strategy, in CragSystem.
 
 Attributes run before references (the design lists them after): a query that the pre-check answers
 "i don't know" then costs no page processing and no embedding.
@@ -15,6 +15,7 @@ from models.stages.attributes import AttributesStage
 from models.stages.base import Stage, StageContext, run_stage
 from models.stages.calculator import CalculatorStage
 from models.stages.knowledge import KnowledgeStage
+from models.stages.r2ag import R2AGStage
 from models.stages.reasoning import ReasoningStage
 from models.stages.references import ReferencesStage
 from models.state import QueryState
@@ -28,6 +29,8 @@ class HybridStrategy:
             if config.answer.dynamic_idk:
                 self.stages.append(DynamicPrecheck())
         self.stages.append(ReferencesStage())
+        if config.r2ag.enabled:
+            self.stages.append(R2AGStage())
         if config.knowledge.enabled:
             self.stages.append(KnowledgeStage())
         if config.calculator.enabled:

@@ -66,7 +66,7 @@ def test_select_keeps_top_k_texts_and_tables_within_the_budget():
             Reference("u" * 50, "table"), Reference("c" * 10, "snippet"), Reference("v" * 30, "table")]
     scores = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.4], dtype=np.float32)
     chosen = select(refs, scores, k=2, table_budget_chars=95)
-    assert [r.text[0] for r in chosen] == ["a", "t", "b", "v"]  # "u" does not fit after "t"; "v" does
+    assert [refs[i].text[0] for i in chosen] == ["a", "t", "b", "v"]  # "u" does not fit after "t"; "v" does
     assert select(refs, scores, k=0, table_budget_chars=0) == []
 
 
@@ -98,6 +98,16 @@ def test_reranker_reorders_the_shortlist(cpu_config):
     reranker = KeywordReranker("Wind")
     (s,) = run([state("facts about leap years", *pages)], cpu_config, reranker)
     assert len(reranker.seen[0]) == 2 and "Wind is west." not in [r.text for r in s.references]
+
+
+@pytest.mark.parametrize("reranked", [False, True])
+def test_embeddings_follow_the_kept_references(cpu_config, reranked):
+    cpu_config.references.rerank.candidates = 3
+    (s,) = run([state("how many days has february in 2024?", page(CALENDAR), page(WEATHER, name="Weather"))],
+               cpu_config, KeywordReranker("Wind") if reranked else None)
+    assert len(s.references) == len(s.reference_vectors) > 1
+    np.testing.assert_allclose(s.query_vector, HashEmbedder().encode([s.query])[0])
+    np.testing.assert_allclose(s.reference_vectors, HashEmbedder().encode([r.text for r in s.references]), atol=1e-6)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,

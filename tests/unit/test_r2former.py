@@ -1,0 +1,296 @@
+"""R2AG: retrieval features, the R2-Former, its training, checkpoints, and the r2ag stage in the pipeline."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from models.config import ConfigError, load_config
+from models.retrieval.r2former import (R2Former, R2FormerConfig, R2FormerError, R2FormerHead, load_checkpoint,
+                                       pad_lists, retrieval_features, save_checkpoint)
+from models.stages.r2ag import relevance_order
+from models.stages.reasoning import fit_references, place_embeddings
+from models.state import QueryState, Reference
+from tests.conftest import to_batch, write
+from tests.fakes import ScriptedLLM
+from tools.train_r2former import RankedList, TrainSettings, evaluate, split, train
+
+PLACEHOLDER = "<|retrieval|>"
+
+
+def test_features_on_a_hand_computed_example():
+    query = np.array([2.0, 0.0])  # not unit length: features normalise
+    docs = np.array([[1.0, 0.0], [0.0, 3.0], [1.0, 1.0]])
+    feats = retrieval_features(query, docs)
+    w1 = math.e / (math.e + 1)  # softmax(r1 = 1, r2 = 0)
+    mixed = np.array([w1, 1 - w1])
+    gamma3 = (mixed @ np.array([1, 1]) / math.sqrt(2)) / np.linalg.norm(mixed)
+    expected = [[1.0, 1.0, 0.0],                      # r1 = 1; gamma1 = 1; zeta1 = cos(d1, d2) = 0
+                [0.0, 0.0, math.sqrt(0.5) / 2],       # gamma2 = cos(d2, d1); zeta2 = mean(0, cos(d2, d3))
+                [math.sqrt(0.5), gamma3, math.sqrt(0.5)]]  # zeta3 = cos(d3, d2)
+    np.testing.assert_allclose(feats, expected, atol=1e-6)
+    assert gamma3 == pytest.approx(0.9077, abs=1e-4)
+
+
+def test_features_of_one_reference_and_of_none():
+    np.testing.assert_allclose(retrieval_features(np.array([1.0, 1.0]), np.array([[1.0, 0.0]])),
+                               [[math.sqrt(0.5), 1.0, 1.0]], atol=1e-6)
+    assert retrieval_features(np.array([1.0, 0.0]), np.zeros((0, 2))).shape == (0, 3)
+
+
+def small_model(hidden_size=None, seed=0) -> R2Former:
+    torch.manual_seed(seed)
+    return R2Former(R2FormerConfig(hidden=32, heads=4, layers=1, dropout=0.1, max_refs=8, llm_hidden_size=hidden_size))
+
+
+@pytest.mark.parametrize("lengths", [[1], [2], [1, 2, 8], [8, 3]])
+def test_padding_masks_leave_real_references_unchanged(lengths):
+    rng = np.random.default_rng(0)
+    lists = [rng.normal(size=(n, 3)).astype(np.float32) for n in lengths]
+    batch, padding = pad_lists(lists, max_refs=8)
+    assert batch.shape == (len(lengths), max(lengths), 3)
+    assert padding.sum(dim=1).tolist() == [max(lengths) - n for n in lengths]
+    model = small_model(hidden_size=6).eval()
+    with torch.no_grad():
+        logits, projected = model(batch, padding)
+        for row, feats in enumerate(lists):  # each list alone gives what it got beside longer ones
+            alone_logits, alone_projected = model(*pad_lists([feats], max_refs=8))
+            n = len(feats)
+            torch.testing.assert_close(logits[row, :n], alone_logits[0], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(projected[row, :n], alone_projected[0], atol=1e-5, rtol=1e-5)
+    assert projected.shape == (len(lengths), max(lengths), 6)
+
+
+def test_lists_longer_than_max_refs_keep_their_first_references():
+    batch, padding = pad_lists([np.ones((12, 3), dtype=np.float32)], max_refs=8)
+    assert batch.shape == (1, 8, 3) and not padding.any()
+    head = R2FormerHead(load_round_trip(small_model(), "hash-512"))
+    probabilities, vectors = head.run([np.ones((12, 3), dtype=np.float32)])
+    assert len(probabilities[0]) == 12 and (probabilities[0][8:] == 0).all() and vectors == [None]
+
+
+def synthetic_lists(count: int, seed: int) -> list[RankedList]:
+    """Clustered embeddings: positives lie near the query, negatives are random; lists are ranked by cosine
+    with noise, as a retriever would, so some negatives rank above positives."""
+    rng = np.random.default_rng(seed)
+    lists = []
+    for index in range(count):
+        query = rng.normal(size=32)
+        k = int(rng.integers(3, 9))
+        labels = rng.random(k) < 0.35
+        docs = np.where(labels[:, None], query + rng.normal(scale=1.2, size=(k, 32)), rng.normal(size=(k, 32)))
+        unit = docs / np.linalg.norm(docs, axis=1, keepdims=True)
+        order = np.argsort(-(unit @ query + rng.normal(scale=0.1, size=k)))
+        state = QueryState(index, str(index), "q", "", [])
+        lists.append(RankedList(state, labels[order], retrieval_features(query, docs[order])))
+    return lists
+
+
+def test_training_on_a_synthetic_task_reaches_auc_0_9():
+    train_lists, val_lists = synthetic_lists(300, seed=1), synthetic_lists(80, seed=2)
+    model = small_model()
+    settings = TrainSettings(epochs=12, lr=2e-3, batch_size=16, seed=0)
+    before = evaluate(model, val_lists, settings, None)
+    history = train(model, train_lists, val_lists, settings)
+    assert history.rows[-1]["train_loss"] < history.rows[0]["train_loss"]
+    after = evaluate(model, val_lists, settings, None)
+    assert after["auc"] >= 0.9
+    assert after["qdm"] < before["qdm"]
+    assert history.rows[history.best_epoch - 1]["val_loss"] == min(r["val_loss"] for r in history.rows)
+
+
+def test_split_keeps_both_sides_non_empty():
+    lists = synthetic_lists(5, seed=0)
+    train_part, val_part = split(lists, 0.2, seed=0)
+    assert len(train_part) == 4 and len(val_part) == 1
+    assert split(lists, 0.99, seed=0)[0]  # never an empty training set
+
+
+def load_round_trip(model: R2Former, embedder: str, tmp_dir=None, **load) -> object:
+    import tempfile
+    from pathlib import Path
+
+    path = Path(tmp_dir or tempfile.mkdtemp()) / "r2.pt"
+    save_checkpoint(model, path, embedder, {"val_auc": 0.5}, trained_with_lm=model.projection is not None)
+    return load_checkpoint(path, **load)
+
+
+def test_checkpoint_round_trip_gives_the_same_outputs(tmp_path):
+    model = small_model(hidden_size=6).eval()
+    loaded = load_round_trip(model, "hash-512", tmp_path, llm_hidden_size=6)
+    assert loaded.embedder == "hash-512" and loaded.trained_with_lm and loaded.metrics == {"val_auc": 0.5}
+    batch = pad_lists([np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)], 8)
+    with torch.no_grad():
+        for a, b in zip(model(*batch), loaded.model(*batch)):
+            torch.testing.assert_close(a, b)
+
+
+def test_checkpoint_for_another_hidden_size_is_a_clear_error(tmp_path):
+    with pytest.raises(R2FormerError, match="hidden size 6, but this LLM's is 576"):
+        load_round_trip(small_model(hidden_size=6), "hash-512", tmp_path, llm_hidden_size=576)
+    with pytest.raises(R2FormerError, match="reference filtering only"):
+        load_round_trip(small_model(), "hash-512", tmp_path, llm_hidden_size=576)
+
+
+def test_missing_and_foreign_checkpoints_are_refused(tmp_path):
+    with pytest.raises(R2FormerError, match="not found"):
+        load_checkpoint(tmp_path / "nothing.pt")
+    with pytest.raises(R2FormerError, match="not an R2-Former checkpoint"):
+        load_checkpoint(write(tmp_path / "bad.pt", "garbage"))
+    torch.save({"format": "other"}, tmp_path / "other.pt")
+    with pytest.raises(R2FormerError, match="not an R2-Former checkpoint"):
+        load_checkpoint(tmp_path / "other.pt")
+
+
+@pytest.mark.parametrize("probs, threshold, min_keep, expected", [
+    ([0.2, 0.9, 0.6, 0.1], 0.5, 1, [1, 2]),      # re-ordered, the ones under the threshold dropped
+    ([0.2, 0.3, 0.1], 0.5, 2, [1, 0]),           # none pass: the best min_keep stay
+    ([0.7, 0.7, 0.9], 0.5, 0, [2, 0, 1]),        # ties keep the retriever's order
+    ([0.1], 0.5, 3, [0]),
+    ([], 0.5, 3, []),
+])
+def test_relevance_order(probs, threshold, min_keep, expected):
+    assert relevance_order(np.array(probs), threshold, min_keep) == expected
+
+
+def test_place_embeddings_follows_the_markers_in_prompt_order():
+    vectors = np.arange(12, dtype=np.float32).reshape(3, 4)
+    conversation = [{"role": "system", "content": "rules"},
+                    {"role": "user", "content": f"t \ue0002\ue001 x {PLACEHOLDER} \ue0000\ue001 y"}]
+    placed, rows = place_embeddings(conversation, vectors, PLACEHOLDER)
+    assert placed[1]["content"] == f"t {PLACEHOLDER} x  {PLACEHOLDER} y"  # a placeholder from the page is dropped
+    np.testing.assert_array_equal(rows, vectors[[2, 0]])
+    assert place_embeddings(conversation[:1], vectors, PLACEHOLDER)[1].shape == (0, 4)
+
+
+def test_config_checks_r2ag(tmp_path):
+    with pytest.raises(ConfigError, match="r2ag.checkpoint"):
+        load_config(write(tmp_path / "a.yaml", "r2ag: {enabled: true}"))
+    with pytest.raises(ConfigError, match="r2ag.mode 'soft'"):
+        load_config(write(tmp_path / "b.yaml", "r2ag: {mode: soft}"))
+
+
+# --- the r2ag stage in the pipeline (scripted LLM, hashing embedder) ---
+
+@pytest.fixture(scope="module")
+def trained_checkpoints(tmp_path_factory):
+    """A QDM-only and a projection checkpoint (hidden size 6) trained on synthetic lists for the hash embedder."""
+    folder = tmp_path_factory.mktemp("r2")
+    paths = {}
+    for name, hidden in (("qdm", None), ("prompt", 6)):
+        model = small_model(hidden_size=hidden)
+        train(model, synthetic_lists(200, seed=3), synthetic_lists(40, seed=4), TrainSettings(epochs=4, lr=2e-3))
+        paths[name] = folder / f"{name}.pt"
+        save_checkpoint(model, paths[name], "hash-512", trained_with_lm=hidden is not None)
+    return paths
+
+
+class EmbeddingLLM(ScriptedLLM):
+    """A scripted LLM that also takes input embeddings, like the hf backend."""
+
+    hidden_size = 6
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedded: list[tuple[list, list[np.ndarray]]] = []
+
+    def retrieval_placeholder(self) -> str:
+        return PLACEHOLDER
+
+    def generate_with_embeddings(self, conversations, embeddings, params):
+        self.embedded.append((conversations, embeddings))
+        return self.generate(conversations, params)
+
+
+def seen_by_reasoning(system, counts: list[int] | None = None) -> list[QueryState]:
+    """The states as the reasoning stage receives them; `counts` gets how many references each had before r2ag."""
+    states: list[QueryState] = []
+    stages = {stage.name: stage for stage in system.strategy.stages}
+    reasoning, r2ag = stages["reasoning"].run, stages["r2ag"].run
+    stages["reasoning"].run = lambda batch, ctx: (states.extend(batch), reasoning(batch, ctx))[1]
+    if counts is not None:
+        stages["r2ag"].run = lambda batch, ctx: (counts.extend(len(s.references) for s in batch), r2ag(batch, ctx))[1]
+    return states
+
+
+def r2ag_system(make_system, cpu_config, checkpoint, mode, llm, **settings):
+    cpu_config.r2ag.enabled = True
+    cpu_config.r2ag.checkpoint = str(checkpoint)
+    cpu_config.r2ag.mode = mode
+    for key, value in settings.items():
+        setattr(cpu_config.r2ag, key, value)
+    return make_system(llm)
+
+
+def test_relevance_mode_reorders_and_filters_the_references(make_system, cpu_config, sample_examples,
+                                                            trained_checkpoints):
+    llm = ScriptedLLM()
+    system = r2ag_system(make_system, cpu_config, trained_checkpoints["qdm"], "relevance", llm,
+                         threshold=0.5, min_keep=2)
+    before: list[int] = []
+    states = seen_by_reasoning(system, before)
+    answers = system.batch_generate_answer(to_batch(sample_examples[:2]))
+    assert answers == ["paris", "paris"]
+    assert all(len(s.references) < count for s, count in zip(states, before))  # references were dropped
+    assert [r["stage"] for r in system.last_batch_trace[0]["stages"]][:2] == ["references", "r2ag"]
+    for state in states:
+        relevance = [r.relevance for r in state.references]
+        assert relevance == sorted(relevance, reverse=True) and len(relevance) >= 2
+        assert all(p >= 0.5 for p in relevance[2:])  # past min_keep, only those over the threshold stay
+        assert len(state.reference_vectors) == len(state.references)
+        for ref, vector in zip(state.references, state.reference_vectors):  # vectors follow their references
+            np.testing.assert_allclose(vector, system.embedder.encode([ref.text])[0], atol=1e-6)
+
+
+def test_prompt_mode_injects_one_embedding_per_reference_shown(make_system, cpu_config, sample_examples,
+                                                               trained_checkpoints):
+    llm = EmbeddingLLM()
+    system = r2ag_system(make_system, cpu_config, trained_checkpoints["prompt"], "prompt", llm)
+    states = seen_by_reasoning(system)
+    assert system.batch_generate_answer(to_batch(sample_examples[:2])) == ["paris", "paris"]
+    (conversations, embeddings), = llm.embedded
+    for state, conversation, rows in zip(states, conversations, embeddings):
+        np.testing.assert_allclose(state.retrieval_features,
+                                   retrieval_features(state.query_vector, state.reference_vectors), atol=1e-6)
+        _, (projected,) = system.r2former.run([np.asarray(state.retrieval_features, dtype=np.float32)])
+        shown = fit_references(state.references, cpu_config.reasoning.max_reference_chars)
+        order = [i for i, r in enumerate(shown) if r.kind != "table"] + [i for i, r in enumerate(shown) if r.kind == "table"]
+        user = conversation[1]["content"]
+        assert user.count(f"similarity: {PLACEHOLDER}") == user.count(PLACEHOLDER) == len(shown) == len(rows)
+        assert "\ue000" not in user
+        np.testing.assert_allclose(rows, projected[order], atol=1e-6)  # the template's order: texts, then tables
+
+
+def test_prompt_mode_without_an_embedding_backend_filters_instead(make_system, cpu_config, sample_examples,
+                                                                  trained_checkpoints, caplog_loguru):
+    llm = ScriptedLLM()
+    system = r2ag_system(make_system, cpu_config, trained_checkpoints["qdm"], "prompt", llm)
+    assert "cannot take input embeddings" in caplog_loguru.text
+    assert not system.r2former.prompting
+    assert system.batch_generate_answer(to_batch(sample_examples[:1])) == ["paris"]
+    assert "\ue000" not in llm.calls[0][0][0][1]["content"]
+
+
+def test_prompt_mode_refuses_a_checkpoint_for_another_hidden_size(make_system, cpu_config, trained_checkpoints):
+    llm = EmbeddingLLM()
+    llm.hidden_size = 576
+    with pytest.raises(R2FormerError, match="hidden size 6"):
+        r2ag_system(make_system, cpu_config, trained_checkpoints["prompt"], "prompt", llm)
+
+
+def test_a_checkpoint_of_another_embedder_is_refused(make_system, cpu_config, trained_checkpoints, tmp_path):
+    model = load_checkpoint(trained_checkpoints["qdm"]).model
+    save_checkpoint(model, tmp_path / "minilm.pt", "all-MiniLM-L6-v2")
+    with pytest.raises(R2FormerError, match="trained on all-MiniLM-L6-v2 embeddings, but the embedder is hash-512"):
+        r2ag_system(make_system, cpu_config, tmp_path / "minilm.pt", "relevance", ScriptedLLM())
+
+
+def test_references_without_embeddings_are_left_as_ranked(trained_checkpoints, cpu_config, caplog_loguru):
+    from models.stages.r2ag import R2AGStage
+    from types import SimpleNamespace
+
+    state = QueryState(0, "q0", "who?", "", [], [Reference("a", "chunk"), Reference("b", "chunk")])
+    ctx = SimpleNamespace(config=cpu_config, r2former=R2FormerHead(load_checkpoint(trained_checkpoints["qdm"])))
+    R2AGStage().run([state], ctx)
+    assert [r.text for r in state.references] == ["a", "b"] and "carry no embeddings" in caplog_loguru.text
