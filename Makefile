@@ -1,6 +1,6 @@
 # make eval: set up .venv and run the local evaluation on data/ with the embedded CPU default.
 # make test: set up .venv and run the tests (unit and integration).
-# make bench: the benchmarks (pages: the seed's web page recipe against ours).
+# make bench: the benchmarks (pages: the seed's web page recipe against ours; r2former: R2AG training and injection).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -26,6 +26,7 @@ test: $(STAMP)
 # Speed as ratios against a baseline measured in the same run (see benchmarks/).
 bench: $(STAMP)
 	$(PY) benchmarks/pages.py
+	$(PY) benchmarks/r2former.py
 
 sample: $(STAMP)
 	$(PY) tools/build_sample.py

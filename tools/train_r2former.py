@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -30,7 +28,6 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from loguru import logger  # noqa: E402
-from sklearn.metrics import roc_auc_score  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from evaluation.data import DataError, alternative_answers, check_data_file, first_record, read_examples  # noqa: E402
@@ -39,8 +36,8 @@ from models.config import ConfigError, SystemConfig, load_config  # noqa: E402
 from models.llm.base import BackendUnavailable  # noqa: E402
 from models.prompting import PromptError, PromptLibrary  # noqa: E402
 from models.retrieval.embedder import Embedder  # noqa: E402
-from models.retrieval.r2former import (R2Former, R2FormerConfig, pad_lists, qdm_loss,  # noqa: E402
-                                       retrieval_features, save_checkpoint)
+from models.retrieval.r2former import R2Former, R2FormerConfig, retrieval_features, save_checkpoint  # noqa: E402
+from models.retrieval.r2former_training import RankedList, TrainSettings, split, train  # noqa: E402
 from models.stages.base import StageContext  # noqa: E402
 from models.stages.reasoning import END, START, place_embeddings, reasoning_conversation  # noqa: E402
 from models.stages.references import ReferencesStage, page_settings  # noqa: E402
@@ -49,33 +46,6 @@ from utils.answers import contains_answer, is_invalid  # noqa: E402
 from utils.pages import PageProcessor  # noqa: E402
 
 MIN_LISTS = 4
-
-
-@dataclass
-class RankedList:
-    """One query's references as the pipeline ranks them, their labels and retrieval features."""
-
-    state: QueryState
-    labels: np.ndarray
-    features: np.ndarray
-    answer: str | None = None
-
-
-@dataclass
-class TrainSettings:
-    epochs: int = 20
-    lr: float = 2e-4
-    batch_size: int = 16
-    lm_weight: float = 1.0
-    seed: int = 0
-    device: str = "cpu"
-
-
-@dataclass
-class History:
-    rows: list[dict[str, float]] = field(default_factory=list)
-    best_epoch: int = 0
-    best_state: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def answer_block(answer: str) -> str:
@@ -128,8 +98,9 @@ def lists_from_pairs(rows: list[tuple[int, dict]], embedder: Embedder) -> list[R
     for number, row in tqdm(rows, desc="lists", unit="query"):
         vectors = embedder.encode([row["query"], *row["references"]])
         order = np.argsort(-(vectors[1:] @ vectors[0]), kind="stable")
+        references = [Reference(row["references"][i], "chunk") for i in order]
         state = QueryState(number, str(row.get("interaction_id", number)), row["query"],
-                           str(row.get("query_time", "")), [], [Reference(row["references"][i], "chunk") for i in order])
+                           str(row.get("query_time", "")), [], references)
         state.query_vector, state.reference_vectors = vectors[0], vectors[1:][order]
         answer = row.get("answer")
         lists.extend(_ranked(state, None, answer if isinstance(answer, str) else None,
@@ -176,91 +147,6 @@ class LMLoss:
         labels = torch.tensor([[-100] * len(ids) + target], device=device)
         embeds = self.llm.inject(input_ids, [rows])
         return self.llm.model(inputs_embeds=embeds, labels=labels).loss
-
-
-def _batch(items: list[RankedList], max_refs: int, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    features, padding = pad_lists([i.features for i in items], max_refs)
-    labels = torch.zeros(padding.shape)
-    for row, item in enumerate(items):
-        n = min(len(item.labels), padding.shape[1])
-        labels[row, :n] = torch.as_tensor(item.labels[:n], dtype=torch.float32)
-    return features.to(device), padding.to(device), labels.to(device)
-
-
-def _losses(model: R2Former, items: list[RankedList], settings: TrainSettings, lm: LMLoss | None
-            ) -> tuple[torch.Tensor, ...]:
-    """Total loss, QDM loss and LM loss of one batch, then the QDM logits and labels of its references."""
-    features, padding, labels = _batch(items, model.config.max_refs, settings.device)
-    logits, projected = model(features, padding)
-    qdm = qdm_loss(logits, labels, padding)
-    lm_terms = [lm(item, projected[row, :min(len(item.labels), padding.shape[1])])
-                for row, item in enumerate(items) if lm is not None and item.answer]
-    lm_loss = torch.stack(lm_terms).mean() if lm_terms else torch.zeros((), device=qdm.device)
-    return qdm + settings.lm_weight * lm_loss, qdm, lm_loss, logits[~padding], labels[~padding]
-
-
-def evaluate(model: R2Former, items: list[RankedList], settings: TrainSettings, lm: LMLoss | None
-             ) -> dict[str, float]:
-    """Mean losses and reference-level AUC over `items` (NaN AUC when they hold one class only)."""
-    model.eval()
-    totals = {"loss": 0.0, "qdm": 0.0, "lm": 0.0}
-    scores, labels = [], []
-    with torch.no_grad():
-        for start in range(0, len(items), settings.batch_size):
-            part = items[start:start + settings.batch_size]
-            loss, qdm, lm_loss, logits, gold = _losses(model, part, settings, lm)
-            for key, value in zip(totals, (loss, qdm, lm_loss)):
-                totals[key] += float(value) * len(part)
-            scores.append(logits.float().cpu().numpy())
-            labels.append(gold.cpu().numpy())
-    result = {key: value / max(len(items), 1) for key, value in totals.items()}
-    gold = np.concatenate(labels) if labels else np.zeros(0)
-    result["auc"] = float(roc_auc_score(gold, np.concatenate(scores))) if len(set(gold.tolist())) == 2 else float("nan")
-    return result
-
-
-def train(model: R2Former, train_lists: list[RankedList], val_lists: list[RankedList], settings: TrainSettings,
-          lm: LMLoss | None = None, progress: bool = False) -> History:
-    """Adam on the R2-Former alone; keeps the weights of the epoch with the lowest validation loss."""
-    torch.manual_seed(settings.seed)
-    order = random.Random(settings.seed)
-    model.to(settings.device)
-    optimiser = torch.optim.Adam(model.parameters(), lr=settings.lr)
-    history = History()
-    best = float("inf")
-    for epoch in range(1, settings.epochs + 1):
-        model.train()
-        items = list(train_lists)
-        order.shuffle(items)
-        seen, total = 0, 0.0
-        for start in tqdm(range(0, len(items), settings.batch_size), desc=f"epoch {epoch}", unit="batch",
-                          disable=not progress, leave=False):
-            part = items[start:start + settings.batch_size]
-            loss = _losses(model, part, settings, lm)[0]
-            optimiser.zero_grad()
-            loss.backward()
-            optimiser.step()
-            seen, total = seen + len(part), total + loss.detach().item() * len(part)
-        metrics = evaluate(model, val_lists, settings, lm)
-        row = {"epoch": epoch, "train_loss": total / max(seen, 1), **{f"val_{k}": v for k, v in metrics.items()}}
-        history.rows.append(row)
-        if progress:
-            print(f"epoch {epoch:3d}  train loss {row['train_loss']:.4f}  val loss {row['val_loss']:.4f}  "
-                  f"(qdm {row['val_qdm']:.4f}, lm {row['val_lm']:.4f})  val AUC {row['val_auc']:.3f}", flush=True)
-        if metrics["loss"] < best:
-            best, history.best_epoch = metrics["loss"], epoch
-            history.best_state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-    if history.best_state:
-        model.load_state_dict(history.best_state)
-    return history
-
-
-def split(lists: list[RankedList], val_share: float, seed: int) -> tuple[list[RankedList], list[RankedList]]:
-    """Queries shuffled (seeded) and split; both sides keep at least one list."""
-    shuffled = list(lists)
-    random.Random(seed).shuffle(shuffled)
-    n_val = min(max(1, round(len(shuffled) * val_share)), len(shuffled) - 1)
-    return shuffled[n_val:], shuffled[:n_val]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -326,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     history = train(model, train_lists, val_lists, settings, lm, progress=True)
     best = history.rows[history.best_epoch - 1]
     print(f"best epoch {history.best_epoch}: val loss {best['val_loss']:.4f}, val AUC {best['val_auc']:.3f}")
-    save_checkpoint(model, args.out, embedder.name, {k: float(v) for k, v in best.items()}, trained_with_lm=lm is not None)
+    save_checkpoint(model, args.out, embedder.name, {k: float(v) for k, v in best.items()},
+                    trained_with_lm=lm is not None)
     print(f"saved {args.out}  (r2ag.checkpoint; r2ag.mode: {'prompt or relevance' if lm else 'relevance'})")
     return 0
 

@@ -98,6 +98,8 @@ class HFBackend:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForCausalLM.from_pretrained(
             self.folder, dtype=getattr(torch, config.dtype)).to(config.device).eval()
+        # R2AG's placeholder token id, once it is in the vocabulary (a folder saved with it has it already).
+        self._retrieval_id: int | None = self.tokenizer.get_vocab().get(RETRIEVAL_TOKEN)
         logger.info("hf model {} loaded in {:.2f} s", self.folder.name, time.perf_counter() - started)
 
     @property
@@ -107,9 +109,10 @@ class HFBackend:
     def retrieval_placeholder(self) -> str:
         """The token that stands where a retrieval embedding goes (R2AG). Added to the vocabulary on first use; its
         own embedding is never seen, since injection overwrites it, and generation never emits it."""
-        if RETRIEVAL_TOKEN not in self.tokenizer.get_vocab():
+        if self._retrieval_id is None:
             self.tokenizer.add_tokens([RETRIEVAL_TOKEN], special_tokens=True)
             self.model.resize_token_embeddings(len(self.tokenizer), mean_resizing=False)
+            self._retrieval_id = self.tokenizer.convert_tokens_to_ids(RETRIEVAL_TOKEN)
         return RETRIEVAL_TOKEN
 
     def generate(self, conversations: list[Conversation], params: GenParams) -> list[list[str]]:
@@ -131,8 +134,8 @@ class HFBackend:
                 outputs.extend([] for _ in conversations[start:])
                 continue
             part = slice(start, start + step)
-            outputs.extend(self._generate_batch(self._encode(conversations[part], None if embeddings is None else embeddings[part]),
-                                                len(conversations[part]), params))
+            inputs = self._encode(conversations[part], None if embeddings is None else embeddings[part])
+            outputs.extend(self._generate_batch(inputs, len(conversations[part]), params))
         return outputs
 
     def prompt_ids(self, conversation: Conversation, embeddings: np.ndarray | torch.Tensor | None = None
@@ -145,8 +148,8 @@ class HFBackend:
         kept_ids = [token for span in spans for token in ids[span]]
         if embeddings is None:
             return kept_ids, None
-        placeholder = self.tokenizer.convert_tokens_to_ids(self.retrieval_placeholder())
-        found = [i for i, token in enumerate(ids) if token == placeholder]
+        self.retrieval_placeholder()
+        found = [i for i, token in enumerate(ids) if token == self._retrieval_id]
         if len(found) != len(embeddings):
             raise ValueError(f"{len(found)} retrieval placeholders in the prompt, {len(embeddings)} embeddings")
         rows = [k for k, i in enumerate(found) if any(span.start <= i < span.stop for span in spans)]
@@ -155,8 +158,9 @@ class HFBackend:
     def inject(self, input_ids: torch.Tensor, embeddings: list[torch.Tensor]) -> torch.Tensor:
         """Input embeddings of `input_ids` (B, T) with the retrieval placeholders of row b overwritten, in order,
         by the rows of embeddings[b]; differentiable in `embeddings` (R2-Former training)."""
+        self.retrieval_placeholder()
         embeds = self.model.get_input_embeddings()(input_ids)
-        mask = input_ids == self.tokenizer.convert_tokens_to_ids(self.retrieval_placeholder())
+        mask = input_ids == self._retrieval_id
         source = torch.cat([e.reshape(-1, embeds.shape[-1]) for e in embeddings]) if embeddings else embeds[:0, 0]
         if int(mask.sum()) != source.shape[0]:
             raise ValueError(f"{int(mask.sum())} retrieval placeholders in the batch, {source.shape[0]} embeddings")
@@ -191,8 +195,8 @@ class HFBackend:
         extra = {"max_time": params.deadline.remaining()} if params.deadline is not None else {}
         if params.stop:
             extra.update(stop_strings=params.stop, tokenizer=self.tokenizer)
-        if RETRIEVAL_TOKEN in self.tokenizer.get_vocab():
-            extra["suppress_tokens"] = [self.tokenizer.convert_tokens_to_ids(RETRIEVAL_TOKEN)]
+        if self._retrieval_id is not None:
+            extra["suppress_tokens"] = [self._retrieval_id]
         generated = self.model.generate(
             **inputs, max_new_tokens=params.max_tokens, do_sample=sample,
             temperature=params.temperature if sample else None, top_p=None, top_k=None,

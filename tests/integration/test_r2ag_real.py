@@ -1,4 +1,4 @@
-"""R2AG with the real models: exact embedding injection in SmolLM2, the training tool, and the pipeline in both modes."""
+"""R2AG with the real models: exact embedding injection in SmolLM2, the training tool, the pipeline in both modes."""
 
 import json
 

@@ -14,7 +14,7 @@ from models.stages.reasoning import fit_references, place_embeddings
 from models.state import QueryState, Reference
 from tests.conftest import to_batch, write
 from tests.fakes import ScriptedLLM
-from tools.train_r2former import RankedList, TrainSettings, evaluate, split, train
+from models.retrieval.r2former_training import TrainSettings, evaluate, split, synthetic_lists, train
 
 PLACEHOLDER = "<|retrieval|>"
 
@@ -68,23 +68,6 @@ def test_lists_longer_than_max_refs_keep_their_first_references():
     head = R2FormerHead(load_round_trip(small_model(), "hash-512"))
     probabilities, vectors = head.run([np.ones((12, 3), dtype=np.float32)])
     assert len(probabilities[0]) == 12 and (probabilities[0][8:] == 0).all() and vectors == [None]
-
-
-def synthetic_lists(count: int, seed: int) -> list[RankedList]:
-    """Clustered embeddings: positives lie near the query, negatives are random; lists are ranked by cosine
-    with noise, as a retriever would, so some negatives rank above positives."""
-    rng = np.random.default_rng(seed)
-    lists = []
-    for index in range(count):
-        query = rng.normal(size=32)
-        k = int(rng.integers(3, 9))
-        labels = rng.random(k) < 0.35
-        docs = np.where(labels[:, None], query + rng.normal(scale=1.2, size=(k, 32)), rng.normal(size=(k, 32)))
-        unit = docs / np.linalg.norm(docs, axis=1, keepdims=True)
-        order = np.argsort(-(unit @ query + rng.normal(scale=0.1, size=k)))
-        state = QueryState(index, str(index), "q", "", [])
-        lists.append(RankedList(state, labels[order], retrieval_features(query, docs[order])))
-    return lists
 
 
 def test_training_on_a_synthetic_task_reaches_auc_0_9():
@@ -255,7 +238,8 @@ def test_prompt_mode_injects_one_embedding_per_reference_shown(make_system, cpu_
                                    retrieval_features(state.query_vector, state.reference_vectors), atol=1e-6)
         _, (projected,) = system.r2former.run([np.asarray(state.retrieval_features, dtype=np.float32)])
         shown = fit_references(state.references, cpu_config.reasoning.max_reference_chars)
-        order = [i for i, r in enumerate(shown) if r.kind != "table"] + [i for i, r in enumerate(shown) if r.kind == "table"]
+        order = ([i for i, r in enumerate(shown) if r.kind != "table"]
+                 + [i for i, r in enumerate(shown) if r.kind == "table"])
         user = conversation[1]["content"]
         assert user.count(f"similarity: {PLACEHOLDER}") == user.count(PLACEHOLDER) == len(shown) == len(rows)
         assert "\ue000" not in user
