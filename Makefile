@@ -18,7 +18,7 @@ $(STAMP): requirements-local.txt
 setup: $(STAMP)
 
 eval: $(STAMP)
-	$(PY) local_evaluation.py --data data/crag_sample.jsonl --config configs/cpu.yaml --restart
+	$(PY) local_evaluation.py --data data/crag_sample.jsonl --config configs/cpu.yaml --restart --serve-kg
 
 test: $(STAMP)
 	$(PY) -m pytest

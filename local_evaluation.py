@@ -8,9 +8,12 @@ backend), or the base URL of an OpenAI-compatible server with --judge-model.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import sys
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from loguru import logger
@@ -18,10 +21,12 @@ from tqdm import tqdm
 
 from evaluation.data import DataError, ReadStats, Selection, check_data_file, parse_shard, read_examples
 from evaluation.judge import LLMJudge, judge_records
+from evaluation.kg_server import KGServerError, fixture_kg
 from evaluation.report import format_table, score_records, write_report
 from evaluation.runner import EvaluationError, load_predictions, run_model
 from evaluation.worker import ModelWorker, WorkerError
-from models.config import CONFIG_ENV, DEFAULT_CONFIG, ConfigError, HFConfig, OpenAIConfig, load_config
+from models.config import (CONFIG_ENV, DEFAULT_CONFIG, ConfigError, HFConfig, OpenAIConfig, SystemConfig,
+                           load_config)
 from models.llm.base import BackendUnavailable
 from models.prompting import PromptError, PromptLibrary
 from utils.cache import JsonCache, cache_root
@@ -51,6 +56,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--judge-model", default=None, help="model name for a URL judge")
     parser.add_argument("--rejudge", action="store_true",
                         help="judge the predictions already in the run folder again; the model is not loaded")
+    parser.add_argument("--serve-kg", action="store_true",
+                        help="tasks 2/3: start the fixture KG server (tools/kg_server.py over data/kg) for this run "
+                             "and point the model at it; without it the model uses kg.base_url or $CRAG_MOCK_API_URL")
     parser.add_argument("--log-level", default="WARNING", help="loguru level for the model's logs")
     return parser.parse_args(argv)
 
@@ -100,6 +108,34 @@ def merge_shards(out_dir: Path, predictions: Path) -> list[dict]:
     return list(records.values())
 
 
+@contextlib.contextmanager
+def kg_for_run(config: SystemConfig, serve: bool) -> Iterator[SystemConfig]:
+    """The config, pointed at the fixture KG server for the block when `serve` and the task uses a KG."""
+    if not serve:
+        yield config
+    elif config.task == 1:
+        print("--serve-kg: task 1 never calls the KG; no server started", file=sys.stderr)
+        yield config
+    else:
+        with fixture_kg() as url:
+            print(f"fixture KG server at {url} (data/kg)", file=sys.stderr)
+            yield replace(config, kg=replace(config.kg, base_url=url))
+
+
+def run(config: SystemConfig, args: argparse.Namespace, stats: ReadStats, selection: Selection,
+        predictions: Path) -> list[dict]:
+    """The model over the selected examples, in a child process so that a batch over its limit can be stopped."""
+    from models.user_config import UserModel  # after the checks: loading models takes seconds
+
+    model = ModelWorker(lambda: UserModel(config))
+    print(f"UserModel ready in {model.load_seconds:.1f} s ({config.source})", file=sys.stderr)
+    try:
+        return run_model(model, read_examples(args.data, stats, selection=selection), predictions,
+                         per_query_s=args.time_limit or None)
+    finally:
+        model.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logger.remove()
@@ -127,20 +163,13 @@ def main(argv: list[str] | None = None) -> int:
         else:
             if args.restart and predictions.exists():
                 predictions.unlink()
-            from models.user_config import UserModel  # after the checks: loading models takes seconds
-
-            # The model lives in a child process, so that a batch over its time limit can be stopped.
-            model = ModelWorker(lambda: UserModel(config))
-            print(f"UserModel ready in {model.load_seconds:.1f} s ({config.source})", file=sys.stderr)
-            try:
-                records = run_model(model, read_examples(args.data, stats, selection=selection), predictions,
-                                    per_query_s=args.time_limit or None)
-            finally:
-                model.close()
+            with kg_for_run(config, args.serve_kg) as config:
+                records = run(config, args, stats, selection, predictions)
         # Built after the run: a judge on torch in this process before the model's child forks could leave the
         # child's OpenMP threads deadlocked.
         judge = build_judge(args.judge, args.judge_model)
-    except (ConfigError, DataError, EvaluationError, BackendUnavailable, PromptError, WorkerError, ValueError) as err:
+    except (ConfigError, DataError, EvaluationError, BackendUnavailable, PromptError, WorkerError, KGServerError,
+            ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     judge_records(records, judge)

@@ -20,6 +20,7 @@ DOMAINS = ("finance", "sports", "music", "movie", "open")
 DYNAMISM = ("static", "slow-changing", "fast-changing", "real-time")
 ATTRIBUTE_METHODS = ("svm", "icl", "none")
 R2AG_MODES = ("relevance", "prompt")
+KG_METHODS = ("rules", "functions")
 
 
 class ConfigError(ValueError):
@@ -138,6 +139,27 @@ class R2AGConfig:
 
 
 @dataclass
+class KGConfig:
+    """The knowledge-graph stage, run for `task` 2 and 3. `method`: `rules` (the LLM extracts the domain and
+    entities, domain rules choose the calls) or `functions` (the LLM lists the calls, at most `max_calls`, each
+    checked against the endpoint table before it is made). `base_url` null: $CRAG_MOCK_API_URL, else
+    http://localhost:8000. `max_chars`: the KG text of one query is cut to this length. `price_days`: daily
+    prices kept (up to the question's date, or its current time)."""
+
+    method: str = "rules"
+    base_url: str | None = None
+    connect_timeout_s: float = 1.0
+    read_timeout_s: float = 5.0
+    retries: int = 2
+    backoff_s: float = 0.2
+    concurrency: int = 8
+    max_calls: int = 6
+    max_chars: int = 1000
+    max_tokens: int = 160
+    price_days: int = 5
+
+
+@dataclass
 class ICLConfig:
     """Few-shot attribute prediction: `shots_per_class` demonstrations per domain and per dynamism class."""
 
@@ -218,6 +240,7 @@ class BudgetConfig:
 @dataclass
 class SystemConfig:
     batch_size: int = 4
+    task: int = 1  # CRAG task: 1 (pages only), 2 and 3 (pages and the mock KG API)
     strategy: str = "hybrid"
     log_level: str = "INFO"
     llm: LLMConfig = field(default_factory=LLMConfig)
@@ -225,6 +248,7 @@ class SystemConfig:
     attributes: AttributesConfig = field(default_factory=AttributesConfig)
     references: ReferencesConfig = field(default_factory=ReferencesConfig)
     r2ag: R2AGConfig = field(default_factory=R2AGConfig)
+    kg: KGConfig = field(default_factory=KGConfig)
     knowledge: KnowledgeConfig = field(default_factory=KnowledgeConfig)
     calculator: CalculatorConfig = field(default_factory=CalculatorConfig)
     reasoning: ReasoningConfig = field(default_factory=ReasoningConfig)
@@ -245,6 +269,10 @@ class SystemConfig:
         unknown = set(self.attributes.dynamic_classes) - set(DYNAMISM)
         if unknown:
             raise ConfigError(f"{self.source}: attributes.dynamic_classes {sorted(unknown)} not in {list(DYNAMISM)}")
+        if self.task not in (1, 2, 3):
+            raise ConfigError(f"{self.source}: task must be 1, 2 or 3, got {self.task}")
+        if self.kg.method not in KG_METHODS:
+            raise ConfigError(f"{self.source}: kg.method '{self.kg.method}' is not one of {list(KG_METHODS)}")
         if self.r2ag.mode not in R2AG_MODES:
             raise ConfigError(f"{self.source}: r2ag.mode '{self.r2ag.mode}' is not one of {list(R2AG_MODES)}")
         if self.r2ag.enabled and not self.r2ag.checkpoint:

@@ -13,7 +13,7 @@ class Reference:
     """A piece of evidence shown to the LLM, with where it came from."""
 
     text: str
-    kind: str  # "chunk", "snippet" or "table"; the KG stage adds "kg"
+    kind: str  # "chunk", "snippet" or "table"
     page_name: str = ""
     page_url: str = ""
     page_last_modified: str = ""
@@ -46,6 +46,7 @@ class QueryState:
     domain: str | None = None         # attributes: finance, sports, music, movie, open
     dynamism: str | None = None       # attributes: static, slow-changing, fast-changing, real-time
     knowledge: str | None = None      # the knowledge extractor's answer ("an answer from another agent")
+    kg_results: list[str] = field(default_factory=list)  # the KG module's results, one rendered call per line
     calculations: list[str] = field(default_factory=list)  # "expression = value", from the calculator
     llm_output: str | None = None
     answer: str | None = None

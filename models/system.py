@@ -22,6 +22,7 @@ from models.state import QueryState
 from models.strategies import STRATEGIES
 from utils.answers import IDK
 from utils.cache import cache_root
+from utils.kg_api import KGClient
 from utils.pages import PageProcessor
 
 BATCH_FIELDS = ("interaction_id", "query", "search_results", "query_time")
@@ -46,6 +47,9 @@ class CragSystem:
         self.embedder = embedder or Embedder(self.config.embedder)
         self.reranker = Reranker(refs.rerank) if refs.rerank.model else None
         self.r2former = self._r2former() if self.config.r2ag.enabled else None
+        kg = self.config.kg
+        self.kg = (KGClient(kg.base_url, kg.connect_timeout_s, kg.read_timeout_s, kg.retries, kg.backoff_s)
+                   if self.config.task > 1 else None)
         self.strategy = STRATEGIES[self.config.strategy](self.config, self.embedder)
         for stage in self.strategy.stages:  # a broken prompt file fails here, not in the first batch
             for name in stage.prompt_names:
@@ -62,7 +66,7 @@ class CragSystem:
         budget = self.config.budget
         deadline = Deadline.for_batch(max(batch_size, 1), budget.per_query_s, budget.safety_margin_s)
         return StageContext(self.config, self.llm, self.embedder, prompts or self.prompts, deadline, self.pages,
-                            self.reranker, self.r2former)
+                            self.reranker, self.r2former, self.kg)
 
     def _r2former(self) -> R2FormerHead:
         """The R2AG head of the config. Prompt mode needs a backend that takes input embeddings and a checkpoint

@@ -29,9 +29,10 @@ def sample_examples() -> list[dict[str, Any]]:
 @pytest.fixture
 def cpu_config(tmp_path):
     """configs/cpu.yaml with pages processed in this process and cached under the test's tmp_path, and only
-    references and reasoning on (tests of the other stages turn theirs on)."""
+    references and reasoning on: task 1, so no KG (tests of the other stages turn theirs on)."""
     config = load_config(REPO_ROOT / "configs" / "cpu.yaml")
     config.attributes.method = "none"
+    config.task = 1
     config.knowledge.enabled = False
     config.calculator.enabled = False
     config.references.workers = 1

@@ -19,6 +19,8 @@ PROMPT_MARKERS = {
     "calculator": "You write arithmetic",
     "summariser": "Answer the question in as few words",
     "attributes": "Classify questions",
+    "kg_entities": "You extract entities for knowledge-graph lookups",
+    "kg_functions": "You choose knowledge-graph API calls",
 }
 
 

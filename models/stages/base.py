@@ -17,6 +17,7 @@ from models.retrieval.r2former import R2FormerHead
 from models.retrieval.reranker import Reranker
 from models.state import QueryState, StageRecord
 from utils.answers import IDK
+from utils.kg_api import KGClient
 from utils.pages import PageProcessor
 
 
@@ -30,6 +31,7 @@ class StageContext:
     pages: PageProcessor
     reranker: Reranker | None = None
     r2former: R2FormerHead | None = None
+    kg: KGClient | None = None
 
     def work_deadline(self, stage: str | None = None) -> Deadline:
         """When a stage's work (an LLM call, page processing) must end: the batch deadline less the answer

@@ -88,7 +88,7 @@ class CalculatorStage:
         for s in states:
             texts, tables = prompt_evidence(s, settings.max_reference_chars)
             conversations.append(prompt.render(query=s.query, query_time=s.query_time, references=texts,
-                                               tables=tables))
+                                               tables=tables, kg_references=s.kg_results))
         params = GenParams(max_tokens=settings.max_tokens, temperature=settings.temperature, n=settings.n,
                            deadline=ctx.work_deadline(self.name))
         for state, samples in zip(states, ctx.llm.generate(conversations, params)):

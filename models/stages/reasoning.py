@@ -75,7 +75,7 @@ def prompt_evidence(state: QueryState, max_chars: int, markers: int = 0) -> tupl
     """
     fitted = fit_references(state.references, max_chars)
     items = [dict(asdict(r), retrieval_marker=_MARKER.format(i) if i < markers else "") for i, r in enumerate(fitted)]
-    texts = [item for item in items if item["kind"] not in ("table", "kg")]
+    texts = [item for item in items if item["kind"] != "table"]
     tables = [item for item in items if item["kind"] == "table"]
     return texts, tables
 
@@ -83,9 +83,8 @@ def prompt_evidence(state: QueryState, max_chars: int, markers: int = 0) -> tupl
 def reasoning_conversation(prompt: Prompt, state: QueryState, max_chars: int, markers: int = 0) -> Conversation:
     """The reasoning prompt for `state`; with `markers`, its first references carry retrieval markers."""
     texts, tables = prompt_evidence(state, max_chars, markers)
-    kg = [r.text for r in state.references if r.kind == "kg"]
     return prompt.render(query=state.query, query_time=state.query_time, references=texts, tables=tables,
-                         kg_references=kg, calculations=state.calculations, other_answer=state.knowledge)
+                         kg_references=state.kg_results, calculations=state.calculations, other_answer=state.knowledge)
 
 
 def place_embeddings(conversation: Conversation, vectors: np.ndarray, placeholder: str

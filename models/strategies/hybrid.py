@@ -1,5 +1,5 @@
-"""The seed system (default): attributes -> dynamic pre-check -> references -> (R2AG) -> knowledge ->
-calculator -> reasoning. The answer step runs after the strategy, in CragSystem.
+"""The seed system (default): attributes -> dynamic pre-check -> references -> (R2AG) -> (KG, tasks 2 and 3)
+-> knowledge -> calculator -> reasoning. The answer step runs after the strategy, in CragSystem.
 
 Attributes run before references (the design lists them after): a query that the pre-check answers
 "i don't know" then costs no page processing and no embedding.
@@ -14,6 +14,7 @@ from models.stages.answer import DynamicPrecheck
 from models.stages.attributes import AttributesStage
 from models.stages.base import Stage, StageContext, run_stage
 from models.stages.calculator import CalculatorStage
+from models.stages.kg import KGStage
 from models.stages.knowledge import KnowledgeStage
 from models.stages.r2ag import R2AGStage
 from models.stages.reasoning import ReasoningStage
@@ -31,6 +32,8 @@ class HybridStrategy:
         self.stages.append(ReferencesStage())
         if config.r2ag.enabled:
             self.stages.append(R2AGStage())
+        if config.task > 1:
+            self.stages.append(KGStage())
         if config.knowledge.enabled:
             self.stages.append(KnowledgeStage())
         if config.calculator.enabled:

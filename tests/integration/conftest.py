@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from evaluation.kg_server import fixture_kg, stop
 from models.config import EmbedderConfig, HFConfig
 from models.llm.hf import HFBackend, resolve_model_folder
 from models.retrieval.embedder import Embedder
@@ -63,8 +64,11 @@ def served_model(tmp_path_factory):
                 time.sleep(0.5)
         yield f"http://127.0.0.1:{port}/v1", folder, log_path
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop(process)
+
+
+@pytest.fixture(scope="session")
+def kg_server():
+    """tools/kg_server.py over data/kg on a free loopback port, with fault injection on: its base URL."""
+    with fixture_kg("--faults", "--slow-s", "3") as url:
+        yield url

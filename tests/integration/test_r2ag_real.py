@@ -98,7 +98,7 @@ def test_qdm_training_on_crag_data_serves_relevance_mode(tmp_path, capsys, sampl
     out = tmp_path / "qdm.pt"
     assert train_main(["--data", str(SAMPLE), "--out", str(out), "--epochs", "3"]) == 0
     printed = capsys.readouterr().out
-    assert "12 lists" in printed and "val AUC" in printed and f"saved {out}" in printed
+    assert "13 lists" in printed and "val AUC" in printed and f"saved {out}" in printed
     checkpoint = load_checkpoint(out)
     assert checkpoint.embedder == "all-MiniLM-L6-v2" and not checkpoint.trained_with_lm
     system = system_for(out, "relevance", tmp_path)

@@ -72,7 +72,7 @@ def test_judge_records_uses_rules_first_and_the_llm_for_the_rest():
 
 
 def test_report_files_carry_every_breakdown(tmp_path):
-    records = [json.loads(line) for line in SAMPLE.read_text().splitlines()]
+    records = [json.loads(line) for line in SAMPLE.read_text().splitlines()][:12]
     for i, record in enumerate(records):
         record.update(prediction=record["answer"] if i % 2 else "i don't know", batch_seconds=8.0, batch_size=4,
                       popularity="head" if i % 3 else "tail",

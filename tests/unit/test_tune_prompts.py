@@ -29,9 +29,9 @@ def test_variants_share_cached_upstream_results(make_system, cpu_config, tmp_pat
     llm = ScriptedLLM(by_prompt(reasoning=reasoning, calculator="```python\n1 + 1\n```"))
     system = make_system(llm)
     args = ["--prompt", "reasoning", "--variant", str(baseline), "--variant", str(variant), "--data", str(SAMPLE),
-            "--out", str(tmp_path / "out")]
+            "--limit", "12", "--out", str(tmp_path / "out")]
     assert main(args, system=system) == 0
-    batches = 3  # 12 questions, batch size 4
+    batches = 3  # the first 12 questions, batch size 4
     assert calls_of(llm, "knowledge") == batches and calls_of(llm, "calculator") == batches
     assert calls_of(llm, "reasoning") == 2 * batches  # once per variant
     rows = json.loads((tmp_path / "out" / "tuning.json").read_text())

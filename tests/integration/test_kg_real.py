@@ -1,0 +1,170 @@
+"""The KG client against a real server process (tools/kg_server.py on a loopback port), and the KG stage end to end."""
+
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from models.config import REPO_ROOT
+from tests.conftest import to_batch
+from tests.fakes import HashEmbedder, ScriptedLLM, by_prompt
+from utils.kg_api import ENDPOINTS, KGClient
+
+# One call per endpoint, with arguments the fixtures in data/kg know.
+EVERY_CALL = {
+    "open_search_entity_by_name": {"query": "eiffel tower"},
+    "open_get_entity": {"entity": "Eiffel Tower"},
+    "movie_get_person_info": {"person_name": "christopher nolan"},
+    "movie_get_movie_info": {"movie_name": "inception"},
+    "movie_get_year_info": {"year": "2016"},
+    "movie_get_movie_info_by_id": {"movie_id": 27205},
+    "movie_get_person_info_by_id": {"person_id": 6193},
+    "finance_get_company_name": {"query": "apple"},
+    "finance_get_ticker_by_name": {"company_name": "Apple Inc."},
+    "finance_get_price_history": {"ticker_name": "AAPL"},
+    "finance_get_detailed_price_history": {"ticker_name": "NVDA"},
+    "finance_get_dividends_history": {"ticker_name": "MSFT"},
+    "finance_get_market_capitalization": {"ticker_name": "AAPL"},
+    "finance_get_eps": {"ticker_name": "AAPL"},
+    "finance_get_pe_ratio": {"ticker_name": "MSFT"},
+    "finance_get_info": {"ticker_name": "NVDA"},
+    "music_search_artist_entity_by_name": {"artist_name": "taylor swift"},
+    "music_search_song_entity_by_name": {"song_name": "hey jude"},
+    "music_get_billboard_rank_date": {"rank": 1, "date": "2024-02-24"},
+    "music_get_billboard_attributes": {"date": "2024-03-02", "attribute": "weeks_in_chart",
+                                       "song_name": "Texas Hold 'Em"},
+    "music_grammy_get_best_artist_by_year": {"year": 2015},
+    "music_grammy_get_award_count_by_artist": {"artist_name": "Adele"},
+    "music_grammy_get_award_count_by_song": {"song_name": "Rolling in the Deep"},
+    "music_grammy_get_best_song_by_year": {"year": 2016},
+    "music_grammy_get_award_date_by_artist": {"artist_name": "Taylor Swift"},
+    "music_grammy_get_best_album_by_year": {"year": 2016},
+    "music_grammy_get_all_awarded_artists": {},
+    "music_get_artist_birth_place": {"artist_name": "John Lennon"},
+    "music_get_artist_birth_date": {"artist_name": "Paul McCartney"},
+    "music_get_members": {"band_name": "The Beatles"},
+    "music_get_lifespan": {"artist_name": "George Harrison"},
+    "music_get_song_author": {"song_name": "Shake It Off"},
+    "music_get_song_release_country": {"song_name": "Hey Jude"},
+    "music_get_song_release_date": {"song_name": "Shake It Off"},
+    "music_get_artist_all_works": {"artist_name": "Taylor Swift"},
+    "sports_soccer_get_games_on_date": {"date": "2018-07-15", "team_name": "France"},
+    "sports_nba_get_games_on_date": {"date": "2024-02-29"},
+    "sports_nba_get_play_by_play_data_by_game_ids": {"game_ids": ["0022300850"]},
+}
+SPOT_CHECKS = {
+    "open_get_entity": lambda r: r["summary_structured"]["completed"] == "31 March 1889",
+    "movie_get_movie_info": lambda r: r[0]["budget"] == 160000000,
+    "finance_get_ticker_by_name": lambda r: r == "AAPL",
+    "music_get_billboard_rank_date": lambda r: r == [["Lovin On Me"], ["Jack Harlow"]],
+    "music_grammy_get_best_album_by_year": lambda r: r == ["1989"],
+    "music_get_members": lambda r: "Ringo Starr" in r,
+    "sports_soccer_get_games_on_date": lambda r: r["team"] == {"0": "France"} and r["GF"] == {"0": 4},
+    "sports_nba_get_play_by_play_data_by_game_ids": lambda r: len(r["game_id"]) == 2,
+}
+
+
+def test_every_endpoint_answers_with_its_type(kg_server):
+    assert set(EVERY_CALL) == set(ENDPOINTS)
+    client = KGClient(kg_server)
+    for name, args in EVERY_CALL.items():
+        result = client.call(name, args)
+        assert result is not None, name
+        assert isinstance(result, ENDPOINTS[name].returns), name
+        assert SPOT_CHECKS.get(name, lambda r: True)(result), (name, result)
+    assert client.requests_sent == len(EVERY_CALL)
+
+
+def test_methods_take_positional_and_named_arguments_and_repeat_from_the_cache(kg_server):
+    client = KGClient(kg_server)
+    assert client.finance_get_eps("AAPL") == client.finance_get_eps(ticker_name="AAPL") == 6.43
+    assert client.music_get_billboard_rank_date(2, date="2024-02-24") == [["Texas Hold 'Em"], ["Beyonce"]]
+    assert client.requests_sent == 2
+    assert client.movie_get_movie_info("no such film at all") == []  # the server's answer: nothing found
+    assert client.open_get_entity("Nowhere") is None
+
+
+def test_a_slow_reply_hits_the_read_timeout(kg_server, caplog_loguru):
+    client = KGClient(kg_server, read_timeout_s=0.5, retries=1, backoff_s=0.05)
+    started = time.monotonic()
+    assert client.open_get_entity("__slow__") is None
+    assert time.monotonic() - started < 2.5  # two attempts of 0.5 s, not the server's 3 s
+    assert client.requests_sent == 2
+    assert client.open_get_entity("__slow__", deadline=time.monotonic() + 0.3) is None
+    assert caplog_loguru.text.count("open_get_entity (timeout)") == 1  # logged once
+
+
+def test_a_server_that_is_down(caplog_loguru):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again when the block ends: nothing listens there
+    client = KGClient(f"http://127.0.0.1:{port}", retries=2, backoff_s=0.01, down_after=3)
+    assert client.finance_get_eps("AAPL") is None and client.finance_get_pe_ratio("AAPL") is None
+    assert client.finance_get_market_capitalization("AAPL") is None
+    assert client.requests_sent == 9  # three attempts each
+    assert client.finance_get_info("AAPL") is None and client.requests_sent == 9  # down now: not even tried
+    assert "finance_get_eps (connection)" in caplog_loguru.text and "unreachable 3 times in a row" in caplog_loguru.text
+
+
+def test_http_500_is_retried_then_given_up(kg_server, caplog_loguru):
+    client = KGClient(kg_server, retries=2, backoff_s=0.01)
+    assert client.music_get_members("__500__") is None
+    assert client.requests_sent == 3 and "HTTP 500 after 3 attempt(s)" in caplog_loguru.text
+
+
+def test_invalid_json_and_a_wrong_type_are_none(kg_server, caplog_loguru):
+    client = KGClient(kg_server)
+    assert client.finance_get_info("__garbage__") is None
+    assert client.finance_get_info("__wrongtype__") is None
+    assert client.requests_sent == 2  # neither is retried: the server answered
+    assert "(invalid JSON)" in caplog_loguru.text and "(wrong type)" in caplog_loguru.text
+
+
+def reasoning_from_kg(conversation):
+    """A careful reader: the answer is the budget given in the knowledge-graph section, else "i don't know"."""
+    user = conversation[1]["content"]
+    kg = user.split("### Knowledge graph")[1] if "### Knowledge graph" in user else ""
+    budget = next((part.split(":")[1].strip() for part in kg.split(";") if part.strip().startswith("budget:")), None)
+    answer = f"${int(budget) // 1_000_000} million" if budget else "i don't know"
+    return f"===START===\n## Answer: {answer}\n## False Premise: no\n===END==="
+
+
+def test_a_kg_only_question_is_answered_from_the_kg(kg_server, make_system, cpu_config, sample_examples):
+    example = next(e for e in sample_examples if e["query"] == "what was the budget of the movie inception?")
+    pages = " ".join(p["page_result"] for p in example["search_results"])
+    assert "160" not in pages  # the pages cannot answer it
+    extraction = '{"domain": "movie", "entities": {"movie_name": "inception"}}'
+    llm = ScriptedLLM(by_prompt(kg_entities=extraction, reasoning=reasoning_from_kg))
+
+    cpu_config.task = 1
+    assert make_system(llm).batch_generate_answer(to_batch([example])) == ["i don't know"]
+
+    cpu_config.task = 2
+    cpu_config.kg.base_url = kg_server
+    system = make_system(llm)
+    assert system.batch_generate_answer(to_batch([example])) == [example["answer"]]
+    assert [r["status"] for r in system.last_batch_trace[0]["stages"] if r["stage"] == "kg"] == ["ok"]
+
+
+def test_the_kg_server_refuses_a_missing_fixture_folder(tmp_path):
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "kg_server.py"), "--data", str(tmp_path / "no")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "no such fixture folder" in done.stderr
+
+
+@pytest.mark.parametrize("method", ["rules", "functions"])
+def test_both_paths_with_the_real_embedded_llm_never_break_the_batch(kg_server, cpu_config, sample_examples, method,
+                                                                    hf_llm):
+    """SmolLM2 writes what it writes: whatever the KG stage reads from it, every query gets an answer."""
+    from models.system import CragSystem
+
+    cpu_config.task, cpu_config.kg.method, cpu_config.kg.base_url = 2, method, kg_server
+    system = CragSystem(cpu_config, llm=hf_llm, embedder=HashEmbedder())
+    try:
+        answers = system.batch_generate_answer(to_batch(sample_examples[:2]))
+    finally:
+        system.close()
+    assert len(answers) == 2 and all(isinstance(a, str) and a for a in answers)
+    assert all(any(r["stage"] == "kg" for r in t["stages"]) for t in system.last_batch_trace)
