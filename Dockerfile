@@ -7,12 +7,15 @@ ENV DEBIAN_FRONTEND=noninteractive \
     TRANSFORMERS_OFFLINE=1 \
     CRAG_CONFIG=/home/aicrowd/configs/t4x4-llama3-70b-gptq.yaml
 
+# Ubuntu's python3.11 packages follow the base image's release; pinning their exact build would break the build
+# on every security update.
+# hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3.11 python3.11-venv python3-pip git \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 1001 aicrowd
 
-USER aicrowd
+USER 1001
 WORKDIR /home/aicrowd
 ENV PATH=/home/aicrowd/.venv/bin:$PATH
 COPY --chown=aicrowd:aicrowd requirements.txt ./

@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup eval test bench sample
+.PHONY: setup eval test bench sample check
 
 $(STAMP): requirements-local.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/pages.py
 	$(PY) benchmarks/r2former.py
+
+# Submission checks with the embedded CPU default (tools/check_submission.py without --cpu checks the GPU config).
+check: $(STAMP)
+	$(PY) tools/check_submission.py --cpu
 
 sample: $(STAMP)
 	$(PY) tools/build_sample.py
