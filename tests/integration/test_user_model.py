@@ -21,10 +21,12 @@ def user_model(hf_llm, embedder, cpu_config_module):
 
 
 @pytest.fixture(scope="module")
-def cpu_config_module(tmp_path_factory):
-    """configs/cpu.yaml as shipped (page workers included), with the page cache in a fresh folder."""
+def cpu_config_module(tmp_path_factory, kg_server):
+    """configs/cpu.yaml as shipped (page workers included, task 2), with the page cache in a fresh folder and the
+    fixture KG server as the mock API."""
     config = load_config(REPO_ROOT / "configs" / "cpu.yaml")
     config.references.cache_dir = str(tmp_path_factory.mktemp("cache"))
+    config.kg.base_url = kg_server
     return config
 
 
@@ -40,7 +42,7 @@ def test_answers_a_batch_from_data(user_model, sample_examples):
     answers = user_model.batch_generate_answer(to_batch(examples))
     assert len(answers) == len(examples) and all(isinstance(a, str) and a for a in answers)
     assert all(trim_to_tokens(a) == a for a in answers)
-    full = ["attributes", "precheck", "references", "knowledge", "calculator", "reasoning", "answer"]
+    full = ["attributes", "precheck", "references", "kg", "knowledge", "calculator", "reasoning", "answer"]
     for trace in user_model.last_batch_trace:
         stages = [r["stage"] for r in trace["stages"]]
         assert all(r["status"] == "ok" for r in trace["stages"])
@@ -58,6 +60,7 @@ def test_openai_config_sends_prompts_to_the_server(served_model, embedder, sampl
     config["references"]["cache_dir"] = str(tmp_path / "cache")
     config["attributes"]["method"] = "none"  # no dynamic pre-check: both queries reach the LLM stages
     config["calculator"]["n"] = 1
+    config["task"] = 1  # no KG entity extraction: the request count below is the seed stages'
     path = tmp_path / "openai.yaml"
     path.write_text(yaml.safe_dump(config))
     monkeypatch.setenv("CRAG_CONFIG", str(path))
