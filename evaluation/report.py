@@ -21,7 +21,13 @@ def score_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     groups: dict[str, dict[str, list[str]]] = {key: defaultdict(list) for key in BREAKDOWNS}
     per_query: list[float] = []
     per_stage: dict[str, list[float]] = defaultdict(list)
+    steps: dict[str, list[int]] = defaultdict(list)  # multi-hop strategies: LLM steps per query, by question type
+    routes: Counter = Counter()
     for record in records:
+        trace = record.get("trace") or {}
+        if trace.get("route"):
+            routes[trace["route"]] += 1
+            steps[str(record.get("question_type") or "unknown")].append(int(trace.get("steps") or 0))
         for key, buckets in groups.items():
             if record.get(key) not in (None, ""):
                 buckets[str(record[key])].append(record["verdict"])
@@ -38,6 +44,9 @@ def score_records(records: list[dict[str, Any]]) -> dict[str, Any]:
         "judged_by": dict(Counter(r.get("judged_by", "rules") for r in records)),
         "timed_out": sum(bool(r.get("timed_out")) for r in records),
         "latency_s": {"per_query": latency(per_query), "per_stage": {k: latency(v) for k, v in per_stage.items()}},
+        **({"routes": dict(routes), "steps_by_question_type": {
+            k: {"queries": len(v), "mean": sum(v) / len(v), "max": max(v)} for k, v in sorted(steps.items())}}
+           if steps else {}),
     }
 
 
@@ -60,6 +69,9 @@ def format_table(summary: dict[str, Any]) -> str:
     for section, rows in _sections(summary):
         lines.append(f"{section.replace('_', ' ')}:")
         lines.extend(row(f"  {name}", s) for name, s in rows.items())
+    if summary.get("steps_by_question_type"):
+        lines.append("multi-hop steps by question type (mean / max LLM calls per query):")
+        lines.extend(f"  {k:<22}{v['mean']:>6.1f} / {v['max']}" for k, v in summary["steps_by_question_type"].items())
     return "\n".join(lines)
 
 
@@ -79,6 +91,12 @@ def format_markdown(summary: dict[str, Any], title: str) -> str:
     lines += ["## Latency (seconds per query)", "", "| | p50 | p95 | max |", "|---|---|---|---|",
               f"| query | {lat['per_query']['p50']:.2f} | {lat['per_query']['p95']:.2f} | {lat['per_query']['max']:.2f} |"]
     lines += [f"| {name} | {v['p50']:.2f} | {v['p95']:.2f} | {v['max']:.2f} |" for name, v in lat["per_stage"].items()]
+    if summary.get("steps_by_question_type"):
+        lines += ["", "## Multi-hop steps (LLM calls per query)", "",
+                  "Routes: " + ", ".join(f"{k}: {v}" for k, v in summary["routes"].items()), "",
+                  "| question type | queries | mean steps | max steps |", "|---|---|---|---|"]
+        lines += [f"| {k} | {v['queries']} | {v['mean']:.1f} | {v['max']} |"
+                  for k, v in summary["steps_by_question_type"].items()]
     if summary.get("skipped_lines"):
         lines += ["", f"Skipped malformed data lines: {summary['skipped_lines']}"]
     return "\n".join(lines) + "\n"

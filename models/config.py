@@ -160,6 +160,32 @@ class KGConfig:
 
 
 @dataclass
+class HANRAGConfig:
+    """HANRAG: the router's four routes; `max_steps` bounds the complex route's refine-answer-check loop,
+    `max_sub_queries` a decomposition, `top_k` the references retrieved per (sub-)question before the
+    relevance filter. `max_tokens`: router, decomposer, refiner, checker and relevance replies."""
+
+    max_steps: int = 4
+    max_sub_queries: int = 4
+    top_k: int = 5
+    max_tokens: int = 96
+    answer_max_tokens: int = 96
+
+
+@dataclass
+class DualRAGConfig:
+    """DualRAG: up to `max_iter` reason-identify-retrieve-summarise rounds; `top_k` references per keyword."""
+
+    max_iter: int = 5
+    top_k: int = 3
+    max_entities: int = 3
+    max_keywords: int = 3
+    max_tokens: int = 128
+    summary_max_tokens: int = 96
+    answer_max_tokens: int = 96
+
+
+@dataclass
 class ICLConfig:
     """Few-shot attribute prediction: `shots_per_class` demonstrations per domain and per dynamism class."""
 
@@ -242,6 +268,8 @@ class SystemConfig:
     batch_size: int = 4
     task: int = 1  # CRAG task: 1 (pages only), 2 and 3 (pages and the mock KG API)
     strategy: str = "hybrid"
+    # hybrid only: questions HANRAG's router calls compound or complex go to this strategy (none, hanrag, dualrag)
+    multihop: str = "none"
     log_level: str = "INFO"
     llm: LLMConfig = field(default_factory=LLMConfig)
     embedder: EmbedderConfig = field(default_factory=EmbedderConfig)
@@ -249,6 +277,8 @@ class SystemConfig:
     references: ReferencesConfig = field(default_factory=ReferencesConfig)
     r2ag: R2AGConfig = field(default_factory=R2AGConfig)
     kg: KGConfig = field(default_factory=KGConfig)
+    hanrag: HANRAGConfig = field(default_factory=HANRAGConfig)
+    dualrag: DualRAGConfig = field(default_factory=DualRAGConfig)
     knowledge: KnowledgeConfig = field(default_factory=KnowledgeConfig)
     calculator: CalculatorConfig = field(default_factory=CalculatorConfig)
     reasoning: ReasoningConfig = field(default_factory=ReasoningConfig)
@@ -271,6 +301,8 @@ class SystemConfig:
             raise ConfigError(f"{self.source}: attributes.dynamic_classes {sorted(unknown)} not in {list(DYNAMISM)}")
         if self.task not in (1, 2, 3):
             raise ConfigError(f"{self.source}: task must be 1, 2 or 3, got {self.task}")
+        if self.multihop not in ("none", "hanrag", "dualrag"):
+            raise ConfigError(f"{self.source}: multihop '{self.multihop}' is not one of ['none', 'hanrag', 'dualrag']")
         if self.kg.method not in KG_METHODS:
             raise ConfigError(f"{self.source}: kg.method '{self.kg.method}' is not one of {list(KG_METHODS)}")
         if self.r2ag.mode not in R2AG_MODES:

@@ -41,6 +41,9 @@ class QueryState:
     # references re-orders these too); kept in memory only, never cached.
     query_vector: np.ndarray | None = field(default=None, repr=False)
     reference_vectors: np.ndarray | None = field(default=None, repr=False)
+    # Every candidate of the query's pages (before selection) and its embedding, for sub-query retrieval.
+    candidates: list[Reference] = field(default_factory=list, repr=False)
+    candidate_vectors: np.ndarray | None = field(default=None, repr=False)
     # R2AG retrieval-aware prompting: (relevance, precedent, neighbour) per reference, aligned with `references`.
     retrieval_features: list[list[float]] | None = None
     domain: str | None = None         # attributes: finance, sports, music, movie, open
@@ -48,6 +51,10 @@ class QueryState:
     knowledge: str | None = None      # the knowledge extractor's answer ("an answer from another agent")
     kg_results: list[str] = field(default_factory=list)  # the KG module's results, one rendered call per line
     calculations: list[str] = field(default_factory=list)  # "expression = value", from the calculator
+    # Multi-hop strategies: the route taken, the LLM steps used and the sub-queries asked.
+    route: str | None = None
+    steps: int = 0
+    sub_queries: list[str] = field(default_factory=list)
     llm_output: str | None = None
     answer: str | None = None
     done: bool = False

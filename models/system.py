@@ -103,7 +103,8 @@ class CragSystem:
                     state.finish(IDK, f"strategy failed: {type(err).__name__}")
         run_stage(self.answer_stage, states, ctx, always=True)
         self.last_batch_trace = [{"interaction_id": s.interaction_id, "reason": s.done_reason,
-                                  "stages": [asdict(r) for r in s.trace]} for s in states]
+                                  "stages": [asdict(r) for r in s.trace], "route": s.route, "steps": s.steps,
+                                  "sub_queries": s.sub_queries} for s in states]
         for state in states:
             if state.done_reason:
                 logger.info("{} answered '{}': {}", state.interaction_id, state.answer, state.done_reason)

@@ -21,6 +21,16 @@ PROMPT_MARKERS = {
     "attributes": "Classify questions",
     "kg_entities": "You extract entities for knowledge-graph lookups",
     "kg_functions": "You choose knowledge-graph API calls",
+    "hanrag_router": "You route questions",
+    "hanrag_relevance": "You judge whether a reference helps",
+    "hanrag_decompose": "You split a question into independent sub-questions",
+    "hanrag_refine": "You plan a chain of lookups",
+    "hanrag_check": "You decide whether the facts are enough",
+    "hanrag_aggregate": "You answer a question from facts found",
+    "dualrag_reason": "You reason step by step towards the answer",
+    "dualrag_entities": "You name the entities whose facts must be looked up",
+    "dualrag_summarise": "You write short notes about one entity",
+    "dualrag_answer": "You answer a question from gathered knowledge",
 }
 
 

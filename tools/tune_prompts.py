@@ -52,6 +52,8 @@ def state_to_json(state: QueryState) -> dict[str, Any]:
     data.pop("pages")  # the input: given back from the data file when the state is loaded
     data.pop("query_vector")  # embeddings stay in memory: the stages after the tuned prompt's never read them
     data.pop("reference_vectors")
+    data.pop("candidates")  # sub-query retrieval pools: large, and read only by the multi-hop strategies
+    data.pop("candidate_vectors")
     return data
 
 

@@ -69,6 +69,7 @@ class ReferencesStage:
         for state, refs, query in zip(states, per_query, queries):
             block = documents[offset:offset + len(refs)]
             offset += len(refs)
+            state.candidates, state.candidate_vectors = refs, block
             scores = block @ query
             shortlist: list[int] = []  # with a re-ranker: the candidates it scored, as indices into block
             if ctx.reranker is not None and refs:

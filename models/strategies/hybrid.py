@@ -1,8 +1,9 @@
 """The seed system (default): attributes -> dynamic pre-check -> references -> (R2AG) -> (KG, tasks 2 and 3)
--> knowledge -> calculator -> reasoning. The answer step runs after the strategy, in CragSystem.
+-> (multi-hop hand-off) -> knowledge -> calculator -> reasoning. The answer step runs after the strategy, in
+CragSystem.
 
-Attributes run before references (the design lists them after): a query that the pre-check answers
-"i don't know" then costs no page processing and no embedding.
+With `multihop: hanrag` or `dualrag`, HANRAG's router reads every query first; the ones it calls compound or
+complex are answered by that strategy, the others go on through the seed's stages.
 """
 
 from __future__ import annotations
@@ -10,36 +11,43 @@ from __future__ import annotations
 from typing import Any
 
 from models.config import SystemConfig
-from models.stages.answer import DynamicPrecheck
-from models.stages.attributes import AttributesStage
-from models.stages.base import Stage, StageContext, run_stage
+from models.stages.base import Stage, StageContext
 from models.stages.calculator import CalculatorStage
-from models.stages.kg import KGStage
 from models.stages.knowledge import KnowledgeStage
-from models.stages.r2ag import R2AGStage
 from models.stages.reasoning import ReasoningStage
-from models.stages.references import ReferencesStage
 from models.state import QueryState
+from models.strategies.base import StagedStrategy, retrieval_stages
+from models.strategies.dualrag import DualRAGStage
+from models.strategies.hanrag import MULTI_HOP, HANRAGStage, route
 
 
-class HybridStrategy:
+class MultiHopHandoff:
+    """Routes the batch with HANRAG's router and answers the compound and complex queries with `target`."""
+
+    name = "multihop"
+
+    def __init__(self, target: HANRAGStage | DualRAGStage) -> None:
+        self.target = target
+        self.prompt_names = ("hanrag_router", *target.prompt_names)
+
+    def run(self, states: list[QueryState], ctx: StageContext) -> None:
+        route(states, ctx)
+        chosen = [s for s in states if s.route in MULTI_HOP]
+        if not chosen:
+            return
+        if isinstance(self.target, HANRAGStage):
+            self.target.answer(chosen, ctx)
+        else:
+            self.target.run(chosen, ctx)
+
+
+class HybridStrategy(StagedStrategy):
     def __init__(self, config: SystemConfig, embedder: Any) -> None:
-        self.stages: list[Stage] = []
-        if config.attributes.method != "none":
-            self.stages.append(AttributesStage(config.attributes, embedder))
-            if config.answer.dynamic_idk:
-                self.stages.append(DynamicPrecheck())
-        self.stages.append(ReferencesStage())
-        if config.r2ag.enabled:
-            self.stages.append(R2AGStage())
-        if config.task > 1:
-            self.stages.append(KGStage())
+        self.stages: list[Stage] = retrieval_stages(config, embedder)
+        if config.multihop != "none":
+            self.stages.append(MultiHopHandoff(HANRAGStage() if config.multihop == "hanrag" else DualRAGStage()))
         if config.knowledge.enabled:
             self.stages.append(KnowledgeStage())
         if config.calculator.enabled:
             self.stages.append(CalculatorStage())
         self.stages.append(ReasoningStage())
-
-    def run(self, states: list[QueryState], ctx: StageContext) -> None:
-        for stage in self.stages:
-            run_stage(stage, states, ctx)

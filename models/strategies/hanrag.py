@@ -1,0 +1,228 @@
+"""HANRAG (Heuristic Accurate Noise-resistant RAG for multi-hop QA) over the same stages as the seed system.
+
+A router ("Revelator", prompts/hanrag_router.yaml) sorts each query into one of four routes:
+- straightforward: answered directly, without references (the knowledge extractor's prompt);
+- single-step: ANRAG: retrieve from the query's own pages, judge each reference's relevance (all judgements
+  of the batch in one call), answer from the relevant ones with the reasoning prompt;
+- compound: decomposed into independent sub-questions, all answered by ANRAG together, then aggregated;
+- complex: refine the next sub-question from the facts so far, answer it with ANRAG, ask whether the question
+  can now be answered, and repeat up to `hanrag.max_steps`; then aggregate.
+All queries of a batch advance together: each step is one backend call for every query still at it. Before a
+step the deadline must afford the reasoning stage's minimum; when it does not, the query answers from what is
+known. Each query's route, LLM steps and sub-questions go into its trace.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from loguru import logger
+
+from models.config import SystemConfig
+from models.llm.base import GenParams
+from models.retrieval.local import LocalRetriever, Request
+from models.stages.base import StageContext
+from models.stages.reasoning import parse_structured, reasoning_conversation
+from models.state import QueryState, Reference
+from models.strategies.base import StagedStrategy, retrieval_stages
+from utils.answers import IDK, INVALID
+from utils.llm_json import parse_llm_json
+
+ROUTES = ("straightforward", "single-step", "compound", "complex")
+MULTI_HOP = ("compound", "complex")
+_ROUTE_WORDS = (("straightforward", "straightforward"), ("single", "single-step"), ("compound", "compound"),
+                ("complex", "complex"))
+
+
+def read_route(output: str) -> str:
+    """The first route named in the router's reply; single-step (retrieve and filter) when it names none."""
+    lowered = (output or "").lower()
+    found = [(lowered.find(word), route) for word, route in _ROUTE_WORDS if word in lowered]
+    return min(found)[1] if found else "single-step"
+
+
+def can_step(ctx: StageContext) -> bool:
+    """Whether the deadline affords one more LLM step (the reasoning stage's minimum and the answer reserve)."""
+    budget = ctx.config.budget
+    return ctx.deadline.can_afford(budget.stage_min_s.get("reasoning", 1.0) + budget.answer_reserve_s)
+
+
+def generate(ctx: StageContext, conversations: list, max_tokens: int, states: list[QueryState]) -> list[str]:
+    """One backend call; the first sample of each conversation ("" when none); a step for each distinct state."""
+    if not conversations:
+        return []
+    params = GenParams(max_tokens=max_tokens, temperature=0.0, n=1, deadline=ctx.work_deadline("reasoning"))
+    for state in {id(s): s for s in states}.values():
+        state.steps += 1
+    return [samples[0] if samples else "" for samples in ctx.llm.generate(conversations, params)]
+
+
+def finish(state: QueryState, output: str, how: str) -> None:
+    """Fix the answer from a seed-format output; no answer in it is "i don't know"."""
+    parsed = parse_structured(output)
+    if parsed is None:
+        state.finish(IDK, f"{how}: no answer in the output")
+    else:
+        state.finish(INVALID if parsed.false_premise else parsed.answer, f"{how}, {state.steps} steps")
+
+
+def route(states: list[QueryState], ctx: StageContext) -> None:
+    prompt = ctx.prompts.get("hanrag_router")
+    outputs = generate(ctx, [prompt.render(query=s.query, query_time=s.query_time) for s in states],
+                       ctx.config.hanrag.max_tokens, states)
+    for state, output in zip(states, outputs):
+        state.route = read_route(output)
+
+
+class HANRAGStage:
+    name = "hanrag"
+    prompt_names = ("hanrag_router", "hanrag_relevance", "hanrag_decompose", "hanrag_refine", "hanrag_check",
+                    "hanrag_aggregate", "knowledge", "reasoning")
+
+    def run(self, states: list[QueryState], ctx: StageContext) -> None:
+        route(states, ctx)
+        self.answer(states, ctx)
+
+    def answer(self, states: list[QueryState], ctx: StageContext) -> None:
+        """Answer routed queries, each by its route."""
+        retriever = LocalRetriever(ctx.embedder)
+        by_route = {r: [s for s in states if s.route == r] for r in ROUTES}
+        self._straightforward(by_route["straightforward"], ctx)
+        self._single_step(by_route["single-step"], ctx, retriever)
+        self._compound(by_route["compound"], ctx, retriever)
+        self._complex(by_route["complex"], ctx, retriever)
+
+    def _straightforward(self, states: list[QueryState], ctx: StageContext) -> None:
+        if not states or not can_step(ctx):
+            return
+        prompt = ctx.prompts.get("knowledge")
+        outputs = generate(ctx, [prompt.render(query=s.query, query_time=s.query_time) for s in states],
+                           ctx.config.hanrag.answer_max_tokens, states)
+        for state, output in zip(states, outputs):
+            finish(state, output, "hanrag straightforward")
+
+    def _single_step(self, states: list[QueryState], ctx: StageContext, retriever: LocalRetriever) -> None:
+        for state, (_, output) in zip(states, self.anrag([(s, s.query) for s in states], ctx, retriever)):
+            if output is None:
+                state.finish(IDK, "hanrag single-step: no relevant reference, or no time left")
+            else:
+                finish(state, output, "hanrag single-step")
+
+    def _compound(self, states: list[QueryState], ctx: StageContext, retriever: LocalRetriever) -> None:
+        if not states or not can_step(ctx):
+            return
+        settings = ctx.config.hanrag
+        prompt = ctx.prompts.get("hanrag_decompose")
+        outputs = generate(ctx, [prompt.render(query=s.query, query_time=s.query_time,
+                                               max_sub_queries=settings.max_sub_queries) for s in states],
+                           settings.max_tokens, states)
+        for state, output in zip(states, outputs):
+            subs = [q.strip() for q in parse_llm_json(output, list) or [] if isinstance(q, str) and q.strip()]
+            state.sub_queries = subs[:settings.max_sub_queries] or [state.query]
+        items = [(s, q) for s in states for q in s.sub_queries]
+        facts: dict[int, list[dict[str, str]]] = {id(s): [] for s in states}
+        for (state, question), (answer, _) in zip(items, self.anrag(items, ctx, retriever)):
+            facts[id(state)].append({"question": question, "answer": answer or IDK})
+        self._aggregate(states, facts, ctx, "hanrag compound")
+
+    def _complex(self, states: list[QueryState], ctx: StageContext, retriever: LocalRetriever) -> None:
+        settings = ctx.config.hanrag
+        facts: dict[int, list[dict[str, str]]] = {id(s): [] for s in states}
+        active = list(states)
+        for _ in range(settings.max_steps):
+            if not active or not can_step(ctx):
+                break
+            refine = ctx.prompts.get("hanrag_refine")
+            outputs = generate(ctx, [refine.render(query=s.query, query_time=s.query_time, facts=facts[id(s)])
+                                     for s in active], settings.max_tokens, active)
+            asked = []
+            for state, output in zip(active, outputs):
+                question = next_question(output)
+                if question and question not in state.sub_queries:
+                    state.sub_queries.append(question)
+                    asked.append((state, question))
+            if not asked:
+                break  # the refiner has nothing new to ask
+            for (state, question), (answer, _) in zip(asked, self.anrag(asked, ctx, retriever)):
+                facts[id(state)].append({"question": question, "answer": answer or IDK})
+            active = [state for state, _ in asked]
+            if not can_step(ctx):
+                break
+            check = ctx.prompts.get("hanrag_check")
+            outputs = generate(ctx, [check.render(query=s.query, facts=facts[id(s)]) for s in active],
+                               settings.max_tokens, active)
+            # malformed JSON reads as "answerable": no more retrieval for that query
+            active = [s for s, out in zip(active, outputs)
+                      if (parse_llm_json(out, dict) or {}).get("answerable") is False]
+        self._aggregate(states, facts, ctx, "hanrag complex")
+
+    def _aggregate(self, states: list[QueryState], facts: dict[int, list[dict[str, str]]], ctx: StageContext,
+                   how: str) -> None:
+        known = [s for s in states if any(f["answer"] != IDK for f in facts[id(s)])]
+        for state in states:
+            if not any(f["answer"] != IDK for f in facts[id(state)]):
+                state.finish(IDK, f"{how}: no sub-question answered")
+        if not known:
+            return
+        if not can_step(ctx):
+            for state in known:
+                state.finish(IDK, f"{how}: no time left to aggregate")
+            return
+        prompt = ctx.prompts.get("hanrag_aggregate")
+        outputs = generate(ctx, [prompt.render(query=s.query, query_time=s.query_time, facts=facts[id(s)])
+                                 for s in known], ctx.config.hanrag.answer_max_tokens, known)
+        for state, output in zip(known, outputs):
+            finish(state, output, how)
+
+    @staticmethod
+    def anrag(items: list[tuple[QueryState, str]], ctx: StageContext, retriever: LocalRetriever
+              ) -> list[tuple[str | None, str | None]]:
+        """ANRAG for (query, question) pairs: (the short answer or None, the raw answer output or None), in order.
+        A question with no relevant reference gets (None, None) without an answer call."""
+        settings = ctx.config.hanrag
+        if not items or not can_step(ctx):
+            return [(None, None)] * len(items)
+        hits = retriever.search([Request(s, q) for s, q in items], settings.top_k)
+        pairs = [(i, ref) for i, refs in enumerate(hits) for ref in refs]
+        judge = ctx.prompts.get("hanrag_relevance")
+        verdicts = generate(ctx, [judge.render(question=items[i][1], reference=ref.text[:1500]) for i, ref in pairs],
+                            8, [s for s, _ in items])
+        relevant: dict[int, list[Reference]] = {}
+        for (i, ref), verdict in zip(pairs, verdicts):
+            if re.match(r"\W*yes\b", verdict.lower()):
+                relevant.setdefault(i, []).append(ref)
+        answerable = [i for i in range(len(items)) if relevant.get(i)]
+        results: list[tuple[str | None, str | None]] = [(None, None)] * len(items)
+        if not answerable or not can_step(ctx):
+            return results
+        prompt = ctx.prompts.get("reasoning")
+        conversations = [reasoning_conversation(prompt, sub_state(items[i][0], items[i][1], relevant[i]),
+                                                ctx.config.reasoning.max_reference_chars) for i in answerable]
+        outputs = generate(ctx, conversations, settings.answer_max_tokens, [items[i][0] for i in answerable])
+        for i, output in zip(answerable, outputs):
+            parsed = parse_structured(output)
+            results[i] = (None if parsed is None else INVALID if parsed.false_premise else parsed.answer, output)
+        logger.debug("ANRAG: {} questions, {} with relevant references", len(items), len(answerable))
+        return results
+
+
+def next_question(output: str) -> str | None:
+    """The refiner's next question: {"question": ...}, or a bare line ending in "?"."""
+    data = parse_llm_json(output, dict)
+    if data and isinstance(data.get("question"), str) and data["question"].strip():
+        return data["question"].strip()
+    line = next((line.strip() for line in (output or "").splitlines() if line.strip().endswith("?")), None)
+    return line
+
+
+def sub_state(state: QueryState, question: str, references: list[Reference]) -> QueryState:
+    """A stand-in query for the reasoning prompt: the sub-question, with the references judged relevant."""
+    return QueryState(state.index, state.interaction_id, question, state.query_time, [], references=references)
+
+
+class HANRAGStrategy(StagedStrategy):
+    """attributes -> dynamic pre-check -> references -> (R2AG) -> (KG) -> HANRAG."""
+
+    def __init__(self, config: SystemConfig, embedder: Any) -> None:
+        self.stages = [*retrieval_stages(config, embedder), HANRAGStage()]

@@ -1,0 +1,21 @@
+"""HANRAG and DualRAG with the real embedded SmolLM2 and MiniLM: whatever the model writes, every query is answered."""
+
+import pytest
+
+from models.system import CragSystem
+from tests.conftest import to_batch
+
+
+@pytest.mark.parametrize("strategy", ["hanrag", "dualrag"])
+def test_multi_hop_strategies_answer_every_query(strategy, cpu_config, sample_examples, hf_llm, embedder):
+    cpu_config.strategy = strategy
+    cpu_config.dualrag.max_iter, cpu_config.dualrag.max_tokens, cpu_config.hanrag.max_steps = 2, 48, 2
+    system = CragSystem(cpu_config, llm=hf_llm, embedder=embedder)
+    try:
+        answers = system.batch_generate_answer(to_batch(sample_examples[4:6]))  # multi-hop and post-processing
+    finally:
+        system.close()
+    assert len(answers) == 2 and all(isinstance(a, str) and a for a in answers)
+    for trace in system.last_batch_trace:
+        assert trace["route"] and trace["steps"] >= 1
+        assert [r["status"] for r in trace["stages"] if r["stage"] == strategy] == ["ok"]
