@@ -297,3 +297,31 @@ def test_the_report_shows_steps_by_question_type(tmp_path):
     assert "| comparison | 2 | 7.0 | 9 |" in format_markdown(summary, "run")
     assert "multi-hop steps by question type" in format_table(summary)
     assert "steps_by_question_type" not in score_records(records[3:])
+
+
+def test_dualrag_answers_with_what_it_knows_when_the_deadline_nears(make_system, cpu_config, sample_examples):
+    from models.strategies.dualrag import DualRAGStage
+
+    clock = TickingClock()
+    llm = dualrag_llm(rounds=99)
+    inner = llm.reply
+    llm.reply = lambda conversation: (setattr(clock, "now", clock.now + 10.0), inner(conversation))[1]
+    system = system_for(make_system, cpu_config, "dualrag", llm, dualrag__max_iter=10)
+    states = [QueryState(0, "q0", LENNON, "03/10/2024", example(sample_examples, LENNON)["search_results"])]
+    ctx = system.context(1)
+    system.strategy.stages[0].run(states, ctx)  # references, before the clock starts
+    ctx.deadline = Deadline(45.0, clock=clock)  # reason, entities, two summaries; then the answer must fit
+    DualRAGStage().run(states, ctx)
+    assert len(calls_of(llm, "dualrag_entities")) == 1 and states[0].done
+    assert states[0].answer == "i don't know" and "no time left" in states[0].done_reason
+
+
+def test_hybrid_hands_complex_questions_to_dualrag(make_system, cpu_config, sample_examples):
+    llm = dualrag_llm(rounds=1, hanrag_router=lambda c: "complex" if "born first" in question_of(c) else "single-step",
+                      reasoning=block("seed answer"))
+    cpu_config.multihop = "dualrag"
+    system = make_system(llm)
+    batch = [example(sample_examples, "who directed the movie inception?"), example(sample_examples, LENNON)]
+    assert system.batch_generate_answer(to_batch(batch)) == ["seed answer", "john lennon"]
+    assert [t["route"] for t in system.last_batch_trace] == ["single-step", "complex"]
+    assert len(calls_of(llm, "dualrag_answer")) == 1 and len(calls_of(llm, "reasoning")) == 1
