@@ -52,14 +52,14 @@ def state_to_json(state: QueryState) -> dict[str, Any]:
     data.pop("pages")  # the input: given back from the data file when the state is loaded
     data.pop("query_vector")  # embeddings stay in memory: the stages after the tuned prompt's never read them
     data.pop("reference_vectors")
-    data.pop("candidates")  # sub-query retrieval pools: large, and read only by the multi-hop strategies
-    data.pop("candidate_vectors")
+    data.pop("candidate_vectors")  # the multi-hop strategies' retriever embeds the candidates again when needed
     return data
 
 
 def state_from_json(data: dict[str, Any], pages: list[dict[str, Any]]) -> QueryState:
     fields = dict(data, pages=pages)
     fields["references"] = [Reference(**r) for r in data["references"]]
+    fields["candidates"] = [Reference(**r) for r in data.get("candidates", [])]
     fields["trace"] = [StageRecord(**r) for r in data["trace"]]
     return QueryState(**fields)
 

@@ -24,25 +24,31 @@ class Request:
 
 
 class LocalRetriever:
+    """One per batch: the embeddings it computes itself are cached for the batch's life."""
+
     def __init__(self, embedder: Any) -> None:
         self.embedder = embedder
-        self._kg: dict[int, tuple[list[str], np.ndarray]] = {}  # id(state) -> (KG lines, their embeddings)
+        self._embedded: dict[tuple[int, str], tuple[list[str], np.ndarray]] = {}  # (id(state), part) -> texts, vectors
+
+    def _vectors(self, state: QueryState, part: str, texts: list[str], given: np.ndarray | None) -> np.ndarray:
+        """`given` when it matches the texts, else their embeddings (computed once, e.g. for states from a cache)."""
+        if given is not None and len(given) == len(texts):
+            return given
+        cached = self._embedded.get((id(state), part))
+        if cached is None or cached[0] != texts:
+            cached = (texts, self.embedder.encode(texts))
+            self._embedded[(id(state), part)] = cached
+        return cached[1]
 
     def pool(self, state: QueryState) -> tuple[list[Reference], np.ndarray]:
-        refs = list(state.candidates)
-        vectors = state.candidate_vectors if state.candidate_vectors is not None and len(refs) else None
-        if vectors is None:  # no candidates kept (references stage skipped): the selected references, if any
-            refs, vectors = list(state.references), state.reference_vectors
+        """The query's candidates (else its selected references) and KG lines, with their embeddings."""
+        refs = list(state.candidates or state.references)
+        given = state.candidate_vectors if state.candidates else state.reference_vectors
+        parts = [self._vectors(state, "pages", [r.text for r in refs], given)] if refs else []
         if state.kg_results:
-            lines, kg_vectors = self._kg.get(id(state), (None, None))
-            if lines != state.kg_results:
-                lines, kg_vectors = list(state.kg_results), self.embedder.encode(state.kg_results)
-                self._kg[id(state)] = (lines, kg_vectors)
-            refs += [Reference(line, "kg") for line in lines]
-            vectors = kg_vectors if vectors is None or not len(vectors) else np.vstack([vectors, kg_vectors])
-        if vectors is None:
-            return [], np.zeros((0, 1), dtype=np.float32)
-        return refs, vectors
+            refs += [Reference(line, "kg") for line in state.kg_results]
+            parts.append(self._vectors(state, "kg", list(state.kg_results), None))
+        return refs, (np.vstack(parts) if parts else np.zeros((0, 1), dtype=np.float32))
 
     def search(self, requests: list[Request], k: int) -> list[list[Reference]]:
         """The k best references of each request's own pool, best first, each with its score."""

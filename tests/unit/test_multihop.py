@@ -325,3 +325,17 @@ def test_hybrid_hands_complex_questions_to_dualrag(make_system, cpu_config, samp
     assert system.batch_generate_answer(to_batch(batch)) == ["seed answer", "john lennon"]
     assert [t["route"] for t in system.last_batch_trace] == ["single-step", "complex"]
     assert len(calls_of(llm, "dualrag_answer")) == 1 and len(calls_of(llm, "reasoning")) == 1
+
+
+def test_states_from_the_tuning_cache_are_searchable_again(make_system, cpu_config, sample_examples):
+    from tools.tune_prompts import state_from_json, state_to_json
+
+    system = make_system(ScriptedLLM())
+    (state,) = [QueryState(0, "q0", LENNON, "", example(sample_examples, LENNON)["search_results"])]
+    system.strategy.stages[0].run([state], system.context(1))  # references: candidates and their vectors
+    restored = state_from_json(json.loads(json.dumps(state_to_json(state))), state.pages)
+    assert restored.candidate_vectors is None and len(restored.candidates) == len(state.candidates) > 0
+    retriever = LocalRetriever(system.embedder)
+    fresh, cached = retriever.search([Request(state, "when was lennon born"), Request(restored, "when was lennon born")],
+                                     k=3)
+    assert [r.text for r in fresh] == [r.text for r in cached]
