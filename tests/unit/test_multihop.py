@@ -336,6 +336,6 @@ def test_states_from_the_tuning_cache_are_searchable_again(make_system, cpu_conf
     restored = state_from_json(json.loads(json.dumps(state_to_json(state))), state.pages)
     assert restored.candidate_vectors is None and len(restored.candidates) == len(state.candidates) > 0
     retriever = LocalRetriever(system.embedder)
-    fresh, cached = retriever.search([Request(state, "when was lennon born"), Request(restored, "when was lennon born")],
-                                     k=3)
+    question = "when was lennon born"
+    fresh, cached = retriever.search([Request(state, question), Request(restored, question)], k=3)
     assert [r.text for r in fresh] == [r.text for r in cached]
