@@ -159,7 +159,6 @@ class R2FormerHead:
 
     def __init__(self, checkpoint: Checkpoint, device: str = "cpu", prompting: bool = False) -> None:
         self.model = checkpoint.model.to(device).eval()
-        self.embedder = checkpoint.embedder
         self.device = device
         self.prompting = prompting
 

@@ -130,7 +130,9 @@ def compact(value: Any) -> str:
         shown = [f"({compact(v)})" if isinstance(v, dict | list) else compact(v) for v in value[:MAX_LIST]]
         return ", ".join(shown) + (f" (and {len(value) - MAX_LIST} more)" if len(value) > MAX_LIST else "")
     if isinstance(value, float):
-        return str(int(value)) if value.is_integer() and abs(value) < 1e18 else f"{value:.4f}".rstrip("0")
+        if value.is_integer() and abs(value) < 1e18:
+            return str(int(value))
+        return f"{value:.4f}".rstrip("0").rstrip(".")
     return str(value)
 
 
@@ -178,6 +180,11 @@ def _text(value: Any) -> str | None:
     return value.strip()[:100] if isinstance(value, str) and value.strip() else None
 
 
+def _year(entities: dict[str, Any]) -> str | None:
+    year = str(entities.get("year") or "").strip()
+    return year if re.fullmatch(r"\d{4}", year) else None
+
+
 def _first(results: Any) -> str | None:
     return results[0] if isinstance(results, list) and results and isinstance(results[0], str) else None
 
@@ -201,8 +208,7 @@ def movie_rules(kg: Lookup, entities: dict[str, Any]) -> None:
         kg.get("movie_get_movie_info", movie_name=movie)
     if person := _text(entities.get("person")):
         kg.get("movie_get_person_info", person_name=person)
-    year = str(entities.get("year") or "").strip()
-    if re.fullmatch(r"\d{4}", year):
+    if year := _year(entities):
         kg.get("movie_get_year_info", year=year)
 
 
@@ -222,8 +228,7 @@ def music_rules(kg: Lookup, entities: dict[str, Any]) -> None:
             kg.get(name, song_name=song)
         for attribute in ("rank", "weeks_in_chart", "top_position") if day else ():
             kg.get("music_get_billboard_attributes", date=day, attribute=attribute, song_name=song)
-    year = str(entities.get("year") or "").strip()
-    if re.fullmatch(r"\d{4}", year):
+    if year := _year(entities):
         for name in ("music_grammy_get_best_artist_by_year", "music_grammy_get_best_song_by_year",
                      "music_grammy_get_best_album_by_year"):
             kg.get(name, year=int(year))

@@ -21,8 +21,7 @@ from models.config import SystemConfig
 from models.retrieval.local import LocalRetriever, Request
 from models.stages.base import StageContext
 from models.state import QueryState
-from models.strategies.hanrag import can_step, finish, generate
-from models.strategies.base import StagedStrategy, retrieval_stages
+from models.strategies.base import StagedStrategy, can_step, finish, generate, retrieval_stages
 from utils.answers import IDK
 from utils.llm_json import parse_llm_json
 
@@ -70,6 +69,10 @@ class DualRAGStage:
     prompt_names = ("dualrag_reason", "dualrag_entities", "dualrag_summarise", "dualrag_answer")
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
+        self.answer(states, ctx)
+
+    def answer(self, states: list[QueryState], ctx: StageContext) -> None:
+        """Reason, retrieve and answer for every state (the hybrid strategy's hand-off calls this too)."""
         settings = ctx.config.dualrag
         retriever = LocalRetriever(ctx.embedder)
         progress = {id(s): Progress() for s in states}

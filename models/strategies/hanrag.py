@@ -20,12 +20,11 @@ from typing import Any
 from loguru import logger
 
 from models.config import SystemConfig
-from models.llm.base import GenParams
 from models.retrieval.local import LocalRetriever, Request
 from models.stages.base import StageContext
 from models.stages.reasoning import parse_structured, reasoning_conversation
 from models.state import QueryState, Reference
-from models.strategies.base import StagedStrategy, retrieval_stages
+from models.strategies.base import StagedStrategy, can_step, finish, generate, retrieval_stages
 from utils.answers import IDK, INVALID
 from utils.llm_json import parse_llm_json
 
@@ -40,31 +39,6 @@ def read_route(output: str) -> str:
     lowered = (output or "").lower()
     found = [(lowered.find(word), route) for word, route in _ROUTE_WORDS if word in lowered]
     return min(found)[1] if found else "single-step"
-
-
-def can_step(ctx: StageContext) -> bool:
-    """Whether the deadline affords one more LLM step (the reasoning stage's minimum and the answer reserve)."""
-    budget = ctx.config.budget
-    return ctx.deadline.can_afford(budget.stage_min_s.get("reasoning", 1.0) + budget.answer_reserve_s)
-
-
-def generate(ctx: StageContext, conversations: list, max_tokens: int, states: list[QueryState]) -> list[str]:
-    """One backend call; the first sample of each conversation ("" when none); a step for each distinct state."""
-    if not conversations:
-        return []
-    params = GenParams(max_tokens=max_tokens, temperature=0.0, n=1, deadline=ctx.work_deadline("reasoning"))
-    for state in {id(s): s for s in states}.values():
-        state.steps += 1
-    return [samples[0] if samples else "" for samples in ctx.llm.generate(conversations, params)]
-
-
-def finish(state: QueryState, output: str, how: str) -> None:
-    """Fix the answer from a seed-format output; no answer in it is "i don't know"."""
-    parsed = parse_structured(output)
-    if parsed is None:
-        state.finish(IDK, f"{how}: no answer in the output")
-    else:
-        state.finish(INVALID if parsed.false_premise else parsed.answer, f"{how}, {state.steps} steps")
 
 
 def route(states: list[QueryState], ctx: StageContext) -> None:
@@ -160,8 +134,9 @@ class HANRAGStage:
     def _aggregate(self, states: list[QueryState], facts: dict[int, list[dict[str, str]]], ctx: StageContext,
                    how: str) -> None:
         known = [s for s in states if any(f["answer"] != IDK for f in facts[id(s)])]
+        answered = {id(s) for s in known}
         for state in states:
-            if not any(f["answer"] != IDK for f in facts[id(state)]):
+            if id(state) not in answered:
                 state.finish(IDK, f"{how}: no sub-question answered")
         if not known:
             return

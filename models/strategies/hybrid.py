@@ -33,12 +33,8 @@ class MultiHopHandoff:
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
         route(states, ctx)
         chosen = [s for s in states if s.route in MULTI_HOP]
-        if not chosen:
-            return
-        if isinstance(self.target, HANRAGStage):
+        if chosen:
             self.target.answer(chosen, ctx)
-        else:
-            self.target.run(chosen, ctx)
 
 
 class HybridStrategy(StagedStrategy):

@@ -1,6 +1,5 @@
 """The KG client against a real server process (tools/kg_server.py on a loopback port), and the KG stage end to end."""
 
-import socket
 import subprocess
 import sys
 import time
@@ -10,6 +9,7 @@ import pytest
 from models.config import REPO_ROOT
 from tests.conftest import to_batch
 from tests.fakes import HashEmbedder, ScriptedLLM, by_prompt
+from tests.integration.conftest import _free_port  # a port nothing listens on once it returns
 from utils.kg_api import ENDPOINTS, KGClient
 
 # One call per endpoint, with arguments the fixtures in data/kg know.
@@ -97,10 +97,7 @@ def test_a_slow_reply_hits_the_read_timeout(kg_server, caplog_loguru):
 
 
 def test_a_server_that_is_down(caplog_loguru):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]  # closed again when the block ends: nothing listens there
-    client = KGClient(f"http://127.0.0.1:{port}", retries=2, backoff_s=0.01, down_after=3)
+    client = KGClient(f"http://127.0.0.1:{_free_port()}", retries=2, backoff_s=0.01, down_after=3)
     assert client.finance_get_eps("AAPL") is None and client.finance_get_pe_ratio("AAPL") is None
     assert client.finance_get_market_capitalization("AAPL") is None
     assert client.requests_sent == 9  # three attempts each

@@ -62,10 +62,10 @@ def test_padding_masks_leave_real_references_unchanged(lengths):
     assert projected.shape == (len(lengths), max(lengths), 6)
 
 
-def test_lists_longer_than_max_refs_keep_their_first_references():
+def test_lists_longer_than_max_refs_keep_their_first_references(tmp_path):
     batch, padding = pad_lists([np.ones((12, 3), dtype=np.float32)], max_refs=8)
     assert batch.shape == (1, 8, 3) and not padding.any()
-    head = R2FormerHead(load_round_trip(small_model(), "hash-512"))
+    head = R2FormerHead(load_round_trip(small_model(), "hash-512", tmp_path))
     probabilities, vectors = head.run([np.ones((12, 3), dtype=np.float32)])
     assert len(probabilities[0]) == 12 and (probabilities[0][8:] == 0).all() and vectors == [None]
 
@@ -90,11 +90,8 @@ def test_split_keeps_both_sides_non_empty():
     assert split(lists, 0.99, seed=0)[0]  # never an empty training set
 
 
-def load_round_trip(model: R2Former, embedder: str, tmp_dir=None, **load) -> object:
-    import tempfile
-    from pathlib import Path
-
-    path = Path(tmp_dir or tempfile.mkdtemp()) / "r2.pt"
+def load_round_trip(model: R2Former, embedder: str, tmp_dir, **load) -> object:
+    path = tmp_dir / "r2.pt"
     save_checkpoint(model, path, embedder, {"val_auc": 0.5}, trained_with_lm=model.projection is not None)
     return load_checkpoint(path, **load)
 
