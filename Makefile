@@ -1,6 +1,7 @@
 # make eval: set up .venv and run the local evaluation on data/ with the embedded CPU default.
 # make test: set up .venv and run the tests (unit and integration).
-# make bench: the benchmarks (pages: the seed's web page recipe against ours; r2former: R2AG training and injection).
+# make bench: the benchmarks (pages: the seed's web page recipe against ours; r2former: R2AG training and injection;
+# hash: HASH-RAG against exact search, FAISS and LSH).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -27,6 +28,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/pages.py
 	$(PY) benchmarks/r2former.py
+	$(PY) benchmarks/hash.py
 
 # Submission checks with the embedded CPU default (tools/check_submission.py without --cpu checks the GPU config).
 check: $(STAMP)

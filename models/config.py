@@ -20,6 +20,9 @@ DOMAINS = ("finance", "sports", "music", "movie", "open")
 DYNAMISM = ("static", "slow-changing", "fast-changing", "real-time")
 ATTRIBUTE_METHODS = ("svm", "icl", "none")
 R2AG_MODES = ("relevance", "prompt")
+RETRIEVERS = ("dense", "hash")
+HASH_ENGINES = ("numpy", "faiss-flat", "faiss-hnsw")
+HASH_UNITS = ("sentence",)
 KG_METHODS = ("rules", "functions")
 
 
@@ -97,13 +100,31 @@ class RerankConfig:
 
 
 @dataclass
+class HashConfig:
+    """HASH-RAG retrieval (`references.retriever: hash`). `model`: an index file from tools/train_hash.py (its
+    hash layer; its embedder must be this config's). Candidates are split into propositions (`units`: sentence);
+    a search takes the `alpha` nearest by Hamming distance, keeps the `depth` best by <v_q, h_p> and, with
+    `exact`, orders those by cosine; each source chunk keeps its best proposition. `engine`: numpy, faiss-flat
+    or faiss-hnsw. `propositions`: the most propositions per query kept for the PGCC prompt."""
+
+    model: str | None = None
+    engine: str = "numpy"
+    alpha: int = 200
+    depth: int = 100
+    exact: bool = True
+    units: str = "sentence"
+    min_unit_chars: int = 30
+    propositions: int = 10
+
+
+@dataclass
 class ReferencesConfig:
     """Web page processing and ranking. Page settings are those of utils.pages.PageSettings.
 
     `workers`: processes for pages (0: one per CPU, 1: in this process). `cache`: keep processed pages by content
     hash under `cache_dir` (null: $CRAG_CACHE_DIR, else ~/.cache/crag-harness). `timeout_s`: the longest the pages
     of one batch may take (the batch deadline also applies). `table_budget_chars`: the best tables of a query are
-    kept while their total length fits.
+    kept while their total length fits. `retriever`: dense (cosine over chunks) or hash (HASH-RAG, see `hash`).
     """
 
     workers: int = 0
@@ -120,6 +141,8 @@ class ReferencesConfig:
     table_budget_chars: int = 4000
     use_snippets: bool = True
     rerank: RerankConfig = field(default_factory=RerankConfig)
+    retriever: str = "dense"
+    hash: HashConfig = field(default_factory=HashConfig)
 
 
 @dataclass
@@ -310,6 +333,17 @@ class SystemConfig:
         if self.r2ag.enabled and not self.r2ag.checkpoint:
             raise ConfigError(f"{self.source}: r2ag.enabled needs r2ag.checkpoint (train one with "
                               "tools/train_r2former.py)")
+        refs = self.references
+        if refs.retriever not in RETRIEVERS:
+            raise ConfigError(f"{self.source}: references.retriever '{refs.retriever}' is not one of {list(RETRIEVERS)}")
+        if refs.retriever == "hash" and not refs.hash.model:
+            raise ConfigError(f"{self.source}: references.retriever hash needs references.hash.model (train one with "
+                              "tools/train_hash.py)")
+        if refs.hash.engine not in HASH_ENGINES:
+            raise ConfigError(f"{self.source}: references.hash.engine '{refs.hash.engine}' is not one of "
+                              f"{list(HASH_ENGINES)}")
+        if refs.hash.units not in HASH_UNITS:
+            raise ConfigError(f"{self.source}: references.hash.units '{refs.hash.units}' is not one of {list(HASH_UNITS)}")
         if self.budget.per_query_s <= self.budget.safety_margin_s / max(self.batch_size, 1):
             raise ConfigError(f"{self.source}: budget.per_query_s is too small for the safety margin")
 

@@ -22,6 +22,17 @@ class Reference:
 
 
 @dataclass
+class Proposition:
+    """HASH-RAG: a short fact the hash index retrieved, and the reference (1-based) it came from."""
+
+    id: int          # its id in the query's hash index
+    text: str
+    reference: int
+    page_name: str = ""
+    score: float = 0.0
+
+
+@dataclass
 class StageRecord:
     stage: str
     status: str  # "ok", "skipped" or "failed"
@@ -44,6 +55,8 @@ class QueryState:
     # Every candidate of the query's pages (before selection) and its embedding, for sub-query retrieval.
     candidates: list[Reference] = field(default_factory=list, repr=False)
     candidate_vectors: np.ndarray | None = field(default=None, repr=False)
+    # HASH-RAG: the propositions that selected the references (for the PGCC prompt); empty with dense retrieval.
+    propositions: list[Proposition] = field(default_factory=list)
     # R2AG retrieval-aware prompting: (relevance, precedent, neighbour) per reference, aligned with `references`.
     retrieval_features: list[list[float]] | None = None
     domain: str | None = None         # attributes: finance, sports, music, movie, open

@@ -13,6 +13,7 @@ from models.config import ConfigError, SystemConfig, load_config, resolve_path
 from models.llm.base import LLM, create_llm
 from models.prompting import PromptLibrary
 from models.retrieval.embedder import Embedder
+from models.retrieval.hash_index import HashIndex, HashModel
 from models.retrieval.r2former import R2FormerError, R2FormerHead, load_checkpoint
 from models.retrieval.reranker import Reranker
 from models.stages.answer import AnswerStage
@@ -47,6 +48,7 @@ class CragSystem:
         self.embedder = embedder or Embedder(self.config.embedder)
         self.reranker = Reranker(refs.rerank) if refs.rerank.model else None
         self.r2former = self._r2former() if self.config.r2ag.enabled else None
+        self.hash_model = self._hash_model() if refs.retriever == "hash" else None
         kg = self.config.kg
         self.kg = (KGClient(kg.base_url, kg.connect_timeout_s, kg.read_timeout_s, kg.retries, kg.backoff_s)
                    if self.config.task > 1 else None)
@@ -66,7 +68,12 @@ class CragSystem:
         budget = self.config.budget
         deadline = Deadline.for_batch(max(batch_size, 1), budget.per_query_s, budget.safety_margin_s)
         return StageContext(self.config, self.llm, self.embedder, prompts or self.prompts, deadline, self.pages,
-                            self.reranker, self.r2former, self.kg)
+                            self.reranker, self.r2former, self.kg, self.hash_model)
+
+    def _hash_model(self) -> HashModel:
+        """The hash layer of `references.hash.model`, checked against this config's embedder."""
+        path = resolve_path(self.config.references.hash.model)
+        return HashIndex.load(path, embedder=getattr(self.embedder, "name", "")).model
 
     def _r2former(self) -> R2FormerHead:
         """The R2AG head of the config. Prompt mode needs a backend that takes input embeddings and a checkpoint

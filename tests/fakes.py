@@ -31,6 +31,7 @@ PROMPT_MARKERS = {
     "dualrag_entities": "You name the entities whose facts must be looked up",
     "dualrag_summarise": "You write short notes about one entity",
     "dualrag_answer": "You answer a question from gathered knowledge",
+    "pgcc": "You are an expert at answering questions from retrieved evidence",
 }
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -54,22 +55,28 @@ def answer_block(answer: str) -> str:
     return f"{START}\n## Answer: {answer}\n## False Premise: {premise}\n{END}"
 
 
-def lists_from_crag(examples: list[dict], config: SystemConfig, embedder: Embedder) -> list[RankedList]:
-    """The references stage of `config` over each question's pages; labels from the gold answers."""
+def reference_states(examples: list[dict], config: SystemConfig, embedder: Embedder
+                     ) -> Iterator[tuple[QueryState, dict]]:
+    """(state after the references stage of `config`, its example) for each CRAG example, batch by batch."""
     pages = PageProcessor(page_settings(config.references), config.references.workers, None)
     ctx = StageContext(config, None, embedder, None, Deadline(10 ** 9), pages)
-    lists: list[RankedList] = []
     try:
         for start in tqdm(range(0, len(examples), config.batch_size), desc="references", unit="batch"):
             chunk = examples[start:start + config.batch_size]
             states = [QueryState(i, e["interaction_id"], e["query"], e["query_time"],
                                  [p for p in e["search_results"] if isinstance(p, dict)]) for i, e in enumerate(chunk)]
             ReferencesStage().run(states, ctx)
-            for state, example in zip(states, chunk):
-                answers = [str(example["answer"]), *alternative_answers(example)]
-                lists.extend(_ranked(state, answers, str(example["answer"])))
+            yield from zip(states, chunk)
     finally:
         pages.close()
+
+
+def lists_from_crag(examples: list[dict], config: SystemConfig, embedder: Embedder) -> list[RankedList]:
+    """The references stage of `config` over each question's pages; labels from the gold answers."""
+    lists: list[RankedList] = []
+    for state, example in reference_states(examples, config, embedder):
+        answers = [str(example["answer"]), *alternative_answers(example)]
+        lists.extend(_ranked(state, answers, str(example["answer"])))
     return lists
 
 

@@ -40,7 +40,7 @@ from models.config import ConfigError, SystemConfig, load_config  # noqa: E402
 from models.llm.base import BackendUnavailable  # noqa: E402
 from models.prompting import PromptError, PromptLibrary  # noqa: E402
 from models.stages.base import run_stage  # noqa: E402
-from models.state import QueryState, Reference, StageRecord  # noqa: E402
+from models.state import Proposition, QueryState, Reference, StageRecord  # noqa: E402
 from models.system import CragSystem, unpack_batch  # noqa: E402
 from utils.cache import JsonCache, cache_root, content_key  # noqa: E402
 
@@ -60,6 +60,7 @@ def state_from_json(data: dict[str, Any], pages: list[dict[str, Any]]) -> QueryS
     fields = dict(data, pages=pages)
     fields["references"] = [Reference(**r) for r in data["references"]]
     fields["candidates"] = [Reference(**r) for r in data.get("candidates", [])]
+    fields["propositions"] = [Proposition(**p) for p in data.get("propositions", [])]
     fields["trace"] = [StageRecord(**r) for r in data["trace"]]
     return QueryState(**fields)
 

@@ -74,3 +74,21 @@ def seed_chunks(sentences: list[str], sentence_chars: int, chunk_chars: int, gro
     flush_question()
     flush_group()
     return chunks
+
+
+def sentence_units(text: str, min_chars: int, max_chars: int) -> list[str]:
+    """HASH-RAG's sentence-level propositions: the sentences of `text`, a short one joined to the next (so a
+    unit says something on its own), a long one truncated."""
+    units: list[str] = []
+    pending = ""
+    for sentence in split_sentences(text):
+        pending = f"{pending} {sentence}".strip()
+        if len(pending) >= min_chars:
+            units.append(pending[:max_chars])
+            pending = ""
+    if pending:
+        if units and len(units[-1]) + len(pending) < max_chars:
+            units[-1] = f"{units[-1]} {pending}"
+        else:
+            units.append(pending[:max_chars])
+    return units

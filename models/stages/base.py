@@ -13,6 +13,7 @@ from models.config import SystemConfig
 from models.llm.base import LLM
 from models.prompting import PromptLibrary
 from models.retrieval.embedder import Embedder
+from models.retrieval.hash_index import HashModel
 from models.retrieval.r2former import R2FormerHead
 from models.retrieval.reranker import Reranker
 from models.state import QueryState, StageRecord
@@ -32,6 +33,7 @@ class StageContext:
     reranker: Reranker | None = None
     r2former: R2FormerHead | None = None
     kg: KGClient | None = None
+    hash_model: HashModel | None = None
 
     def work_deadline(self, stage: str | None = None) -> Deadline:
         """When a stage's work (an LLM call, page processing) must end: the batch deadline less the answer

@@ -70,11 +70,12 @@ def fit_references(references: list[Reference], max_chars: int) -> list[Referenc
 def prompt_evidence(state: QueryState, max_chars: int, markers: int = 0) -> tuple[list[dict], list[dict]]:
     """(texts, tables) for a prompt: the best references within max_chars, split by kind, best first.
 
-    Each carries `retrieval_marker`: for the first `markers` references of the state a marker naming its
-    position (where R2AG puts its retrieval embedding), else "".
+    Each carries `id`, its 1-based rank among the references, and `retrieval_marker`: for the first `markers`
+    references of the state a marker naming its position (where R2AG puts its retrieval embedding), else "".
     """
     fitted = fit_references(state.references, max_chars)
-    items = [dict(asdict(r), retrieval_marker=_MARKER.format(i) if i < markers else "") for i, r in enumerate(fitted)]
+    items = [dict(asdict(r), id=i + 1, retrieval_marker=_MARKER.format(i) if i < markers else "")
+             for i, r in enumerate(fitted)]
     texts = [item for item in items if item["kind"] != "table"]
     tables = [item for item in items if item["kind"] == "table"]
     return texts, tables
@@ -83,8 +84,12 @@ def prompt_evidence(state: QueryState, max_chars: int, markers: int = 0) -> tupl
 def reasoning_conversation(prompt: Prompt, state: QueryState, max_chars: int, markers: int = 0) -> Conversation:
     """The reasoning prompt for `state`; with `markers`, its first references carry retrieval markers."""
     texts, tables = prompt_evidence(state, max_chars, markers)
-    return prompt.render(query=state.query, query_time=state.query_time, references=texts, tables=tables,
-                         kg_references=state.kg_results, calculations=state.calculations, other_answer=state.knowledge)
+    values = dict(query=state.query, query_time=state.query_time, references=texts, tables=tables,
+                  kg_references=state.kg_results, calculations=state.calculations, other_answer=state.knowledge)
+    if "propositions" in prompt.variables:  # HASH-RAG's PGCC variant (prompts/pgcc.yaml)
+        shown = len(texts) + len(tables)
+        values["propositions"] = [asdict(p) for p in state.propositions if p.reference <= shown]
+    return prompt.render(**values)
 
 
 def place_embeddings(conversation: Conversation, vectors: np.ndarray, placeholder: str

@@ -3,19 +3,27 @@
 All pages of the batch go to the page processor at once (worker processes, cached by content); the query and
 every candidate are embedded in one call; chunks and snippets keep the cosine top-k, tables are kept best first
 while they fit the table budget. With a re-ranker configured, a cross-encoder re-scores the best candidates first.
+
+With `retriever: hash` (HASH-RAG), each candidate is split into propositions (embedded in the same call); a hash
+index of the query's propositions ranks the candidates by their best proposition, and the propositions of the
+kept references go to `state.propositions` for the PGCC prompt.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from models.config import ReferencesConfig
+import numpy as np
+
+from models.config import HashConfig, ReferencesConfig
 from models.retrieval.dense import best_first, select
+from models.retrieval.hash_index import HashIndex, HashModel, SearchSettings
 from models.stages.base import StageContext
-from models.state import QueryState, Reference
+from models.state import Proposition, QueryState, Reference
 from utils.answers import IDK
+from utils.chunking import sentence_units
 from utils.pages import PageSettings, ProcessedPage
 
 
@@ -48,6 +56,37 @@ def candidates(pages: list[Mapping[str, Any]], processed: list[ProcessedPage | N
     return refs
 
 
+@dataclass
+class Pool:
+    """A query's ranked pool: candidate indices, their scores, and (hash retrieval) the best unit of each."""
+
+    indices: list[int]
+    scores: np.ndarray
+    units: list[int] | None = None
+
+
+def proposition_units(refs: list[Reference], config: HashConfig) -> tuple[list[str], list[int]]:
+    """The propositions of a query's candidates and the candidate each came from; a table is one unit."""
+    texts: list[str] = []
+    sources: list[int] = []
+    for i, ref in enumerate(refs):
+        units = [ref.text] if ref.kind == "table" else sentence_units(ref.text, config.min_unit_chars,
+                                                                     len(ref.text))
+        texts += units
+        sources += [i] * len(units)
+    return texts, sources
+
+
+def hash_pool(model: HashModel, config: HashConfig, query: np.ndarray, unit_vectors: np.ndarray,
+              sources: list[int]) -> Pool:
+    """The candidates that the query's propositions reach through a HASH-RAG index of them, best first."""
+    index = HashIndex(model, config.engine)
+    index.add(unit_vectors, sources, keep_vectors=config.exact)
+    hits = index.search(query, len(set(sources)), SearchSettings(config.alpha, config.depth, config.exact))[0]
+    return Pool([h.source for h in hits], np.array([h.score for h in hits], dtype=np.float32),
+                [h.unit for h in hits])
+
+
 class ReferencesStage:
     name = "references"
     prompt_names: tuple[str, ...] = ()
@@ -62,23 +101,34 @@ class ReferencesStage:
         for state in states:
             per_query.append(candidates(state.pages, processed[offset:offset + len(state.pages)], settings.use_snippets))
             offset += len(state.pages)
-        texts = [state.query for state in states] + [ref.text for refs in per_query for ref in refs]
-        vectors = ctx.embedder.encode(texts)
-        queries, documents = vectors[:len(states)], vectors[len(states):]
-        offset = 0
-        for state, refs, query in zip(states, per_query, queries):
-            block = documents[offset:offset + len(refs)]
+        hashing = settings.retriever == "hash"
+        units = [proposition_units(refs, settings.hash) if hashing else ([], []) for refs in per_query]
+        texts = ([state.query for state in states] + [ref.text for refs in per_query for ref in refs]
+                 + [text for unit_texts, _ in units for text in unit_texts])
+        vectors = ctx.embedder.encode(texts)  # one call: queries, candidates, propositions
+        offset, unit_offset = len(states), len(states) + sum(len(refs) for refs in per_query)
+        for state, refs, query, (unit_texts, sources) in zip(states, per_query, vectors, units):
+            block = vectors[offset:offset + len(refs)]
             offset += len(refs)
             state.candidates, state.candidate_vectors = refs, block
-            scores = block @ query
-            shortlist: list[int] = []  # with a re-ranker: the candidates it scored, as indices into block
-            if ctx.reranker is not None and refs:
-                shortlist = best_first(scores)[:settings.rerank.candidates]
-                refs = [refs[i] for i in shortlist]
-                scores = ctx.reranker.score(state.query, [ref.text for ref in refs])
-            chosen = select(refs, scores, settings.top_k, settings.table_budget_chars)
-            state.references = [replace(refs[i], score=float(scores[i])) for i in chosen]
             state.query_vector = query
-            state.reference_vectors = block[[shortlist[i] for i in chosen] if shortlist else chosen]
+            if hashing:
+                unit_vectors = vectors[unit_offset:unit_offset + len(unit_texts)]
+                unit_offset += len(unit_texts)
+                pool = hash_pool(ctx.hash_model, settings.hash, query, unit_vectors, sources)
+            else:
+                pool = Pool(list(range(len(refs))), block @ query)
+            if ctx.reranker is not None and pool.indices:
+                keep = best_first(pool.scores)[:settings.rerank.candidates]
+                indices = [pool.indices[i] for i in keep]
+                pool = Pool(indices, ctx.reranker.score(state.query, [refs[i].text for i in indices]),
+                            [pool.units[i] for i in keep] if pool.units else None)
+            chosen = select([refs[i] for i in pool.indices], pool.scores, settings.top_k, settings.table_budget_chars)
+            state.references = [replace(refs[pool.indices[c]], score=float(pool.scores[c])) for c in chosen]
+            state.reference_vectors = block[[pool.indices[c] for c in chosen]]
+            if pool.units is not None:
+                state.propositions = [Proposition(pool.units[c], unit_texts[pool.units[c]], rank + 1,
+                                                  refs[pool.indices[c]].page_name, float(pool.scores[c]))
+                                      for rank, c in enumerate(chosen[:settings.hash.propositions])]
             if not state.references:
                 state.finish(IDK, "no usable text in the search results")
