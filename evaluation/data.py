@@ -139,6 +139,17 @@ def first_record(path: Path) -> dict[str, Any] | None:
     return None
 
 
+def is_crag_format(path: Path, other: str) -> bool:
+    """Whether a training tool's data file is CRAG-format (questions with pages) rather than its own .jsonl of
+    `other` (named in the error for a compressed file that is not CRAG)."""
+    first = first_record(path)
+    if first is None:
+        raise DataError(f"{path}: the first line is not a JSON object")
+    if "search_results" not in first and not path.name.endswith(".jsonl"):
+        raise DataError(f"{path}: {other} must be a plain .jsonl file")
+    return "search_results" in first
+
+
 def alternative_answers(example: dict[str, Any]) -> list[str]:
     """`alt_ans` or `alternative_answers`, as a list or as the JSON / Python list string CRAG ships."""
     raw = example.get("alternative_answers", example.get("alt_ans", []))

@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 from loguru import logger  # noqa: E402
 
-from evaluation.data import DataError, alternative_answers, check_data_file, first_record, read_examples  # noqa: E402
+from evaluation.data import DataError, alternative_answers, check_data_file, is_crag_format, read_examples  # noqa: E402
 from models.config import ConfigError, SystemConfig, load_config  # noqa: E402
 from models.llm.base import BackendUnavailable  # noqa: E402
 from models.retrieval.embedder import Embedder  # noqa: E402
@@ -155,15 +155,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _is_crag(path: Path) -> bool:
-    first = first_record(path)
-    if first is None:
-        raise DataError(f"{path}: the first line is not a JSON object")
-    if "search_results" not in first and not path.name.endswith(".jsonl"):
-        raise DataError(f"{path}: pairs must be a plain .jsonl file")
-    return "search_results" in first
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logger.remove()
@@ -174,10 +165,11 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("--bits must be a positive multiple of 8, --rounds >= 0, --epochs >= 1 and "
                               "--held-out in (0, 1)")
         config = load_config(args.config)
+        crag = is_crag_format(args.data, "pairs")
+        examples = list(read_examples(args.data, limit=args.limit)) if crag else []
+        pairs = None if crag else read_pairs(args.data, args.limit)  # a bad file fails before any model loads
         embedder = Embedder(config.embedder)
-        crag = _is_crag(args.data)
-        pairs = (pairs_from_crag(list(read_examples(args.data, limit=args.limit)), config, embedder) if crag
-                 else read_pairs(args.data, args.limit))
+        pairs = pairs or pairs_from_crag(examples, config, embedder)
         if len(pairs.queries) < MIN_QUERIES:
             raise DataError(f"{args.data}: {len(pairs.queries)} questions with a positive; at least {MIN_QUERIES} "
                             "are needed")

@@ -31,7 +31,7 @@ import torch  # noqa: E402
 from loguru import logger  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from evaluation.data import DataError, alternative_answers, check_data_file, first_record, read_examples  # noqa: E402
+from evaluation.data import DataError, alternative_answers, check_data_file, is_crag_format, read_examples  # noqa: E402
 from models.budget import Deadline  # noqa: E402
 from models.config import ConfigError, SystemConfig, load_config  # noqa: E402
 from models.llm.base import BackendUnavailable  # noqa: E402
@@ -178,16 +178,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _is_crag(path: Path) -> bool:
-    """CRAG-format (questions with pages) rather than a .jsonl of reference lists."""
-    first = first_record(path)
-    if first is None:
-        raise DataError(f"{path}: the first line is not a JSON object")
-    if "search_results" not in first and not path.name.endswith(".jsonl"):
-        raise DataError(f"{path}: reference lists must be a plain .jsonl file")
-    return "search_results" in first
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logger.remove()
@@ -198,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("--epochs and --batch-size must be positive, --val-share in (0, 1), and --hidden a "
                               "multiple of --heads")
         config = load_config(args.config)
-        crag = _is_crag(args.data)
+        crag = is_crag_format(args.data, "reference lists")
         rows = list(read_examples(args.data, limit=args.limit)) if crag else read_pairs(args.data, args.limit)
         embedder = Embedder(config.embedder)
         lists = lists_from_crag(rows, config, embedder) if crag else lists_from_pairs(rows, embedder)

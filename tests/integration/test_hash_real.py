@@ -1,0 +1,83 @@
+"""HASH-RAG with the real embedder: tools/train_hash.py on data/ and on a pairs file, its index serving the
+pipeline's hash retriever (and the PGCC prompt with the real SmolLM2), and its one-line errors."""
+
+import json
+
+import numpy as np
+import pytest
+
+from models.config import REPO_ROOT, load_config
+from models.retrieval.hash_index import HashIndex, HashModel, SearchSettings
+from models.retrieval.hash_training import initial_layer
+from models.system import CragSystem
+from tests.conftest import to_batch
+from tools.train_hash import main as train_main
+
+SAMPLE = REPO_ROOT / "data" / "crag_sample.jsonl"
+
+
+def test_training_on_crag_data_saves_a_searchable_index(tmp_path, capsys, embedder):
+    out = tmp_path / "crag.hidx"
+    assert train_main(["--data", str(SAMPLE), "--out", str(out), "--rounds", "2", "--bits", "64"]) == 0
+    printed = capsys.readouterr().out
+    assert "embedder all-MiniLM-L6-v2" in printed and "LSH 64 bits" in printed and f"saved {out}" in printed
+    index = HashIndex.load(out, embedder="all-MiniLM-L6-v2", bits=64)
+    texts = index.metadata["texts"]
+    assert len(texts) == len(index) > 20
+    query = embedder.encode(["who directed the movie inception?"])
+    hits = index.search(query, 3, SearchSettings(alpha=50, depth=20))[0]
+    assert any("Nolan" in texts[hit.unit] for hit in hits)
+
+
+def test_pairs_file_and_the_pipeline_retriever(tmp_path, capsys, sample_examples):
+    rows = [{"query": e["query"], "positives": [p["page_snippet"] for p in e["search_results"][:1]],
+             "negatives": [p["page_snippet"] for p in e["search_results"][1:]]} for e in sample_examples]
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "pairs.hidx"
+    assert train_main(["--data", str(data), "--out", str(out), "--rounds", "2", "--no-vectors"]) == 0
+    assert "13 questions (10 train, 3 held out)" in capsys.readouterr().out
+    assert HashIndex.load(out).vectors is None
+
+    config = load_config(REPO_ROOT / "configs" / "cpu.yaml")
+    config.task, config.attributes.method = 1, "none"
+    config.knowledge.enabled = config.calculator.enabled = False
+    config.references.workers = 1
+    config.references.cache_dir = str(tmp_path / "cache")
+    config.references.retriever, config.references.hash.model = "hash", str(out)
+    config.prompts = {"reasoning": "prompts/pgcc.yaml"}
+    system = CragSystem(config)  # the real SmolLM2 and MiniLM
+    try:
+        answers = system.batch_generate_answer(to_batch(sample_examples[:2]))
+    finally:
+        system.close()
+    assert len(answers) == 2 and all(isinstance(a, str) and a for a in answers)
+    stages = {r["stage"]: r["status"] for r in system.last_batch_trace[0]["stages"]}
+    assert stages["references"] == "ok" and stages["reasoning"] == "ok"
+
+
+def test_training_tool_errors_are_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"query": "q", "positives": []}) + "\n")
+    assert train_main(["--data", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {bad}:1: needs a query string")
+    few = tmp_path / "few.jsonl"
+    few.write_text(json.dumps({"query": "q", "positives": ["a"]}) + "\n")
+    assert train_main(["--data", str(few)]) == 2
+    assert "1 questions with a positive; at least 4" in capsys.readouterr().err
+    assert train_main(["--data", str(SAMPLE), "--bits", "12"]) == 2
+    assert "--bits must be a positive multiple of 8" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("engine", ["numpy", "faiss-flat"])
+def test_real_proposition_vectors_search_like_exact_cosine(embedder, engine):
+    sentences = [f"Fact number {i}: the {w} of city {i % 7} is {i * 3} units." for i, w in
+                 enumerate(["population", "area", "altitude", "rainfall", "budget"] * 12)]
+    vectors = embedder.encode(sentences)
+    weight, bias = initial_layer(vectors, 128, "pca", np.random.default_rng(0))
+    index = HashIndex(HashModel(weight, bias, embedder.name), engine)
+    index.add(vectors)
+    query = embedder.encode(["what is the rainfall of city 3?"])[0]
+    hits = index.search(query, 5, SearchSettings(alpha=len(sentences), depth=len(sentences)))[0]
+    assert [h.source for h in hits] == np.argsort(-(vectors @ query), kind="stable")[:5].tolist()
