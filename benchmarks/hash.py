@@ -47,7 +47,8 @@ from threadpoolctl import threadpool_limits  # noqa: E402
 from models.config import load_config  # noqa: E402
 from models.retrieval.embedder import Embedder  # noqa: E402
 from models.retrieval.hash_index import HashIndex, HashModel, SearchSettings  # noqa: E402
-from models.retrieval.hash_training import ADSHSettings, initial_layer, neighbour_similarity, train_adsh  # noqa: E402
+from models.retrieval.hash_training import (ADSHSettings, initial_layer, neighbour_similarity,  # noqa: E402
+                                            positive_recall, train_adsh)
 from models.stages.references import page_settings, proposition_units  # noqa: E402
 from models.state import Reference  # noqa: E402
 from utils.pages import process_html  # noqa: E402
@@ -114,7 +115,8 @@ def top_k(scores: np.ndarray, k: int) -> np.ndarray:
 
 
 def recall(found: list[np.ndarray], truth: np.ndarray, k: int) -> float:
-    return float(np.mean([len(set(f[:k].tolist()) & set(t[:k].tolist())) / k for f, t in zip(found, truth)]))
+    """Share of the exact top-k found in the top k."""
+    return positive_recall([f.tolist() for f in found], [set(t[:k].tolist()) for t in truth], k)
 
 
 def timed(search, queries: np.ndarray) -> tuple[list[np.ndarray], float]:

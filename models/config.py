@@ -22,7 +22,7 @@ ATTRIBUTE_METHODS = ("svm", "icl", "none")
 R2AG_MODES = ("relevance", "prompt")
 RETRIEVERS = ("dense", "hash")
 HASH_ENGINES = ("numpy", "faiss-flat", "faiss-hnsw")
-HASH_UNITS = ("sentence",)
+HASH_UNITS = ("sentence", "llm")
 KG_METHODS = ("rules", "functions")
 
 
@@ -105,7 +105,9 @@ class HashConfig:
     hash layer; its embedder must be this config's). Candidates are split into propositions (`units`: sentence);
     a search takes the `alpha` nearest by Hamming distance, keeps the `depth` best by <v_q, h_p> and, with
     `exact`, orders those by cosine; each source chunk keeps its best proposition. `engine`: numpy, faiss-flat
-    or faiss-hnsw. `propositions`: the most propositions per query kept for the PGCC prompt."""
+    or faiss-hnsw. `propositions`: the most propositions per query kept for the PGCC prompt. `units: llm`: the
+    LLM rewrites the `llm_chunks` best chunks of each query (by cosine) as propositions (prompts/propositions.yaml,
+    at most `llm_max_tokens` each); other chunks, and chunks without usable output, are split into sentences."""
 
     model: str | None = None
     engine: str = "numpy"
@@ -115,6 +117,8 @@ class HashConfig:
     units: str = "sentence"
     min_unit_chars: int = 30
     propositions: int = 10
+    llm_chunks: int = 10
+    llm_max_tokens: int = 160
 
 
 @dataclass
@@ -335,7 +339,8 @@ class SystemConfig:
                               "tools/train_r2former.py)")
         refs = self.references
         if refs.retriever not in RETRIEVERS:
-            raise ConfigError(f"{self.source}: references.retriever '{refs.retriever}' is not one of {list(RETRIEVERS)}")
+            raise ConfigError(f"{self.source}: references.retriever '{refs.retriever}' is not one of "
+                              f"{list(RETRIEVERS)}")
         if refs.retriever == "hash" and not refs.hash.model:
             raise ConfigError(f"{self.source}: references.retriever hash needs references.hash.model (train one with "
                               "tools/train_hash.py)")
@@ -343,7 +348,8 @@ class SystemConfig:
             raise ConfigError(f"{self.source}: references.hash.engine '{refs.hash.engine}' is not one of "
                               f"{list(HASH_ENGINES)}")
         if refs.hash.units not in HASH_UNITS:
-            raise ConfigError(f"{self.source}: references.hash.units '{refs.hash.units}' is not one of {list(HASH_UNITS)}")
+            raise ConfigError(f"{self.source}: references.hash.units '{refs.hash.units}' is not one of "
+                              f"{list(HASH_UNITS)}")
         if self.budget.per_query_s <= self.budget.safety_margin_s / max(self.batch_size, 1):
             raise ConfigError(f"{self.source}: budget.per_query_s is too small for the safety margin")
 

@@ -32,6 +32,7 @@ PROMPT_MARKERS = {
     "dualrag_summarise": "You write short notes about one entity",
     "dualrag_answer": "You answer a question from gathered knowledge",
     "pgcc": "You are an expert at answering questions from retrieved evidence",
+    "propositions": "You split a passage into propositions",
 }
 
 

@@ -114,6 +114,8 @@ def check_config(repo: Path, config_path: str) -> tuple[Check, Check, Any]:
         needed.append(("attributes.svm_model", Path(config.attributes.svm_model), "file"))
     if config.r2ag.enabled and config.r2ag.checkpoint:
         needed.append(("r2ag.checkpoint", Path(config.r2ag.checkpoint), "file"))
+    if config.references.retriever == "hash":
+        needed.append(("references.hash.model", Path(config.references.hash.model), "file"))
     missing = []
     for key, path, kind in needed:
         full = path if path.is_absolute() else repo / path

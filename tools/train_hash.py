@@ -35,7 +35,8 @@ from models.config import ConfigError, SystemConfig, load_config  # noqa: E402
 from models.llm.base import BackendUnavailable  # noqa: E402
 from models.retrieval.embedder import Embedder  # noqa: E402
 from models.retrieval.hash_index import HashIndex, HashModel, SearchSettings  # noqa: E402
-from models.retrieval.hash_training import ADSHSettings, initial_layer, pair_similarity, recall_at, train_adsh  # noqa: E402
+from models.retrieval.hash_training import (ADSHSettings, initial_layer, pair_similarity, positive_recall,  # noqa: E402
+                                            recall_at, train_adsh)
 from models.stages.references import proposition_units  # noqa: E402
 from tools.train_r2former import reference_states  # noqa: E402
 from utils.answers import contains_answer, is_invalid  # noqa: E402
@@ -122,7 +123,7 @@ def evaluate(model: HashModel, database: np.ndarray, codes: np.ndarray | None, q
 
 def dense_recall(database: np.ndarray, queries: np.ndarray, positives: list[set[int]], k: int) -> float:
     top = np.argsort(-(queries @ database.T), axis=1, kind="stable")[:, :k]
-    return float(np.mean([len(set(row.tolist()) & wanted) / min(len(wanted), k) for row, wanted in zip(top, positives)]))
+    return positive_recall(top.tolist(), positives, k)
 
 
 def lsh_recall(database: np.ndarray, queries: np.ndarray, positives: list[set[int]], k: int, bits: int,

@@ -147,11 +147,15 @@ def neighbour_similarity(database: np.ndarray, query_index: np.ndarray, neighbou
     return pair_similarity(nearest.tolist(), len(database), negative)
 
 
+def positive_recall(found: list[list[int]], positives: list[set[int]], k: int) -> float:
+    """Mean share of each query's positives (at most k of them) among its first k results."""
+    if not found:
+        return 0.0
+    return float(np.mean([len(set(ids[:k]) & wanted) / min(len(wanted), k) for ids, wanted in zip(found, positives)]))
+
+
 def recall_at(index: HashIndex, queries: np.ndarray, positives: list[set[int]], k: int,
               settings: SearchSettings = SearchSettings()) -> float:
-    """Mean share of each query's positive sources found in its top-k sources."""
-    if not len(queries):
-        return 0.0
-    found = index.search(queries, k, settings)
-    return float(np.mean([len({hit.source for hit in hits} & wanted) / min(len(wanted), k)
-                          for hits, wanted in zip(found, positives)]))
+    """positive_recall of the index's top-k sources."""
+    found = index.search(queries, k, settings) if len(queries) else []
+    return positive_recall([[hit.source for hit in hits] for hits in found], positives, k)

@@ -4,20 +4,24 @@ All pages of the batch go to the page processor at once (worker processes, cache
 every candidate are embedded in one call; chunks and snippets keep the cosine top-k, tables are kept best first
 while they fit the table budget. With a re-ranker configured, a cross-encoder re-scores the best candidates first.
 
-With `retriever: hash` (HASH-RAG), each candidate is split into propositions (embedded in the same call); a hash
+With `retriever: hash` (HASH-RAG), each candidate is split into propositions (embedded in a second call); a hash
 index of the query's propositions ranks the candidates by their best proposition, and the propositions of the
-kept references go to `state.propositions` for the PGCC prompt.
+kept references go to `state.propositions` for the PGCC prompt. With `hash.units: llm` the LLM first rewrites each
+query's best chunks as propositions (one backend call for the batch).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
+from loguru import logger
 
 from models.config import HashConfig, ReferencesConfig
+from models.llm.base import GenParams
 from models.retrieval.dense import best_first, select
 from models.retrieval.hash_index import HashIndex, HashModel, SearchSettings
 from models.stages.base import StageContext
@@ -56,6 +60,11 @@ def candidates(pages: list[Mapping[str, Any]], processed: list[ProcessedPage | N
     return refs
 
 
+def split_rows(rows: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
+    """Consecutive blocks of `rows`, of the given sizes."""
+    return np.split(rows, np.cumsum(sizes)[:-1]) if sizes else []
+
+
 @dataclass
 class Pool:
     """A query's ranked pool: candidate indices, their scores, and (hash retrieval) the best unit of each."""
@@ -65,16 +74,52 @@ class Pool:
     units: list[int] | None = None
 
 
-def proposition_units(refs: list[Reference], config: HashConfig) -> tuple[list[str], list[int]]:
-    """The propositions of a query's candidates and the candidate each came from; a table is one unit."""
+def proposition_units(refs: list[Reference], config: HashConfig, rewritten: dict[int, list[str]] | None = None
+                      ) -> tuple[list[str], list[int]]:
+    """The propositions of a query's candidates and the candidate each came from: a table is one unit, a chunk
+    the LLM rewrote (`rewritten`, by candidate index) has its lines, any other is split into sentences."""
     texts: list[str] = []
     sources: list[int] = []
     for i, ref in enumerate(refs):
-        units = [ref.text] if ref.kind == "table" else sentence_units(ref.text, config.min_unit_chars,
-                                                                     len(ref.text))
+        if ref.kind == "table":
+            units = [ref.text]
+        else:
+            units = (rewritten or {}).get(i) or sentence_units(ref.text, config.min_unit_chars, len(ref.text))
         texts += units
         sources += [i] * len(units)
     return texts, sources
+
+
+_BULLET = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s*")
+_WORD = re.compile(r"[^\W_]")
+
+
+def read_propositions(output: str) -> list[str]:
+    """The proposition lines of an LLM's output, bullets and numbering removed; lines without a word dropped."""
+    lines = (_BULLET.sub("", line).strip() for line in output.splitlines())
+    return [line for line in lines if _WORD.search(line)]
+
+
+def rewrite_as_propositions(per_query: list[list[Reference]], scores: list[np.ndarray], ctx: StageContext
+                            ) -> list[dict[int, list[str]]]:
+    """LLM propositions for the `llm_chunks` best chunks (by cosine) of each query, in one backend call. A failed
+    call leaves every chunk to the sentence splitter, with the reason logged."""
+    settings = ctx.config.references.hash
+    picked = [[i for i in best_first(query_scores) if refs[i].kind != "table"][:settings.llm_chunks]
+              for refs, query_scores in zip(per_query, scores)]
+    prompt = ctx.prompts.get("propositions")
+    conversations = [prompt.render(page_name=refs[i].page_name, text=refs[i].text)
+                     for refs, chosen in zip(per_query, picked) for i in chosen]
+    if not conversations:
+        return [{} for _ in per_query]
+    params = GenParams(max_tokens=settings.llm_max_tokens, deadline=ctx.work_deadline("references"))
+    try:
+        outputs = iter(ctx.llm.generate(conversations, params))
+    except Exception as err:  # the retriever still works on sentences: never fail the batch for this
+        logger.opt(exception=err).warning("proposition extraction failed, chunks are split into sentences: {}", err)
+        return [{} for _ in per_query]
+    return [{i: read_propositions(samples[0]) if samples else [] for i, samples in zip(chosen, outputs)}
+            for chosen in picked]
 
 
 def hash_pool(model: HashModel, config: HashConfig, query: np.ndarray, unit_vectors: np.ndarray,
@@ -89,7 +134,7 @@ def hash_pool(model: HashModel, config: HashConfig, query: np.ndarray, unit_vect
 
 class ReferencesStage:
     name = "references"
-    prompt_names: tuple[str, ...] = ()
+    prompt_names = ("propositions",)  # used only with references.hash.units: llm
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
         settings = ctx.config.references
@@ -101,21 +146,22 @@ class ReferencesStage:
         for state in states:
             per_query.append(candidates(state.pages, processed[offset:offset + len(state.pages)], settings.use_snippets))
             offset += len(state.pages)
+        texts = [state.query for state in states] + [ref.text for refs in per_query for ref in refs]
+        vectors = ctx.embedder.encode(texts)  # one call: the queries and every candidate
+        queries, blocks = vectors[:len(states)], split_rows(vectors[len(states):], [len(r) for r in per_query])
         hashing = settings.retriever == "hash"
-        units = [proposition_units(refs, settings.hash) if hashing else ([], []) for refs in per_query]
-        texts = ([state.query for state in states] + [ref.text for refs in per_query for ref in refs]
-                 + [text for unit_texts, _ in units for text in unit_texts])
-        vectors = ctx.embedder.encode(texts)  # one call: queries, candidates, propositions
-        offset, unit_offset = len(states), len(states) + sum(len(refs) for refs in per_query)
-        for state, refs, query, (unit_texts, sources) in zip(states, per_query, vectors, units):
-            block = vectors[offset:offset + len(refs)]
-            offset += len(refs)
+        if hashing:
+            rewritten = (rewrite_as_propositions(per_query, [b @ q for b, q in zip(blocks, queries)], ctx)
+                         if settings.hash.units == "llm" else [{} for _ in states])
+            units = [proposition_units(refs, settings.hash, r) for refs, r in zip(per_query, rewritten)]
+            unit_vectors = ctx.embedder.encode([text for texts, _ in units for text in texts])
+            unit_blocks = split_rows(unit_vectors, [len(texts) for texts, _ in units])
+        for n, (state, refs, query, block) in enumerate(zip(states, per_query, queries, blocks)):
             state.candidates, state.candidate_vectors = refs, block
             state.query_vector = query
             if hashing:
-                unit_vectors = vectors[unit_offset:unit_offset + len(unit_texts)]
-                unit_offset += len(unit_texts)
-                pool = hash_pool(ctx.hash_model, settings.hash, query, unit_vectors, sources)
+                unit_texts, sources = units[n]
+                pool = hash_pool(ctx.hash_model, settings.hash, query, unit_blocks[n], sources)
             else:
                 pool = Pool(list(range(len(refs))), block @ query)
             if ctx.reranker is not None and pool.indices:

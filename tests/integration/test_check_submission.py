@@ -72,6 +72,9 @@ def test_a_missing_weights_path_fails_before_any_model_runs(copy):
     code, rows = check(copy, "--config", "configs/broken.yaml")
     assert code == 1 and rows["weights"].startswith("FAIL") and "models/weights/nothing-here" in rows["weights"]
     assert "import UserModel" not in rows
+    (copy / "configs" / "hash.yaml").write_text("references: {retriever: hash, hash: {model: runs/hash/none.hidx}}\n")
+    code, rows = check(copy, "--config", "configs/hash.yaml")
+    assert code == 1 and "references.hash.model: runs/hash/none.hidx not found" in rows["weights"]
     code, rows = check(copy)  # the Dockerfile's GPU config: the 70B weights are the user's files
     assert code == 1 and "llm.vllm.model" in rows["weights"] and "embedder.model" in rows["weights"]
 

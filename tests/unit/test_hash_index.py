@@ -9,6 +9,7 @@ from models.retrieval.hash_index import (HashIndex, HashIndexError, HashModel, S
                                          hamming, pack, sign_bits, within_widening_radius)
 from models.retrieval.hash_training import (ADSHSettings, beta_at, initial_layer, neighbour_similarity,
                                             pair_similarity, recall_at, train_adsh, update_codes)
+from models.stages.references import read_propositions
 from models.state import QueryState, Reference
 from tests.conftest import to_batch
 from tests.fakes import HashEmbedder, ScriptedLLM, by_prompt
@@ -318,18 +319,7 @@ def test_hybrid_with_the_hash_index_answers_through_pgcc(make_system, hash_confi
 
 
 def test_hash_retrieval_fills_propositions_from_chosen_references(hash_config, sample_examples):
-    from models.budget import Deadline
-    from models.stages.base import StageContext
-    from models.stages.references import ReferencesStage, page_settings
-    from utils.pages import PageProcessor
-
-    model = HashIndex.load(hash_config.references.hash.model).model
-    example = sample_examples[0]
-    states = [QueryState(0, "q0", example["query"], example["query_time"], example["search_results"])]
-    processor = PageProcessor(page_settings(hash_config.references), workers=1)
-    ctx = StageContext(hash_config, ScriptedLLM(), HashEmbedder(), None, Deadline(60), processor, hash_model=model)
-    ReferencesStage().run(states, ctx)
-    (state,) = states
+    state = run_references(hash_config, ScriptedLLM(), sample_examples[0])
     assert state.references and len(state.reference_vectors) == len(state.references)
     assert 0 < len(state.propositions) <= hash_config.references.hash.propositions
     for prop in state.propositions:
@@ -337,6 +327,51 @@ def test_hash_retrieval_fills_propositions_from_chosen_references(hash_config, s
         assert prop.text in reference.text and prop.page_name == reference.page_name
     scores = [r.score for r in state.references if r.kind != "table"]
     assert scores == sorted(scores, reverse=True)
+
+
+def run_references(config, llm, example):
+    from models.budget import Deadline
+    from models.prompting import PromptLibrary
+    from models.stages.base import StageContext
+    from models.stages.references import ReferencesStage, page_settings
+    from utils.pages import PageProcessor
+
+    model = HashIndex.load(config.references.hash.model).model
+    state = QueryState(0, "q0", example["query"], example["query_time"], example["search_results"])
+    processor = PageProcessor(page_settings(config.references), workers=1)
+    ctx = StageContext(config, llm, HashEmbedder(), PromptLibrary(), Deadline(60), processor, hash_model=model)
+    ReferencesStage().run([state], ctx)
+    return state
+
+
+def test_read_propositions_strips_bullets_and_empty_lines():
+    output = "- Inception is a 2010 film.\n\n* Nolan directed Inception.\n2) It cost $160 million.\n---\n"
+    assert read_propositions(output) == ["Inception is a 2010 film.", "Nolan directed Inception.",
+                                         "It cost $160 million."]
+
+
+def test_llm_propositions_index_the_best_chunks(hash_config, sample_examples):
+    hash_config.references.hash.units = "llm"
+    hash_config.references.hash.llm_chunks = 2
+    fact = "Christopher Nolan is the director of the film Inception."
+    llm = ScriptedLLM(by_prompt(propositions=lambda conv: f"- {fact}\n- Inception premiered in July 2010."))
+    state = run_references(hash_config, llm, sample_examples[0])
+    (conversations, params), = llm.calls
+    assert len(conversations) == 2 and params.max_tokens == hash_config.references.hash.llm_max_tokens
+    assert "Page: " in conversations[0][1]["content"]
+    assert state.propositions[0].text == fact  # the LLM's proposition matches the question best
+
+
+def test_failed_proposition_extraction_falls_back_to_sentences(hash_config, sample_examples, caplog_loguru):
+    hash_config.references.hash.units = "llm"
+
+    def broken(conversation):
+        raise RuntimeError("backend down")
+
+    state = run_references(hash_config, ScriptedLLM(broken), sample_examples[0])
+    assert state.references and state.propositions
+    assert all(p.text in state.references[p.reference - 1].text for p in state.propositions)
+    assert "proposition extraction failed, chunks are split into sentences: backend down" in caplog_loguru.text
 
 
 def test_hash_model_for_another_embedder_fails_at_load(make_system, hash_config, tmp_path):
