@@ -13,7 +13,7 @@ from models.config import ConfigError, SystemConfig, load_config, resolve_path
 from models.llm.base import LLM, create_llm
 from models.prompting import PromptLibrary
 from models.retrieval.embedder import Embedder
-from models.retrieval.hash_index import HashIndex, HashModel
+from models.retrieval.hash_index import HashModel, load_model
 from models.retrieval.r2former import R2FormerError, R2FormerHead, load_checkpoint
 from models.retrieval.reranker import Reranker
 from models.stages.answer import AnswerStage
@@ -73,7 +73,7 @@ class CragSystem:
     def _hash_model(self) -> HashModel:
         """The hash layer of `references.hash.model`, checked against this config's embedder."""
         path = resolve_path(self.config.references.hash.model)
-        return HashIndex.load(path, embedder=getattr(self.embedder, "name", "")).model
+        return load_model(path, embedder=getattr(self.embedder, "name", ""))
 
     def _r2former(self) -> R2FormerHead:
         """The R2AG head of the config. Prompt mode needs a backend that takes input embeddings and a checkpoint

@@ -166,11 +166,13 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("--bits must be a positive multiple of 8, --rounds >= 0, --epochs >= 1 and "
                               "--held-out in (0, 1)")
         config = load_config(args.config)
-        crag = is_crag_format(args.data, "pairs")
-        examples = list(read_examples(args.data, limit=args.limit)) if crag else []
-        pairs = None if crag else read_pairs(args.data, args.limit)  # a bad file fails before any model loads
-        embedder = Embedder(config.embedder)
-        pairs = pairs or pairs_from_crag(examples, config, embedder)
+        if is_crag_format(args.data, "pairs"):
+            examples = list(read_examples(args.data, limit=args.limit))
+            embedder = Embedder(config.embedder)
+            pairs = pairs_from_crag(examples, config, embedder)
+        else:
+            pairs = read_pairs(args.data, args.limit)  # a bad file fails before the embedder loads
+            embedder = Embedder(config.embedder)
         if len(pairs.queries) < MIN_QUERIES:
             raise DataError(f"{args.data}: {len(pairs.queries)} questions with a positive; at least {MIN_QUERIES} "
                             "are needed")

@@ -18,6 +18,7 @@ the weights of the epoch with the lowest validation loss are saved.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Iterator
@@ -33,10 +34,11 @@ from tqdm import tqdm  # noqa: E402
 
 from evaluation.data import DataError, alternative_answers, check_data_file, is_crag_format, read_examples  # noqa: E402
 from models.budget import Deadline  # noqa: E402
-from models.config import ConfigError, SystemConfig, load_config  # noqa: E402
+from models.config import ConfigError, SystemConfig, load_config, resolve_path  # noqa: E402
 from models.llm.base import BackendUnavailable  # noqa: E402
 from models.prompting import PromptError, PromptLibrary  # noqa: E402
 from models.retrieval.embedder import Embedder  # noqa: E402
+from models.retrieval.hash_index import load_model  # noqa: E402
 from models.retrieval.r2former import R2Former, R2FormerConfig, retrieval_features, save_checkpoint  # noqa: E402
 from models.retrieval.r2former_training import RankedList, TrainSettings, split, train  # noqa: E402
 from models.stages.base import StageContext  # noqa: E402
@@ -57,9 +59,15 @@ def answer_block(answer: str) -> str:
 
 def reference_states(examples: list[dict], config: SystemConfig, embedder: Embedder
                      ) -> Iterator[tuple[QueryState, dict]]:
-    """(state after the references stage of `config`, its example) for each CRAG example, batch by batch."""
+    """(state after the references stage of `config`, its example) for each CRAG example, batch by batch.
+    There is no LLM here: a hash retriever splits chunks into sentences even with `hash.units: llm`."""
+    refs = config.references
+    config = dataclasses.replace(config, references=dataclasses.replace(
+        refs, hash=dataclasses.replace(refs.hash, units="sentence")))
     pages = PageProcessor(page_settings(config.references), config.references.workers, None)
-    ctx = StageContext(config, None, embedder, None, Deadline(10 ** 9), pages)
+    hashing = config.references.retriever == "hash"
+    hash_model = load_model(resolve_path(config.references.hash.model), embedder.name) if hashing else None
+    ctx = StageContext(config, None, embedder, None, Deadline(10 ** 9), pages, hash_model=hash_model)
     try:
         for start in tqdm(range(0, len(examples), config.batch_size), desc="references", unit="batch"):
             chunk = examples[start:start + config.batch_size]

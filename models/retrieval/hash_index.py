@@ -10,13 +10,15 @@ training, sign() at inference with ties broken to +1. Database units (propositio
 3. optionally re-rank those by exact cosine over the stored float vectors (memory-mapped when loaded from a file);
 4. units map to their source (chunk or page); each source keeps its best unit; the best k sources are returned.
 
-One file holds an index: a JSON header (code length, embedder, layer, counts, metadata) and the raw arrays.
+One file holds an index: a JSON header (code length, dimension, embedder, engine, array layout, metadata) and the
+raw arrays (the layer's weight and bias, the packed codes, the sources and, optionally, the float vectors).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -234,7 +236,8 @@ class HashIndex:
         self.engine.add(codes)
 
     def search(self, queries: np.ndarray, k: int, settings: SearchSettings = SearchSettings()) -> list[list[Hit]]:
-        """For each query vector, the best `k` sources (each with its best unit), best first."""
+        """For each query vector, the best `k` sources (each with its best unit), best first. An index saved
+        without float vectors ranks by <v_q, h_p> whatever `settings.exact` says."""
         queries = np.asarray(queries, dtype=np.float32).reshape(-1, self.model.dim)
         if k <= 0 or len(self) == 0:
             return [[] for _ in queries]
@@ -283,11 +286,11 @@ class HashIndex:
         layout, offset = {}, 0
         for name, array in arrays.items():
             layout[name] = {"offset": offset, "dtype": array.dtype.str, "shape": list(array.shape)}
-            offset += -(-array.nbytes // _ALIGN) * _ALIGN
+            offset += _aligned(array.nbytes)
         header = json.dumps({"bits": self.model.bits, "dim": self.model.dim, "embedder": self.model.embedder,
                              "beta": self.model.beta, "engine": self.engine_name, "hnsw_m": self.hnsw_m,
                              "arrays": layout, "metadata": self.metadata}).encode()
-        start = -(-(len(MAGIC) + 8 + len(header)) // _ALIGN) * _ALIGN
+        start = _aligned(len(MAGIC) + 8 + len(header))
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(path.name + ".partial")
@@ -304,46 +307,67 @@ class HashIndex:
              mmap_vectors: bool = True) -> HashIndex:
         """The index in `path`; checks the embedder name and code length when given. Float vectors are
         memory-mapped (read only where re-ranking touches them) unless `mmap_vectors` is off."""
-        header, start = read_header(path)
-        try:
-            layout = header["arrays"]
-
-            def array(name: str, mmap: bool = False) -> np.ndarray:
-                spec = layout[name]
-                dtype, shape = np.dtype(spec["dtype"]), tuple(spec["shape"])
-                if mmap:
-                    return np.memmap(path, dtype=dtype, mode="r", offset=start + spec["offset"], shape=shape)
-                with Path(path).open("rb") as handle:
-                    handle.seek(start + spec["offset"])
-                    data = np.fromfile(handle, dtype=dtype, count=int(np.prod(shape)))
-                if data.size != int(np.prod(shape)):
-                    raise HashIndexError(f"hash index '{path}' is truncated: rebuild it")
-                return data.reshape(shape)
-
-            model = HashModel(array("weight"), array("bias"), header["embedder"], float(header["beta"]))
-            index = cls(model, engine or header["engine"], int(header["hnsw_m"]), metadata=header["metadata"])
-            model.check(embedder, bits)
-            vectors = array("vectors", mmap_vectors) if "vectors" in layout else None
-            codes, sources = array("codes"), array("sources")
-        except (KeyError, TypeError, ValueError) as err:
-            raise HashIndexError(f"hash index '{path}' is not valid ({err}): rebuild it") from err
-        index.codes, index.sources, index.vectors = codes, sources, vectors
-        index.engine.add(codes)
+        stored = IndexFile(Path(path))
+        model = stored.model(embedder, bits)
+        with stored.errors():
+            index = cls(model, engine or stored.header["engine"], int(stored.header["hnsw_m"]),
+                        metadata=stored.header["metadata"])
+            has_vectors = "vectors" in stored.header["arrays"]
+            index.vectors = stored.array("vectors", mmap_vectors) if has_vectors else None
+            index.codes, index.sources = stored.array("codes"), stored.array("sources")
+        index.engine.add(index.codes)
         return index
 
 
-def read_header(path: Path) -> tuple[dict[str, Any], int]:
-    """The JSON header of an index file and where its arrays start."""
-    path = Path(path)
-    if not path.is_file():
-        raise HashIndexError(f"hash index '{path}' does not exist: train one with tools/train_hash.py")
-    with path.open("rb") as handle:
-        magic, size = handle.read(len(MAGIC)), handle.read(8)
-        if magic != MAGIC or len(size) != 8:
-            raise HashIndexError(f"'{path}' is not a hash index file: train one with tools/train_hash.py")
-        length = int.from_bytes(size, "little")
+def load_model(path: Path, embedder: str | None = None, bits: int | None = None) -> HashModel:
+    """Only the hash layer of an index file (what the pipeline's per-query indexes need)."""
+    return IndexFile(Path(path)).model(embedder, bits)
+
+
+class IndexFile:
+    """An index file's JSON header and its arrays, read on demand."""
+
+    def __init__(self, path: Path) -> None:
+        if not path.is_file():
+            raise HashIndexError(f"hash index '{path}' does not exist: train one with tools/train_hash.py")
+        self.path = path
+        with path.open("rb") as handle:
+            magic, size = handle.read(len(MAGIC)), handle.read(8)
+            if magic != MAGIC or len(size) != 8:
+                raise HashIndexError(f"'{path}' is not a hash index file: train one with tools/train_hash.py")
+            length = int.from_bytes(size, "little")
+            with self.errors():
+                self.header = json.loads(handle.read(length))
+        self.start = _aligned(len(MAGIC) + 8 + length)
+
+    @contextmanager
+    def errors(self) -> Iterator[None]:
+        """A header or array that does not read as written becomes one HashIndexError naming the file."""
         try:
-            header = json.loads(handle.read(length))
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise HashIndexError(f"hash index '{path}' has a corrupt header: rebuild it") from err
-    return header, -(-(len(MAGIC) + 8 + length) // _ALIGN) * _ALIGN
+            yield
+        except (KeyError, TypeError, ValueError, UnicodeDecodeError) as err:
+            raise HashIndexError(f"hash index '{self.path}' is not valid ({err}): rebuild it") from err
+
+    def array(self, name: str, mmap: bool = False) -> np.ndarray:
+        with self.errors():
+            spec = self.header["arrays"][name]
+            dtype, shape, offset = np.dtype(spec["dtype"]), tuple(spec["shape"]), self.start + spec["offset"]
+            count = int(np.prod(shape))
+            if offset + count * dtype.itemsize > self.path.stat().st_size:
+                raise HashIndexError(f"hash index '{self.path}' is truncated: rebuild it")
+            if mmap:
+                return np.memmap(self.path, dtype=dtype, mode="r", offset=offset, shape=shape)
+            with self.path.open("rb") as handle:
+                handle.seek(offset)
+                return np.fromfile(handle, dtype=dtype, count=count).reshape(shape)
+
+    def model(self, embedder: str | None, bits: int | None) -> HashModel:
+        with self.errors():
+            model = HashModel(self.array("weight"), self.array("bias"), self.header["embedder"],
+                              float(self.header["beta"]))
+        model.check(embedder, bits)
+        return model
+
+
+def _aligned(size: int) -> int:
+    return -(-size // _ALIGN) * _ALIGN

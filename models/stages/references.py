@@ -23,7 +23,7 @@ from loguru import logger
 from models.config import HashConfig, ReferencesConfig
 from models.llm.base import GenParams
 from models.retrieval.dense import best_first, select
-from models.retrieval.hash_index import HashIndex, HashModel, SearchSettings
+from models.retrieval.hash_index import HashIndex, HashIndexError, HashModel, SearchSettings
 from models.stages.base import StageContext
 from models.state import Proposition, QueryState, Reference
 from utils.answers import IDK
@@ -122,9 +122,11 @@ def rewrite_as_propositions(per_query: list[list[Reference]], scores: list[np.nd
             for chosen in picked]
 
 
-def hash_pool(model: HashModel, config: HashConfig, query: np.ndarray, unit_vectors: np.ndarray,
+def hash_pool(model: HashModel | None, config: HashConfig, query: np.ndarray, unit_vectors: np.ndarray,
               sources: list[int]) -> Pool:
     """The candidates that the query's propositions reach through a HASH-RAG index of them, best first."""
+    if model is None:
+        raise HashIndexError("references.retriever is hash, but no hash model was loaded (references.hash.model)")
     index = HashIndex(model, config.engine)
     index.add(unit_vectors, sources, keep_vectors=config.exact)
     hits = index.search(query, len(set(sources)), SearchSettings(config.alpha, config.depth, config.exact))[0]
@@ -168,7 +170,7 @@ class ReferencesStage:
                 keep = best_first(pool.scores)[:settings.rerank.candidates]
                 indices = [pool.indices[i] for i in keep]
                 pool = Pool(indices, ctx.reranker.score(state.query, [refs[i].text for i in indices]),
-                            [pool.units[i] for i in keep] if pool.units else None)
+                            [pool.units[i] for i in keep] if pool.units is not None else None)
             chosen = select([refs[i] for i in pool.indices], pool.scores, settings.top_k, settings.table_budget_chars)
             state.references = [replace(refs[pool.indices[c]], score=float(pool.scores[c])) for c in chosen]
             state.reference_vectors = block[[pool.indices[c] for c in chosen]]

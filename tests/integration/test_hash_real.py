@@ -12,6 +12,7 @@ from models.retrieval.hash_training import initial_layer
 from models.system import CragSystem
 from tests.conftest import to_batch
 from tools.train_hash import main as train_main
+from tools.train_r2former import main as r2former_main
 
 SAMPLE = REPO_ROOT / "data" / "crag_sample.jsonl"
 
@@ -27,6 +28,10 @@ def test_training_on_crag_data_saves_a_searchable_index(tmp_path, capsys, embedd
     query = embedder.encode(["who directed the movie inception?"])
     hits = index.search(query, 3, SearchSettings(alpha=50, depth=20))[0]
     assert any("Nolan" in texts[hit.unit] for hit in hits)
+    config = tmp_path / "hash.yaml"  # the R2-Former trains on the lists the hash retriever ranks
+    config.write_text(f"references: {{retriever: hash, workers: 1, hash: {{model: {out}, units: llm}}}}\n")
+    assert r2former_main(["--data", str(SAMPLE), "--config", str(config), "--out", str(tmp_path / "r2.pt"),
+                          "--epochs", "1"]) == 0
 
 
 def test_pairs_file_and_the_pipeline_retriever(tmp_path, capsys, sample_examples):
