@@ -6,6 +6,9 @@ vectors' mean and covariance (clusters of about 10), so the synthetic part has t
 the mean top-1 and top-20 neighbour similarity of both parts, so the calibration can be read. Queries are held-out
 points of the same generator.
 
+Before that, the references stage's answer recall with dense retrieval and with the hash retriever (an untrained
+PCA-start layer; the gold answers are only counted, never fitted) on the real sample and data/.
+
 Methods, each with one thread and one query at a time (the RAG case):
 - exact: numpy, the query against every float32 vector, top-k by argpartition;
 - faiss-flat-ip: FAISS IndexFlatIP (exact, BLAS);
@@ -34,6 +37,7 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,6 +48,7 @@ import numpy as np  # noqa: E402
 from loguru import logger  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
+from benchmarks.pages import recall as answer_recall  # noqa: E402
 from models.config import load_config  # noqa: E402
 from models.retrieval.embedder import Embedder  # noqa: E402
 from models.retrieval.hash_index import HashIndex, HashModel, SearchSettings  # noqa: E402
@@ -51,19 +56,22 @@ from models.retrieval.hash_training import (ADSHSettings, initial_layer, neighbo
                                             positive_recall, train_adsh)
 from models.stages.references import page_settings, proposition_units  # noqa: E402
 from models.state import Reference  # noqa: E402
-from utils.pages import process_html  # noqa: E402
+from utils.pages import PageProcessor, process_html  # noqa: E402
 
 SHARED = REPO.parent / "shared" / "crag_sample" / "crag_public_sample_5.jsonl.bz2"
 DATA = REPO / "data" / "crag_sample.jsonl"
 KS = (5, 20, 100)
 
 
+def read_examples(path: Path) -> list[dict]:
+    with (bz2.open(path, "rt") if path.suffix == ".bz2" else path.open()) as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
 def real_vectors() -> np.ndarray:
     """Proposition embeddings of the real pages (the shared CRAG sample, else data/)."""
     config = load_config()
-    path = SHARED if SHARED.is_file() else DATA
-    with (bz2.open(path, "rt") if path.suffix == ".bz2" else path.open()) as handle:
-        examples = [json.loads(line) for line in handle if line.strip()]
+    examples = read_examples(SHARED if SHARED.is_file() else DATA)
     settings = page_settings(config.references)
     refs = []
     for example in examples:
@@ -191,6 +199,27 @@ def run_size(n: int, real: np.ndarray, generator: Generator, queries: np.ndarray
     return rows
 
 
+def pipeline_recall(real: np.ndarray, bits: int, seed: int) -> None:
+    """Answer recall of the references stage, dense against hash retrieval over sentence propositions, on the real
+    sample and data/. The hash layer is the PCA start over the real propositions: no answer is used to fit it."""
+    config = load_config()
+    weight, bias = initial_layer(real, bits, "pca", np.random.default_rng(seed))
+    embedder = Embedder(config.embedder)
+    model = HashModel(weight, bias, embedder.name)
+    hashed = replace(config, references=replace(config.references, retriever="hash", hash=replace(
+        config.references.hash, model="in-memory")))
+    sets = {"real": read_examples(SHARED), "data": read_examples(DATA)} if SHARED.is_file() else {
+        "data": read_examples(DATA)}
+    for name, examples in sets.items():
+        counts = {}
+        for label, chosen, layer in (("dense", config, None), ("hash", hashed, model)):
+            processor = PageProcessor(page_settings(config.references), workers=1, use_cache=False)
+            found, total, words = answer_recall(examples, processor, chosen, embedder, layer)
+            counts[label] = f"{found}/{total} (answer words {words:.2f})"
+        print(f"pipeline answer recall on {name}, top-{config.references.top_k}: dense {counts['dense']}, "
+              f"hash {bits} bits {counts['hash']}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
@@ -213,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"corpus: {len(real)} real proposition vectors; neighbour similarity top-1/top-20: real "
           "{:.2f}/{:.2f}, synthetic {:.2f}/{:.2f}".format(*neighbour_similarity_profile(real),
                                                            *neighbour_similarity_profile(synthetic)))
+    pipeline_recall(real, args.bits, args.seed)
     queries = generator.draw(args.queries)
     last = {}
     with threadpool_limits(limits=1), tempfile.TemporaryDirectory(prefix="hashbench-") as folder:

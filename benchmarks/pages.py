@@ -103,12 +103,13 @@ def token_recall(example: dict[str, Any], texts: list[str]) -> float:
 
 
 def recall(examples: list[dict[str, Any]], processor: Any, config: Any,
-           embedder: Embedder) -> tuple[int, int, float]:
-    """(questions whose answer is in the selected references, questions counted, mean token recall)."""
+           embedder: Embedder, hash_model: Any = None) -> tuple[int, int, float]:
+    """(questions whose answer is in the selected references, questions counted, mean token recall);
+    `hash_model` for a config with `references.retriever: hash`."""
     counted = [e for e in examples if normalize_text(e["answer"]) != "invalid question"]
     states = [QueryState(i, e["interaction_id"], e["query"], e["query_time"], e["search_results"])
               for i, e in enumerate(counted)]
-    ctx = StageContext(config, None, embedder, None, Deadline(3600), processor, None)
+    ctx = StageContext(config, None, embedder, None, Deadline(3600), processor, None, hash_model=hash_model)
     ReferencesStage().run(states, ctx)
     selected = [[r.text for r in s.references] for s in states]
     found = sum(answer_found(e, texts) for e, texts in zip(counted, selected))
