@@ -11,8 +11,8 @@ every proposition (or every positive and negative text), each once.
 
 Questions are split into train and held-out sets (seeded). ADSH trains on the train questions against the whole
 database; then recall@k on the held-out questions (the share of their positives in the top k) is printed for
-exact cosine, LSH by random hyperplanes at the same code length (Hamming ranking), and the trained index with and
-without the exact re-rank. The saved file holds the hash layer, the database codes ADSH learned, the propositions'
+exact cosine, LSH by random hyperplanes at the same code length (Hamming ranking), the layer ADSH starts from
+(codes only), and the trained index with and without the exact re-rank. The saved file holds the hash layer, the database codes ADSH learned, the propositions'
 texts and (unless --no-vectors) their float vectors; `references.hash.model` takes it.
 """
 
@@ -196,6 +196,10 @@ def main(argv: list[str] | None = None) -> int:
                                              for k in args.k))
     print(f"  LSH {args.bits} bits      " + "  ".join(
         f"{lsh_recall(database, queries[held], held_positives, k, args.bits, args.seed):.3f}" for k in args.k))
+    weight, bias = initial_layer(database, args.bits, args.init, np.random.default_rng(args.seed))
+    start = evaluate(HashModel(weight, bias, embedder.name), database, None, queries[held], held_positives, args.k,
+                     hash_settings.alpha, hash_settings.depth)
+    print("  start, codes only " + "  ".join(f"{start[f'codes@{k}']:.3f}" for k in args.k))
     print("  ours, codes only  " + "  ".join(f"{scores[f'codes@{k}']:.3f}" for k in args.k))
     print("  ours, exact       " + "  ".join(f"{scores[f'exact@{k}']:.3f}" for k in args.k))
     index = HashIndex(result.model, metadata={"texts": pairs.texts, "data": str(args.data),
