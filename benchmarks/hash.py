@@ -7,7 +7,8 @@ the mean top-1 and top-20 neighbour similarity of both parts, so the calibration
 points of the same generator.
 
 Before that, the references stage's answer recall with dense retrieval and with the hash retriever (an untrained
-PCA-start layer; the gold answers are only counted, never fitted) on the real sample and data/.
+PCA-start layer; the gold answers are only counted, never fitted) on the real sample and data/, and the stage's
+seconds per question (pages are processed once beforehand, so the seconds are the retrieval's).
 
 Methods, each with one thread and one query at a time (the RAG case):
 - exact: numpy, the query against every float32 vector, top-k by argpartition;
@@ -212,10 +213,13 @@ def pipeline_recall(real: np.ndarray, bits: int, seed: int) -> None:
         "data": read_examples(DATA)}
     for name, examples in sets.items():
         counts = {}
+        processor = PageProcessor(page_settings(config.references), workers=1)  # caches pages in memory
+        processor.process([(p["page_result"], p["page_name"]) for e in examples for p in e["search_results"]], 600)
         for label, chosen, layer in (("dense", config, None), ("hash", hashed, model)):
-            processor = PageProcessor(page_settings(config.references), workers=1, use_cache=False)
+            started = time.perf_counter()
             found, total, words = answer_recall(examples, processor, chosen, embedder, layer)
-            counts[label] = f"{found}/{total} (answer words {words:.2f})"
+            seconds = (time.perf_counter() - started) / max(total, 1)
+            counts[label] = f"{found}/{total} (answer words {words:.2f}, stage {seconds:.2f} s/question)"
         print(f"pipeline answer recall on {name}, top-{config.references.top_k}: dense {counts['dense']}, "
               f"hash {bits} bits {counts['hash']}")
 
