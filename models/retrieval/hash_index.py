@@ -119,7 +119,12 @@ class HashModel:
 
 
 class _Engine:
-    """Hamming candidate search over bit-packed codes."""
+    """Hamming candidate search over bit-packed codes; it holds the only copy of the codes."""
+
+    @property
+    def codes(self) -> np.ndarray:
+        """The packed codes, in the order they were added (a view: valid until the next add)."""
+        raise NotImplementedError
 
     def add(self, codes: np.ndarray) -> None:
         raise NotImplementedError
@@ -133,10 +138,14 @@ class NumpyEngine(_Engine):
 
     def __init__(self, bits: int) -> None:
         self.bits = bits
-        self.codes = np.zeros((0, bits // 8), dtype=np.uint8)
+        self._codes = np.zeros((0, bits // 8), dtype=np.uint8)
+
+    @property
+    def codes(self) -> np.ndarray:
+        return self._codes
 
     def add(self, codes: np.ndarray) -> None:
-        self.codes = np.ascontiguousarray(np.vstack([self.codes, codes]))
+        self._codes = np.ascontiguousarray(np.vstack([self._codes, codes]))
 
     def candidates(self, queries: np.ndarray, alpha: int) -> list[np.ndarray]:
         return [within_widening_radius(hamming(q, self.codes), alpha, self.bits) for q in queries]
@@ -145,17 +154,27 @@ class NumpyEngine(_Engine):
 class FaissEngine(_Engine):
     """FAISS binary index: IndexBinaryFlat (exact scan, SIMD popcount) or IndexBinaryHNSW (graph, sub-linear)."""
 
-    def __init__(self, bits: int, kind: str, hnsw_m: int = 32, ef_search: int = 0) -> None:
+    def __init__(self, bits: int, kind: str, hnsw_m: int = 32) -> None:
         try:
             import faiss
         except ImportError as err:
             raise HashIndexError("the FAISS engines need faiss-cpu: pip install faiss-cpu") from err
-        self.kind, self.ef_search = kind, ef_search
+        self.faiss, self.kind = faiss, kind
         if kind == "faiss-flat":
             self.index = faiss.IndexBinaryFlat(bits)
             self.index.use_heap = False  # counts units per distance (the widening radius): fast for large alpha
+            self.storage = self.index
         else:
             self.index = faiss.IndexBinaryHNSW(bits, hnsw_m)
+            self.storage = faiss.downcast_IndexBinary(self.index.storage)
+
+    @property
+    def codes(self) -> np.ndarray:
+        """A view of FAISS's own code storage, so the codes are in memory once."""
+        size, width = self.storage.ntotal, self.storage.code_size
+        if size == 0:
+            return np.zeros((0, width), dtype=np.uint8)
+        return self.faiss.rev_swig_ptr(self.storage.xb.data(), size * width).reshape(size, width)
 
     def add(self, codes: np.ndarray) -> None:
         if len(codes):
@@ -166,16 +185,16 @@ class FaissEngine(_Engine):
             return [np.zeros(0, dtype=np.int64) for _ in queries]
         alpha = min(alpha, self.index.ntotal)
         if self.kind == "faiss-hnsw":
-            self.index.hnsw.efSearch = max(self.ef_search, alpha)
+            self.index.hnsw.efSearch = alpha
         _, ids = self.index.search(np.ascontiguousarray(queries), alpha)
         return [row[row >= 0] for row in ids]
 
 
-def make_engine(name: str, bits: int, hnsw_m: int = 32, ef_search: int = 0) -> _Engine:
+def make_engine(name: str, bits: int, hnsw_m: int = 32) -> _Engine:
     if name == "numpy":
         return NumpyEngine(bits)
     if name in ("faiss-flat", "faiss-hnsw"):
-        return FaissEngine(bits, name, hnsw_m, ef_search)
+        return FaissEngine(bits, name, hnsw_m)
     raise HashIndexError(f"unknown hash engine '{name}': use one of {', '.join(HASH_ENGINES)}")
 
 
@@ -202,18 +221,21 @@ class HashIndex:
     model: HashModel
     engine_name: str = "numpy"
     hnsw_m: int = 32
-    codes: np.ndarray = field(init=False)
     sources: np.ndarray = field(init=False)
     vectors: np.ndarray | None = field(init=False, default=None)
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.codes = np.zeros((0, self.model.bits // 8), dtype=np.uint8)
         self.sources = np.zeros(0, dtype=np.int32)
         self.engine = make_engine(self.engine_name, self.model.bits, self.hnsw_m)
 
     def __len__(self) -> int:
         return len(self.sources)
+
+    @property
+    def codes(self) -> np.ndarray:
+        """The units' packed codes (held once, by the engine)."""
+        return self.engine.codes
 
     def add(self, vectors: np.ndarray, sources: Sequence[int] | None = None, codes: np.ndarray | None = None,
             keep_vectors: bool = True) -> None:
@@ -229,7 +251,6 @@ class HashIndex:
             raise ValueError(f"{len(sources)} sources for {len(vectors)} vectors")
         if start and keep_vectors != (self.vectors is not None):
             raise ValueError("keep_vectors must be the same for every add")
-        self.codes = np.vstack([self.codes, codes])
         self.sources = np.concatenate([self.sources, sources]).astype(np.int32)
         if keep_vectors:
             self.vectors = vectors if self.vectors is None else np.vstack([self.vectors, vectors])
@@ -314,8 +335,8 @@ class HashIndex:
                         metadata=stored.header["metadata"])
             has_vectors = "vectors" in stored.header["arrays"]
             index.vectors = stored.array("vectors", mmap_vectors) if has_vectors else None
-            index.codes, index.sources = stored.array("codes"), stored.array("sources")
-        index.engine.add(index.codes)
+            index.sources = stored.array("sources")
+            index.engine.add(stored.array("codes"))
         return index
 
 

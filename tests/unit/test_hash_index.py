@@ -144,6 +144,20 @@ def test_propositions_map_to_sources_each_once():
     assert sorted(h.source for h in hits) == [0, 1, 2, 3]
 
 
+@pytest.mark.parametrize("engine", ["numpy", "faiss-flat", "faiss-hnsw"])
+def test_codes_are_held_once_and_follow_every_add(engine):
+    rng = np.random.default_rng(15)
+    first, second = unit_rows(rng, 7, 8), unit_rows(rng, 500, 8)
+    model = model_for(np.vstack([first, second]), bits=16)
+    index = HashIndex(model, engine)
+    index.add(first)
+    index.add(second)  # FAISS's storage grows (and may move) here
+    np.testing.assert_array_equal(index.codes, model.codes(np.vstack([first, second])))
+    if engine != "numpy":
+        assert not index.codes.flags.owndata  # a view of FAISS's storage, not a second copy
+    assert index.nbytes() == index.codes.nbytes + index.sources.nbytes
+
+
 def test_add_checks_lengths():
     rng = np.random.default_rng(8)
     index = HashIndex(model_for(unit_rows(rng, 10, 8), bits=16))
