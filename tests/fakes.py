@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
-import re
 from collections.abc import Callable
 
-import numpy as np
-
 from models.llm.base import Conversation, GenParams
+from utils.bag_embedder import BagOfWordsEmbedder
+from utils.kg_api import KGClient
 
 
 SEED_REPLY = "Thinking.\n===START===\n## Answer: paris\n## False Premise: no\n===END==="
@@ -67,20 +65,19 @@ class ScriptedLLM:
         return outputs
 
 
-class HashEmbedder:
-    """Bag of words hashed into 512 dimensions: texts sharing words are close."""
+HashEmbedder = BagOfWordsEmbedder  # bag of words hashed into 512 dimensions: texts sharing words are close
 
-    dimension = 512
-    name = "hash-512"
 
-    def __init__(self) -> None:
-        self.calls = 0
+class RecordingKG(KGClient):
+    """A client whose server is a dict of endpoint name -> result (or function of the request body): records
+    every call that would have been sent. Exact like the real server: a name it does not hold answers None."""
 
-    def encode(self, texts: list[str]) -> np.ndarray:
-        self.calls += 1
-        vectors = np.zeros((len(texts), self.dimension), dtype=np.float32)
-        for row, text in enumerate(texts):
-            for word in re.findall(r"\w+", text.lower()):
-                vectors[row, int(hashlib.md5(word.encode()).hexdigest(), 16) % self.dimension] += 1.0
-        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-        return vectors / np.where(norms == 0, 1.0, norms)
+    def __init__(self, answers: dict[str, object]) -> None:
+        super().__init__("http://unused.invalid")
+        self.answers = answers
+        self.sent: list[tuple[str, dict]] = []
+
+    def _post(self, endpoint, body, deadline):
+        self.sent.append((endpoint.name, body))
+        answer = self.answers.get(endpoint.name)
+        return True, answer(body) if callable(answer) else answer
