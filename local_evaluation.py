@@ -108,6 +108,20 @@ def merge_shards(out_dir: Path, predictions: Path) -> list[dict]:
     return list(records.values())
 
 
+TASK3_PAGES = 50  # Task 3 gives 50 pages a question, Tasks 1 and 2 give 5
+
+
+def task_for_data(config: SystemConfig, data: Path) -> SystemConfig:
+    """The config, with task 3 when the data is Task 3's (50 pages a question) but the config says task 1: the
+    data then proves a KG is part of the task. Tasks 1 and 2 look alike in the data; there the config decides."""
+    first = next(read_examples(data, limit=1), None)
+    if config.task == 1 and first is not None and len(first.get("search_results") or []) >= TASK3_PAGES:
+        print(f"{data}: {len(first['search_results'])} pages a question is Task 3 data; running task 3 (with the KG) "
+              f"although {config.source} says task 1", file=sys.stderr)
+        return replace(config, task=3)
+    return config
+
+
 @contextlib.contextmanager
 def kg_for_run(config: SystemConfig, serve: bool) -> Iterator[SystemConfig]:
     """The config, pointed at the fixture KG server for the block when `serve` and the task uses a KG."""
@@ -163,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             if args.restart and predictions.exists():
                 predictions.unlink()
+            config = task_for_data(config, args.data)
             with kg_for_run(config, args.serve_kg) as config:
                 records = run(config, args, stats, selection, predictions)
         # Built after the run: a judge on torch in this process before the model's child forks could leave the
@@ -179,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     written = write_report(summary, out_dir, f"{data_name} with {Path(config.source).name}, judge {summary['judge']}")
     print(format_table(summary))
     if judge is None:
-        print("judge: rules only (exact match); sentence answers need an LLM judge: --judge local or --judge URL")
+        print("judge: rules only (exact match); sentence answers need an LLM judge, and the organisers' column "
+              "leaves them unjudged: --judge local or --judge URL")
     if stats.skipped_lines:
         print(f"skipped {len(stats.skipped_lines)} malformed lines of {args.data}: {stats.skipped_lines[:10]}")
     print(f"predictions: {predictions}\nreport: {written[1]} ({len(written)} files in {out_dir})")

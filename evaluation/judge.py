@@ -1,9 +1,15 @@
-"""Judging predictions: rules first, then an LLM judge for what the rules cannot decide.
+"""Judging predictions: rules first, then an LLM judge for what the rules cannot decide; and, beside ours, the
+organisers' rules, so a run shows the leaderboard's reading of the same predictions.
 
 Verdicts: correct (+1), miss (0, "i don't know"), wrong (-1), unjudged (the LLM judge failed: reported on
-its own, never counted as a hallucination). Predictions are trimmed to 75 tokens before judging, as the
-grader does. LLM judgements are cached by (question, gold answers, prediction, judge model, prompt), so
-re-judging a run costs nothing.
+its own, never counted as a hallucination). Every prediction is cut as the grader cuts it (75 Llama-2 tokens,
+utils/grader_tokens.py) before either judge reads it. LLM judgements are cached by (question, gold answers,
+prediction, judge model, prompt), so re-judging a run costs nothing.
+
+Our rules differ from the organisers' on purpose: they accept the alternative answers (`alt_ans`), read the
+usual ways of saying "i don't know", and want "invalid question" as a prefix. The organisers' column
+(`judge_by_organisers_rules`) follows their published evaluation instead, and where they would ask their LLM
+judge it asks ours, gold answer only; without an LLM judge those are "unjudged", never guessed.
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ from loguru import logger
 
 from models.llm.base import LLM, GenParams
 from models.prompting import Prompt
-from utils.answers import INVALID, is_idk, is_invalid, normalize_text, trim_to_tokens
+from utils.answers import INVALID, is_idk, is_invalid, normalize_text
+from utils.grader_tokens import grader_cut
 from utils.cache import JsonCache, content_key
 
 CORRECT, MISS, WRONG, UNJUDGED = "correct", "miss", "wrong", "unjudged"
@@ -34,18 +41,35 @@ class Item:
 
 
 def judge_by_rules(item: Item) -> str | None:
-    """miss, correct or wrong where the rules decide; None where a judge must read the prediction.
+    """miss, correct or wrong where our rules decide; None where a judge must read the prediction.
 
-    As the official kit: an "i don't know" variant is a miss (curly apostrophes included); "invalid
-    question" is correct only when the gold answer is "invalid question", and wrong otherwise.
+    An "i don't know" variant is a miss (curly apostrophes included); an exact match of the answer or of an
+    alternative answer is correct; "invalid question" is correct only when the gold answer is "invalid
+    question", and wrong otherwise.
     """
-    prediction = trim_to_tokens(item.prediction)
+    prediction = grader_cut(item.prediction)
     if is_idk(prediction):
         return MISS
     golds = {normalize_text(g) for g in (item.answer, *item.alt_answers)}
     if INVALID in golds or is_invalid(prediction):
         return CORRECT if INVALID in golds and is_invalid(prediction) else WRONG
     return CORRECT if normalize_text(prediction) in golds else None
+
+
+def judge_by_organisers_rules(item: Item) -> str | None:
+    """miss, correct or wrong where the organisers' published evaluation decides without its LLM judge; None
+    where it would ask that judge. In their order, on the lower-cased, grader-cut prediction: containing
+    "i don't know" is a miss; equal to the gold answer is correct; "invalid" in both is correct; "invalid" in
+    only one of them is wrong. Alternative answers play no part."""
+    prediction = grader_cut(item.prediction).lower()
+    gold = item.answer.strip().lower()
+    if "i don't know" in prediction:
+        return MISS
+    if prediction == gold:
+        return CORRECT
+    if "invalid" in prediction or "invalid" in gold:
+        return CORRECT if "invalid" in prediction and "invalid" in gold else WRONG
+    return None
 
 
 _OBJECT = re.compile(r"\{[^{}]*\}", re.DOTALL)
@@ -94,7 +118,7 @@ class LLMJudge:
         self.calls = 0
 
     def key(self, item: Item) -> str:
-        return content_key(item.query, item.answer, *item.alt_answers, "\x00", trim_to_tokens(item.prediction),
+        return content_key(item.query, item.answer, *item.alt_answers, "\x00", grader_cut(item.prediction),
                            self.name, self._prompt_key)
 
     def judge(self, items: Sequence[Item]) -> list[str]:
@@ -123,7 +147,7 @@ class LLMJudge:
         for start in range(0, len(todo), self.batch_size):
             chunk = todo[start:start + self.batch_size]
             conversations = [self.prompt.render(query=items[i].query, answers=[items[i].answer, *items[i].alt_answers],
-                                                prediction=trim_to_tokens(items[i].prediction)) for i in chunk]
+                                                prediction=grader_cut(items[i].prediction)) for i in chunk]
             self.calls += 1
             try:
                 outputs = self.llm.generate(conversations, params)
@@ -143,19 +167,30 @@ class LLMJudge:
 
 
 def judge_records(records: list[dict[str, Any]], llm_judge: LLMJudge | None) -> None:
-    """Set record["verdict"] and record["judged_by"] ("rules", "llm" or "none") on every record."""
-    items = [Item(str(r.get("query") or ""), str(r.get("answer") or ""), tuple(str(a) for a in r.get("alt_answers") or []),
-                  str(r.get("prediction") or "")) for r in records]
-    undecided = []
-    for index, (record, item) in enumerate(zip(records, items)):
-        verdict = judge_by_rules(item)
-        if verdict is None:
-            undecided.append(index)
-        else:
-            record.update(verdict=verdict, judged_by="rules")
-    if llm_judge is None:  # rules only: what they cannot decide is wrong, as in the exact-match baseline
-        for index in undecided:
-            records[index].update(verdict=WRONG, judged_by="rules")
+    """Set on every record: "verdict" and "judged_by" ("rules", "llm" or "none") by our rules, the same two
+    prefixed "organisers_" by the organisers' rules, and "cut_by_grader" (the grader's 75-token cut changes
+    the prediction). Both columns' LLM questions go to the judge in one call, each distinct question once."""
+    ours = [Item(str(r.get("query") or ""), str(r.get("answer") or ""),
+                 tuple(str(a) for a in r.get("alt_answers") or []), str(r.get("prediction") or "")) for r in records]
+    theirs = [Item(item.query, item.answer, (), item.prediction) for item in ours]
+    undecided: list[tuple[str, dict[str, Any], Item]] = []
+    for record, item in zip(records, ours):
+        record["cut_by_grader"] = grader_cut(item.prediction) != item.prediction.strip()
+    for prefix, items, rules in (("", ours, judge_by_rules), ("organisers_", theirs, judge_by_organisers_rules)):
+        for record, item in zip(records, items):
+            verdict = rules(item)
+            if verdict is not None:
+                record.update({f"{prefix}verdict": verdict, f"{prefix}judged_by": "rules"})
+            elif llm_judge is not None:
+                undecided.append((prefix, record, item))
+            elif prefix:  # the organisers would ask their LLM judge: without one, unjudged, never guessed
+                record.update(organisers_verdict=UNJUDGED, organisers_judged_by="none")
+            else:  # rules only: what our rules cannot decide is wrong, as in the exact-match baseline
+                record.update(verdict=WRONG, judged_by="rules")
+    if llm_judge is None or not undecided:
         return
-    for index, verdict in zip(undecided, llm_judge.judge([items[i] for i in undecided])):
-        records[index].update(verdict=verdict, judged_by="llm" if verdict != UNJUDGED else "none")
+    questions = {llm_judge.key(item): item for _, _, item in undecided}
+    verdicts = dict(zip(questions, llm_judge.judge(list(questions.values()))))
+    for prefix, record, item in undecided:
+        verdict = verdicts[llm_judge.key(item)]
+        record.update({f"{prefix}verdict": verdict, f"{prefix}judged_by": "llm" if verdict != UNJUDGED else "none"})

@@ -12,13 +12,25 @@ from evaluation.metrics import Scores, latency
 BREAKDOWNS = ("domain", "question_type", "static_or_dynamic", "popularity")
 
 
+def _by_breakdown(records: list[dict[str, Any]], verdict_key: str) -> dict[str, Any]:
+    """Scores of the records' `verdict_key` overall and by each breakdown that some record has."""
+    groups: dict[str, dict[str, list[str]]] = {key: defaultdict(list) for key in BREAKDOWNS}
+    for record in records:
+        for key, buckets in groups.items():
+            if record.get(key) not in (None, ""):
+                buckets[str(record[key])].append(record[verdict_key])
+    return {"overall": Scores.of([r[verdict_key] for r in records]).as_dict(),
+            **{f"by_{key}": {name: Scores.of(v).as_dict() for name, v in sorted(buckets.items())}
+               for key, buckets in groups.items() if buckets}}
+
+
 def score_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Scores of judged records (each has "verdict"), by breakdown; latency per query and per stage.
 
-    A breakdown whose field no record has (popularity outside Task 1/2 data) is left out. Latency is each
+    A breakdown whose field no record has (popularity outside Task 1/2 data) is left out. Records judged by
+    the organisers' rules too ("organisers_verdict") get the same scores under "organisers". Latency is each
     query's share of its batch: batch seconds / batch size, and the same for every stage of the trace.
     """
-    groups: dict[str, dict[str, list[str]]] = {key: defaultdict(list) for key in BREAKDOWNS}
     per_query: list[float] = []
     per_stage: dict[str, list[float]] = defaultdict(list)
     steps: dict[str, list[int]] = defaultdict(list)  # multi-hop strategies: LLM steps per query, by question type
@@ -28,20 +40,20 @@ def score_records(records: list[dict[str, Any]]) -> dict[str, Any]:
         if trace.get("route"):
             routes[trace["route"]] += 1
             steps[str(record.get("question_type") or "unknown")].append(int(trace.get("steps") or 0))
-        for key, buckets in groups.items():
-            if record.get(key) not in (None, ""):
-                buckets[str(record[key])].append(record["verdict"])
         size = max(int(record.get("batch_size") or 1), 1)
         if isinstance(record.get("batch_seconds"), (int, float)):
             per_query.append(record["batch_seconds"] / size)
         for stage in (record.get("trace") or {}).get("stages", []):
             if stage.get("status") == "ok":
                 per_stage[stage["stage"]].append(float(stage.get("seconds", 0.0)) / size)
+    organisers = records and all("organisers_verdict" in r for r in records)
     return {
-        "overall": Scores.of([r["verdict"] for r in records]).as_dict(),
-        **{f"by_{key}": {name: Scores.of(v).as_dict() for name, v in sorted(buckets.items())}
-           for key, buckets in groups.items() if buckets},
+        **_by_breakdown(records, "verdict"),
         "judged_by": dict(Counter(r.get("judged_by", "rules") for r in records)),
+        **({"organisers": {**_by_breakdown(records, "organisers_verdict"),
+                           "judged_by": dict(Counter(r["organisers_judged_by"] for r in records))}}
+           if organisers else {}),
+        "cut_by_grader": sum(bool(r.get("cut_by_grader")) for r in records),
         "timed_out": sum(bool(r.get("timed_out")) for r in records),
         "latency_s": {"per_query": latency(per_query), "per_stage": {k: latency(v) for k, v in per_stage.items()}},
         **({"routes": dict(routes), "steps_by_question_type": {
@@ -58,17 +70,29 @@ def _sections(summary: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 
 
 def format_table(summary: dict[str, Any]) -> str:
+    """Our scores, and beside them the organisers' rules' score, accuracy and hallucination ("org." columns)."""
+    theirs = summary.get("organisers")
     header = f"{'':<24}{'n':>5}{'score':>9}{'accuracy':>10}{'halluc.':>9}{'missing':>9}{'unjudged':>10}"
+    if theirs:
+        header += f"{'org.score':>11}{'org.acc.':>10}{'org.hal.':>10}{'org.unj.':>10}"
     lines = [header, "-" * len(header)]
 
-    def row(name: str, s: dict[str, Any]) -> str:
-        return (f"{name:<24}{s['total']:>5}{s['score']:>9.3f}{s['accuracy']:>10.3f}"
+    def row(name: str, s: dict[str, Any], t: dict[str, Any] | None) -> str:
+        line = (f"{name:<24}{s['total']:>5}{s['score']:>9.3f}{s['accuracy']:>10.3f}"
                 f"{s['hallucination']:>9.3f}{s['missing']:>9.3f}{s['unjudged']:>10.3f}")
+        if t:
+            line += f"{t['score']:>11.3f}{t['accuracy']:>10.3f}{t['hallucination']:>10.3f}{t['unjudged']:>10.3f}"
+        return line
 
-    lines.append(row("overall", summary["overall"]))
+    lines.append(row("overall", summary["overall"], theirs and theirs["overall"]))
     for section, rows in _sections(summary):
         lines.append(f"{section.replace('_', ' ')}:")
-        lines.extend(row(f"  {name}", s) for name, s in rows.items())
+        lines.extend(row(f"  {name}", s, theirs and theirs[section][name]) for name, s in rows.items())
+    if theirs:
+        lines.append("org.: the organisers' rules (gold answer only, their \"i don't know\" and \"invalid\" rules; "
+                     "unjudged where they would ask their LLM judge and none is given)")
+    if summary.get("cut_by_grader"):
+        lines.append(f"answers the grader cuts at 75 Llama-2 tokens: {summary['cut_by_grader']}")
     if summary.get("steps_by_question_type"):
         lines.append("multi-hop steps by question type (mean / max LLM calls per query):")
         lines.extend(f"  {k:<22}{v['mean']:>6.1f} / {v['max']}" for k, v in summary["steps_by_question_type"].items())
@@ -86,6 +110,14 @@ def format_markdown(summary: dict[str, Any], title: str) -> str:
     for section, rows in _sections(summary):
         lines += [f"## {section.replace('by_', 'By ').replace('_', ' ')}", "", *table(rows, section[3:]), ""]
     lines += ["## Judged by", "", ", ".join(f"{k}: {v}" for k, v in summary["judged_by"].items()), ""]
+    if theirs := summary.get("organisers"):
+        lines += ["## By the organisers' rules", "", "The same predictions read as the organisers' evaluation reads "
+                  "them: gold answer only, their \"i don't know\" and \"invalid\" rules, unjudged where they would "
+                  "ask their LLM judge and none was given.", "", *table({"all": theirs["overall"]}, ""), ""]
+        for section, rows in _sections(theirs):
+            lines += [*table(rows, section[3:]), ""]
+        lines += ["Judged by: " + ", ".join(f"{k}: {v}" for k, v in theirs["judged_by"].items()), ""]
+    lines += [f"Answers the grader cuts at 75 Llama-2 tokens: {summary.get('cut_by_grader', 0)}", ""]
     lines += [f"Queries in batches over the time limit (answered \"i don't know\"): {summary['timed_out']}", ""]
     lat = summary["latency_s"]
     lines += ["## Latency (seconds per query)", "", "| | p50 | p95 | max |", "|---|---|---|---|",

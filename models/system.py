@@ -30,13 +30,14 @@ BATCH_FIELDS = ("interaction_id", "query", "search_results", "query_time")
 
 
 class CragSystem:
-    """`llm` and `embedder` are built from the config unless given (tests pass fakes).
+    """`llm`, `embedder` and `kg` (the KG client, tasks 2 and 3) are built from the config unless given (tests
+    pass fakes).
 
     The page workers start first, before any model loads, so that forking them copies no model or GPU state.
     """
 
     def __init__(self, config: SystemConfig | None = None, llm: LLM | None = None,
-                 embedder: Embedder | None = None) -> None:
+                 embedder: Embedder | None = None, kg: KGClient | None = None) -> None:
         self.config = config or load_config()
         if self.config.strategy not in STRATEGIES:
             raise ConfigError(f"{self.config.source}: strategy '{self.config.strategy}' is not one of {sorted(STRATEGIES)}")
@@ -49,10 +50,8 @@ class CragSystem:
         self.reranker = Reranker(refs.rerank) if refs.rerank.model else None
         self.r2former = self._r2former() if self.config.r2ag.enabled else None
         self.hash_model = self._hash_model() if refs.retriever == "hash" else None
-        kg = self.config.kg
-        self.kg = (KGClient(kg.base_url, kg.connect_timeout_s, kg.read_timeout_s, kg.retries, kg.backoff_s)
-                   if self.config.task > 1 else None)
-        self.strategy = STRATEGIES[self.config.strategy](self.config, self.embedder)
+        self.kg = self._kg_client(kg)
+        self.strategy = STRATEGIES[self.config.strategy](self.config, self.embedder, kg=self.kg is not None)
         for stage in self.strategy.stages:  # a broken prompt file fails here, not in the first batch
             for name in stage.prompt_names:
                 self.prompts.get(name)
@@ -69,6 +68,18 @@ class CragSystem:
         deadline = Deadline.for_batch(max(batch_size, 1), budget.per_query_s, budget.safety_margin_s)
         return StageContext(self.config, self.llm, self.embedder, prompts or self.prompts, deadline, self.pages,
                             self.reranker, self.r2former, self.kg, self.hash_model)
+
+    def _kg_client(self, given: KGClient | None) -> KGClient | None:
+        """The KG client for tasks 2 and 3 (`given`, else one whose server answered at start-up: one probe,
+        logged); None for task 1 or without a server, and the strategy then has no kg stage, so no call of the
+        run goes to a server that is not there."""
+        if self.config.task == 1:
+            return None
+        if given is not None:
+            return given
+        kg = self.config.kg
+        client = KGClient(kg.base_url, kg.connect_timeout_s, kg.read_timeout_s, kg.retries, kg.backoff_s)
+        return client if client.probe() else None
 
     def _hash_model(self) -> HashModel:
         """The hash layer of `references.hash.model`, checked against this config's embedder."""

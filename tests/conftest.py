@@ -11,6 +11,7 @@ from loguru import logger
 from models.config import REPO_ROOT, load_config
 from models.system import CragSystem
 from tests.fakes import HashEmbedder, ScriptedLLM
+from utils.kg_api import KGClient
 
 SAMPLE = REPO_ROOT / "data" / "crag_sample.jsonl"
 SHARED_CRAG = REPO_ROOT.parent / "shared" / "crag_sample" / "crag_public_sample_5.jsonl.bz2"
@@ -42,13 +43,14 @@ def cpu_config(tmp_path):
 
 @pytest.fixture
 def make_system(cpu_config):
-    """A CragSystem over the scripted LLM and the hashing embedder; closed after the test."""
+    """A CragSystem over the scripted LLM, the hashing embedder and, when given, a KG client; closed after the
+    test."""
     systems: list[CragSystem] = []
 
-    def build(llm: ScriptedLLM | None = None, **budget: float) -> CragSystem:
+    def build(llm: ScriptedLLM | None = None, kg: KGClient | None = None, **budget: float) -> CragSystem:
         for key, value in budget.items():
             setattr(cpu_config.budget, key, value)
-        systems.append(CragSystem(cpu_config, llm=llm or ScriptedLLM(), embedder=HashEmbedder()))
+        systems.append(CragSystem(cpu_config, llm=llm or ScriptedLLM(), embedder=HashEmbedder(), kg=kg))
         return systems[-1]
 
     yield build

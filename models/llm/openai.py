@@ -11,7 +11,7 @@ from loguru import logger
 
 from models.budget import Deadline
 from models.config import OpenAIConfig
-from models.llm.base import Conversation, GenParams, cut_at_stop
+from models.llm.base import LENGTH, STOP, Conversation, GenParams, Sample, cut_at_stop
 
 # Worth another try: the server may come back or the limit may lift. Anything else (a bad request,
 # a wrong key, an unknown model) fails the same way again, so it is logged once and not retried.
@@ -20,7 +20,6 @@ _TRANSIENT = (openai.APIConnectionError, openai.RateLimitError, openai.InternalS
 
 class OpenAIBackend:
     def __init__(self, config: OpenAIConfig) -> None:
-        self.tokenizer = None  # the server's tokenizer is not at hand: answers are trimmed by word tokens
         self.config = config
         self.client = openai.OpenAI(base_url=config.base_url, api_key=os.environ.get(config.api_key_env) or "EMPTY",
                                     max_retries=0, timeout=config.request_timeout_s)
@@ -47,7 +46,8 @@ class OpenAIBackend:
                     model=self.config.model, messages=messages, max_tokens=params.max_tokens,
                     temperature=params.temperature, n=n, stop=params.stop or None, seed=params.seed,
                     timeout=timeout)
-                return [cut_at_stop(choice.message.content or "", params.stop).strip() for choice in reply.choices]
+                return [Sample(cut_at_stop(choice.message.content or "", params.stop).strip(),
+                               LENGTH if choice.finish_reason == "length" else STOP) for choice in reply.choices]
             except _TRANSIENT as err:
                 wait = self.config.backoff_s * 2 ** attempt
                 logger.warning("request to {} failed ({}: {}), attempt {}/{}", self.config.base_url,

@@ -7,7 +7,7 @@ import time
 from loguru import logger
 
 from models.config import VLLMConfig
-from models.llm.base import BackendUnavailable, Conversation, GenParams
+from models.llm.base import LENGTH, STOP, BackendUnavailable, Conversation, GenParams, Sample
 
 
 class VLLMBackend:
@@ -26,7 +26,6 @@ class VLLMBackend:
             quantization=config.quantization, dtype=config.dtype, max_model_len=config.max_model_len,
             gpu_memory_utilization=config.gpu_memory_utilization, enforce_eager=config.enforce_eager,
             seed=config.seed)
-        self.tokenizer = self.engine.get_tokenizer()  # for trimming answers to the grader's token count
         logger.info("vllm model {} loaded in {:.1f} s", config.model, time.perf_counter() - started)
 
     def sampling_params(self, params: GenParams):
@@ -40,4 +39,5 @@ class VLLMBackend:
             logger.warning("deadline reached: {} conversations not generated", len(conversations))
             return [[] for _ in conversations]
         results = self.engine.chat(conversations, self.sampling_params(params), use_tqdm=False)
-        return [[choice.text.strip() for choice in result.outputs] for result in results]
+        return [[Sample(choice.text.strip(), LENGTH if choice.finish_reason == "length" else STOP)
+                 for choice in result.outputs] for result in results]

@@ -1,4 +1,5 @@
-"""Corner cases (the seed's section 4.7): the dynamic pre-check, and the answer step every query leaves by."""
+"""Corner cases (the seed's section 4.7): the dynamic pre-check, the evidence check, and the answer step every
+query leaves by."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from utils.answers import IDK, final_answer
 
 
 class DynamicPrecheck:
-    """Queries predicted dynamic answer "i don't know" and skip the LLM stages (`answer.dynamic_idk`)."""
+    """Queries predicted dynamic, for which the KG brought nothing, answer "i don't know" and skip the LLM stages
+    (`answer.dynamic_idk`)."""
 
     name = "precheck"
     prompt_names: tuple[str, ...] = ()
@@ -16,21 +18,36 @@ class DynamicPrecheck:
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
         dynamic = set(ctx.config.attributes.dynamic_classes)
         for state in states:
-            if state.dynamism in dynamic:
-                state.finish(IDK, f"predicted {state.dynamism}: answers that change this fast are not attempted")
+            if state.dynamism in dynamic and not state.kg_results:
+                state.finish(IDK, f"predicted {state.dynamism}: answers that change this fast are not attempted "
+                                  "without a KG result")
+
+
+class EvidenceCheck:
+    """Queries with no reference from the pages and no KG result answer "i don't know": there is nothing to
+    reason over, and an answer from the model's memory alone is a guess."""
+
+    name = "evidence"
+    prompt_names: tuple[str, ...] = ()
+
+    def run(self, states: list[QueryState], ctx: StageContext) -> None:
+        for state in states:
+            if not state.references and not state.kg_results:
+                state.finish(IDK, "no usable text in the search results and no KG result")
 
 
 class AnswerStage:
-    """Canonical "i don't know" / "invalid question", one line, trimmed to 75 tokens of the LLM's tokenizer."""
+    """Canonical "i don't know" / "invalid question", one line, within the grader's 75 Llama-2 tokens."""
 
     name = "answer"
     prompt_names: tuple[str, ...] = ()
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
-        tokenizer = getattr(ctx.llm, "tokenizer", None)
         for state in states:
             if state.answer is None and not state.done_reason:
                 skipped = [r.stage for r in state.trace if r.status == "skipped"]
                 state.done_reason = f"no answer (skipped: {', '.join(skipped) or 'none'})"
-            state.answer = final_answer(state.answer, tokenizer)
+            state.answer, change = final_answer(state.answer)
+            if change:
+                state.done_reason = f"{state.done_reason}; {change}" if state.done_reason else change
             state.done = True

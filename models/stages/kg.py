@@ -3,10 +3,19 @@
 Rules path (`kg.method: rules`): one LLM call for the batch extracts each query's domain and entities as JSON
 (repaired, or dropped when it cannot be read); domain rules choose the API calls. Functions path
 (`kg.method: functions`): the LLM lists the calls itself; each is checked against the endpoint table (name,
-argument names and types) before anything is sent, and at most `kg.max_calls` are made. Either way the calls of
-the batch run concurrently within the stage's deadline, and each result is shrunk (the price rows up to the
-question's date, the first match of a search, no raw wiki text) and rendered as one compact line; a query's
-lines are cut to `kg.max_chars` and reach the calculator and reasoning prompts as knowledge-graph results.
+argument names and types) before anything is sent, and at most `kg.max_calls` are made.
+
+Names: the LLM writes names as the question does ("meta", "manchester united"), and the organisers' API matches
+most names exactly, case included. So on both paths every name is resolved through the server's own searches
+(company, artist, song, open entity; movies and people come back from their BM25 search) and the best match by
+name similarity is kept (utils/names.py); a name that matches nothing is left out, never looked up raw, so an
+unknown artist never comes back as "0 grammys". Teams have no search: the games of the date are fetched and
+filtered by team here, with a small alias table for the organisers' spellings.
+
+Results: the calls of the batch run concurrently within the stage's deadline; each result becomes rows (one
+attribute, award, game or day: models/stages/kg_rows.py); a query's rows are ranked by relevance to its
+question and whole rows are kept within `kg.max_chars`; they reach the calculator and reasoning prompts as
+knowledge-graph results.
 """
 
 from __future__ import annotations
@@ -23,17 +32,16 @@ from loguru import logger
 from models.config import DOMAINS, KGConfig
 from models.llm.base import GenParams
 from models.stages.base import StageContext
+from models.stages import kg_rows as rows_
 from models.state import QueryState
 from utils.kg_api import ENDPOINTS, KGClient
 from utils.llm_json import parse_llm_json
+from utils.names import MATCH, best_matches, fold, name_score
 
 RELATIVE_DAYS = (("last night", -1), ("yesterday", -1), ("tonight", 0), ("today", 0), ("this morning", 0))
 _DATE = re.compile(r"^\d{4}(-\d{2}(-\d{2})?)?$")
-_TICKER = re.compile(r"^[A-Z][A-Z.\-]{0,5}$")
 NAME_KEYS = frozenset({"company_name", "movie_name", "person", "artist_name", "band_name", "song_name", "team",
                        "main_entity"})
-MAX_LIST = 20
-MAX_SUMMARY = 400
 
 
 def query_date(query_time: str) -> date | None:
@@ -61,119 +69,163 @@ def games_date(given: Any, query: str, today: date | None) -> str | None:
     return today.strftime("%Y-%m") if today else None
 
 
-# --- shrinking and rendering results ---
+# --- names: resolved through the server's own searches ---
 
-def frame_rows(frame: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows of a pandas to_json() frame ({column: {row: value}}), in row order."""
-    index = sorted({row for column in frame.values() if isinstance(column, dict) for row in column},
-                   key=lambda r: (len(r), r))
-    return [{c: v[r] for c, v in frame.items() if isinstance(v, dict) and r in v} for r in index]
+# Words a company's stored name adds that a question leaves out ("Apple Inc.", "Alphabet Inc. Class A").
+LEGAL_WORDS = frozenset("inc incorporated corp corporation co company ltd limited plc llc sa ag nv se the holdings "
+                        "group class a b c".split())
+# Soccer teams as questions name them -> as the organisers' data (FBref) writes them. Names the data writes as
+# questions do ("Arsenal", "Liverpool") need no entry; NBA teams match by their words ("lakers").
+TEAM_ALIASES = {
+    "manchester united": "Manchester Utd", "man united": "Manchester Utd", "man utd": "Manchester Utd",
+    "man city": "Manchester City", "newcastle united": "Newcastle Utd", "newcastle": "Newcastle Utd",
+    "sheffield united": "Sheffield Utd", "nottingham forest": "Nott'ham Forest", "west ham united": "West Ham",
+    "tottenham hotspur": "Tottenham", "spurs": "Tottenham", "wolverhampton wanderers": "Wolves",
+    "brighton and hove albion": "Brighton", "brighton hove albion": "Brighton", "paris saint germain": "Paris S-G",
+    "psg": "Paris S-G", "inter milan": "Inter", "ac milan": "Milan", "atletico madrid": "Atlético Madrid",
+}
+_TICKER = re.compile(r"^[A-Za-z]{1,5}(?:\.[A-Za-z])?$")
 
+# What each music call's value is, for its row.
+MUSIC_LABELS = {
+    "music_get_artist_birth_place": "birth country", "music_get_artist_birth_date": "birth date (a band: its start)",
+    "music_get_members": "members", "music_grammy_get_award_count_by_artist": "grammy awards won",
+    "music_grammy_get_award_date_by_artist": "grammy award years", "music_get_artist_all_works": "works",
+    "music_get_song_author": "author", "music_get_song_release_country": "release country",
+    "music_get_song_release_date": "release date", "music_grammy_get_award_count_by_song": "grammy awards won",
+    "music_grammy_get_best_artist_by_year": "best new artist", "music_grammy_get_best_song_by_year":
+    "song of the year", "music_grammy_get_best_album_by_year": "album of the year",
+}
+FINANCE_LABELS = {"finance_get_market_capitalization": "market capitalization", "finance_get_eps":
+                  "earnings per share (eps)", "finance_get_pe_ratio": "price to earnings (p/e) ratio"}
 
-def _dated(history: dict[str, Any], until: date | None, keep: int) -> dict[str, Any]:
-    """The last `keep` entries of a {"YYYY-MM-DD ...": value} history, up to `until` when given."""
-    rows = sorted((k, v) for k, v in history.items() if until is None or k[:10] <= until.isoformat())
-    return dict(rows[-keep:])
-
-
-def _oscars(awards: list[dict[str, Any]]) -> list[str]:
-    return [f"{a.get('year_ceremony')} {a.get('category')}: {a.get('name')} ({a.get('film')}, "
-            f"{'won' if a.get('winner') else 'nominated'})" for a in awards or [] if isinstance(a, dict)]
-
-
-def _movie(m: dict[str, Any]) -> dict[str, Any]:
-    crew = m.get("crew") or []
-    return {"title": m.get("title"), "release_date": m.get("release_date"), "budget": m.get("budget"),
-            "revenue": m.get("revenue"), "rating": m.get("rating"),
-            "genres": [g.get("name") for g in m.get("genres") or [] if isinstance(g, dict)],
-            "directors": [c.get("name") for c in crew if isinstance(c, dict) and c.get("job") == "Director"],
-            "cast": [f"{c.get('name')} as {c.get('character')}" for c in (m.get("cast") or [])[:5]
-                     if isinstance(c, dict)],
-            "oscar_awards": _oscars(m.get("oscar_awards"))}
-
-
-def _person(p: dict[str, Any]) -> dict[str, Any]:
-    return {"name": p.get("name"), "birthday": p.get("birthday"), "oscar_awards": _oscars(p.get("oscar_awards")),
-            "acted_movies": len(p.get("acted_movies") or []), "directed_movies": len(p.get("directed_movies") or [])}
-
-
-def shrink(name: str, result: Any, until: date | None, price_days: int) -> Any:
-    """What of a result reaches the prompt: the parts that answer questions, in a bounded size."""
-    if name in ("finance_get_price_history", "finance_get_detailed_price_history") and isinstance(result, dict):
-        return _dated(result, until, price_days)
-    if name == "finance_get_dividends_history" and isinstance(result, dict):
-        return _dated(result, until, 4)
-    if name in ("movie_get_movie_info", "movie_get_person_info") and isinstance(result, list):
-        first = next((r for r in result if isinstance(r, dict)), None)
-        return None if first is None else shrink(name + "_by_id", first, until, price_days)
-    if name == "movie_get_movie_info_by_id" and isinstance(result, dict):
-        return _movie(result)
-    if name == "movie_get_person_info_by_id" and isinstance(result, dict):
-        return _person(result)
-    if name == "movie_get_year_info" and isinstance(result, dict):
-        won = [a for a in result.get("oscar_awards") or [] if isinstance(a, dict) and a.get("winner")]
-        return {"movies": len(result.get("movie_list") or []), "oscar_winners": _oscars(won)}
-    if name == "open_get_entity" and isinstance(result, dict):
-        return {"summary": str(result.get("summary_text") or "")[:MAX_SUMMARY],
-                **(result.get("summary_structured") or {})}
-    if name.startswith("sports_") and isinstance(result, dict):
-        return frame_rows(result)[:MAX_LIST]
-    return result
-
-
-def compact(value: Any) -> str:
-    """A short, LLM-readable rendering: "k: v; ..." for mappings, comma lists, plain numbers."""
-    if isinstance(value, dict):
-        return "; ".join(f"{k}: ({compact(v)})" if isinstance(v, dict) else f"{k}: {compact(v)}"
-                         for k, v in value.items() if v not in (None, "", [], {}))
-    if isinstance(value, list):
-        shown = [f"({compact(v)})" if isinstance(v, dict | list) else compact(v) for v in value[:MAX_LIST]]
-        return ", ".join(shown) + (f" (and {len(value) - MAX_LIST} more)" if len(value) > MAX_LIST else "")
-    if isinstance(value, float):
-        if value.is_integer() and abs(value) < 1e18:
-            return str(int(value))
-        return f"{value:.4f}".rstrip("0").rstrip(".")
-    return str(value)
-
-
-def fit_lines(lines: list[str], max_chars: int) -> list[str]:
-    """Whole lines while they fit in max_chars together; the first one cut to fit when it alone is too long."""
-    kept: list[str] = []
-    used = 0
-    for line in lines:
-        if used + len(line) > max_chars:
-            if not kept:
-                kept.append(line[:max(max_chars - 1, 0)] + "…")
-            break
-        kept.append(line)
-        used += len(line)
-    return kept
-
-
-# --- making the calls of one query ---
 
 @dataclass
 class Lookup:
-    """The calls of one query: made through the client before the deadline, rendered as they answer."""
+    """The calls of one query, made through the client before the deadline, and the rows their results give."""
 
     client: KGClient
     deadline: float
     until: date | None
     settings: KGConfig
-    lines: list[str] = field(default_factory=list)
+    query: str = ""
+    dates: set[str] = field(default_factory=set)
+    rows: list[rows_.Row] = field(default_factory=list)
     calls: int = 0
 
-    def get(self, name: str, show: bool = True, **args: Any) -> Any:
+    def get(self, name: str, **args: Any) -> Any:
+        """The result of one call, or None (no time left, nothing found, a failure)."""
         if time.monotonic() >= self.deadline:
             return None
         self.calls += 1
-        result = self.client.call(name, args, self.deadline)
-        if show and result not in (None, "", [], {}):
-            shown = shrink(name, result, self.until, self.settings.price_days)
-            if shown not in (None, "", [], {}):
-                arguments = ", ".join(f"{k}={v!r}" for k, v in args.items())
-                self.lines.append(f"{name}({arguments}): {compact(shown)}")
+        return self.client.call(name, args, self.deadline)
+
+    def show(self, name: str, **args: Any) -> Any:
+        """Call `name` and add the rows of its result."""
+        result = self.get(name, **args)
+        if result not in (None, "", [], {}):
+            self.add(self.render(name, args, result))
         return result
+
+    def add(self, texts: list[str]) -> None:
+        self.rows.extend(rows_.as_rows(texts, len(self.rows)))
+
+    def render(self, name: str, args: dict[str, Any], result: Any) -> list[str]:
+        """The rows of one result; a movie or person search keeps only the entries whose name matches."""
+        key = next(iter(args.values()), "")
+        if name in ("finance_get_price_history", "finance_get_detailed_price_history", "finance_get_dividends_history"):
+            label = {"finance_get_price_history": "daily price", "finance_get_detailed_price_history":
+                     "price by minute", "finance_get_dividends_history": "dividend"}[name]
+            keep = 4 if "dividend" in name else self.settings.price_days
+            return rows_.dated_rows(f"{key} {label}", result, self.until, keep, self.dates) \
+                if isinstance(result, dict) else []
+        if name in FINANCE_LABELS:
+            return [f"{key} {FINANCE_LABELS[name]}: {rows_.value(result)}"]
+        if name == "finance_get_info" and isinstance(result, dict):
+            return [f"{key} {rows_._label(k)}: {rows_.value(v)}" for k, v in result.items()
+                    if isinstance(v, str | int | float) and not isinstance(v, bool)]
+        if name in ("movie_get_movie_info", "movie_get_person_info") and isinstance(result, list):
+            field_ = "title" if name == "movie_get_movie_info" else "name"
+            entries = [e for e in result if isinstance(e, dict) and e.get(field_)]
+            chosen = set(best_matches(str(key), [str(e[field_]) for e in entries], limit=2))
+            render = rows_.movie_rows if field_ == "title" else rows_.person_rows
+            return [row for e in entries if e[field_] in chosen for row in render(e)]
+        if name == "movie_get_movie_info_by_id" and isinstance(result, dict):
+            return rows_.movie_rows(result)
+        if name == "movie_get_person_info_by_id" and isinstance(result, dict):
+            return rows_.person_rows(result)
+        if name == "movie_get_year_info" and isinstance(result, dict):
+            return rows_.year_rows(str(key), result)
+        if name == "open_get_entity" and isinstance(result, dict):
+            return rows_.entity_rows(str(key), result)
+        if name == "music_get_lifespan" and isinstance(result, list):
+            born, died = (result + [None, None])[:2]
+            return [f"{key} lifespan: {born or '?'} to {died or 'present'}"] if born or died else []
+        if name == "music_get_billboard_rank_date" and isinstance(result, list) and len(result) == 2:
+            songs, artists = (r if isinstance(r, list) else [] for r in result)
+            when = args.get("date") or "some week"
+            return [f"billboard hot 100 rank {args.get('rank')} on {when}: {s} by {a}"
+                    for s, a in list(zip(songs, artists))[:rows_.MAX_CAST]]
+        if name == "music_get_billboard_attributes":
+            return [f"{args.get('song_name')} billboard {args.get('attribute')} on {args.get('date')}: "
+                    f"{rows_.value(result)}"]
+        if name in MUSIC_LABELS:
+            subject = f"grammy {key}" if "by_year" in name else key
+            return [f"{subject} {MUSIC_LABELS[name]}: {rows_.value(result)}"]
+        if name == "sports_nba_get_play_by_play_data_by_game_ids" and isinstance(result, dict):
+            return [rows_.play_row(event) for _, event in rows_.frame_rows(result)]
+        if name in ("sports_soccer_get_games_on_date", "sports_nba_get_games_on_date") and isinstance(result, dict):
+            return self.games(name, result, None)
+        if name in SEARCHES:
+            return []  # names to resolve, not facts
+        arguments = ", ".join(f"{k}={v!r}" for k, v in args.items())
+        return [f"{name}({arguments}): {rows_.value(result)}"]
+
+    # resolution: a name as written -> the names the server stores
+
+    def tickers(self, written: Any) -> list[str]:
+        """The tickers a company name or ticker as written stands for: itself when the server knows it as a
+        ticker, else those of the best-matching companies of the name search (a tie of two is kept)."""
+        text = _text(written)
+        if not text:
+            return []
+        if _TICKER.match(text) and self.get("finance_get_info", ticker_name=text.upper()) is not None:
+            return [text.upper()]
+        names = self.get("finance_get_company_name", query=text)
+        matched = best_matches(text, names if isinstance(names, list) else [], LEGAL_WORDS, limit=2)
+        found = [self.get("finance_get_ticker_by_name", company_name=n) for n in matched]
+        return list(dict.fromkeys(t for t in found if isinstance(t, str) and t))
+
+    def names(self, search: str, written: Any, limit: int, **args: Any) -> list[str]:
+        """The stored names of `search`'s results (a search endpoint) that match the written name."""
+        text = _text(written)
+        if not text:
+            return []
+        found = self.get(search, **{next(iter(ENDPOINTS[search].args)).name: text})
+        return best_matches(text, [n for n in found if isinstance(n, str)] if isinstance(found, list) else [],
+                            limit=limit)
+
+    def games(self, name: str, frame: dict[str, Any], team: Any) -> list[str]:
+        """The rows of a games frame, only those of `team` (as written: aliases and words matched) when given."""
+        wanted = _text(team)
+        wanted = TEAM_ALIASES.get(fold(wanted), wanted) if wanted else None
+        rows = []
+        for key, game in rows_.frame_rows(frame):
+            if name == "sports_soccer_get_games_on_date":
+                side = rows_.soccer_team(key)
+                teams, text = [side or ""], rows_.soccer_row(side, game)
+            else:
+                teams, text = [str(game.get("team_name_home")), str(game.get("team_name_away"))], rows_.nba_row(game)
+            if wanted is None or any(name_score(wanted, t) >= MATCH for t in teams):
+                rows.append((text, game))
+        if name == "sports_nba_get_games_on_date" and wanted and 0 < len(rows) <= 2:
+            ids = [str(g["game_id"]) for _, g in rows if g.get("game_id")]
+            self.show("sports_nba_get_play_by_play_data_by_game_ids", game_ids=ids)
+        return [text for text, _ in rows]
+
+
+SEARCHES = frozenset({"open_search_entity_by_name", "finance_get_company_name", "music_search_artist_entity_by_name",
+                      "music_search_song_entity_by_name", "finance_get_ticker_by_name"})
 
 
 def _text(value: Any) -> str | None:
@@ -185,77 +237,73 @@ def _year(entities: dict[str, Any]) -> str | None:
     return year if re.fullmatch(r"\d{4}", year) else None
 
 
-def _first(results: Any) -> str | None:
-    return results[0] if isinstance(results, list) and results and isinstance(results[0], str) else None
-
+# --- the rules path: the domain's calls for the extracted entities ---
 
 def finance_rules(kg: Lookup, entities: dict[str, Any]) -> None:
-    ticker = _text(entities.get("ticker"))
-    ticker = ticker.upper() if ticker and _TICKER.match(ticker.upper()) else None
-    company = _text(entities.get("company_name"))
-    if not ticker and company:
-        ticker = kg.get("finance_get_ticker_by_name", show=False, company_name=company)
-        if not ticker and (match := _first(kg.get("finance_get_company_name", show=False, query=company))):
-            ticker = kg.get("finance_get_ticker_by_name", show=False, company_name=match)
-    if isinstance(ticker, str) and ticker:
+    for ticker in kg.tickers(entities.get("ticker")) or kg.tickers(entities.get("company_name")):
         for name in ("finance_get_price_history", "finance_get_market_capitalization", "finance_get_eps",
                      "finance_get_pe_ratio", "finance_get_dividends_history", "finance_get_info"):
-            kg.get(name, ticker_name=ticker)
+            kg.show(name, ticker_name=ticker)
 
 
 def movie_rules(kg: Lookup, entities: dict[str, Any]) -> None:
     if movie := _text(entities.get("movie_name")):
-        kg.get("movie_get_movie_info", movie_name=movie)
+        kg.show("movie_get_movie_info", movie_name=movie)
     if person := _text(entities.get("person")):
-        kg.get("movie_get_person_info", person_name=person)
+        kg.show("movie_get_person_info", person_name=person)
     if year := _year(entities):
-        kg.get("movie_get_year_info", year=year)
+        kg.show("movie_get_year_info", year=year)
 
 
 def music_rules(kg: Lookup, entities: dict[str, Any]) -> None:
-    if artist := _text(entities.get("artist_name")) or _text(entities.get("band_name")):
-        artist = _first(kg.get("music_search_artist_entity_by_name", show=False, artist_name=artist)) or artist
+    written = _text(entities.get("artist_name")) or _text(entities.get("band_name"))
+    for artist in kg.names("music_search_artist_entity_by_name", written, limit=2):
         for name in ("music_get_artist_birth_date", "music_get_artist_birth_place", "music_get_lifespan",
                      "music_get_members", "music_grammy_get_award_count_by_artist",
                      "music_grammy_get_award_date_by_artist", "music_get_artist_all_works"):
-            kg.get(name, **({"band_name": artist} if name == "music_get_members" else {"artist_name": artist}))
+            kg.show(name, **({"band_name": artist} if name == "music_get_members" else {"artist_name": artist}))
     day = str(entities.get("date") or "").strip()
     day = day if re.fullmatch(r"\d{4}-\d{2}-\d{2}", day) else None
-    if song := _text(entities.get("song_name")):
-        song = _first(kg.get("music_search_song_entity_by_name", show=False, song_name=song)) or song
+    for song in kg.names("music_search_song_entity_by_name", entities.get("song_name"), limit=2):
         for name in ("music_get_song_author", "music_get_song_release_date", "music_get_song_release_country",
                      "music_grammy_get_award_count_by_song"):
-            kg.get(name, song_name=song)
+            kg.show(name, song_name=song)
         for attribute in ("rank", "weeks_in_chart", "top_position") if day else ():
-            kg.get("music_get_billboard_attributes", date=day, attribute=attribute, song_name=song)
+            kg.show("music_get_billboard_attributes", date=day, attribute=attribute, song_name=song)
     if year := _year(entities):
         for name in ("music_grammy_get_best_artist_by_year", "music_grammy_get_best_song_by_year",
                      "music_grammy_get_best_album_by_year"):
-            kg.get(name, year=int(year))
+            kg.show(name, year=int(year))
     rank = str(entities.get("rank") or "").strip()
     if rank.isdigit() and 1 <= int(rank) <= 100:
-        kg.get("music_get_billboard_rank_date", rank=int(rank), **({"date": day} if day else {}))
+        kg.show("music_get_billboard_rank_date", rank=int(rank), **({"date": day} if day else {}))
 
 
-def sports_rules(kg: Lookup, entities: dict[str, Any], query: str, today: date | None) -> None:
-    when = games_date(entities.get("date"), query, today)
+def sports_rules(kg: Lookup, entities: dict[str, Any], today: date | None) -> None:
+    when = games_date(entities.get("date"), kg.query, today)
     if not when:
         return
     sport = str(entities.get("sport") or "").lower()
-    team = _text(entities.get("team"))
     for name in ("sports_soccer_get_games_on_date", "sports_nba_get_games_on_date"):
         if sport not in ("soccer", "nba") or sport in name:
-            kg.get(name, date=when, **({"team_name": team} if team else {}))
+            games_of(kg, name, when, entities.get("team"))
+
+
+def games_of(kg: Lookup, name: str, when: str, team: Any) -> None:
+    """The games of a date, asked without the team (the server wants its own spelling of it) and filtered here."""
+    frame = kg.get(name, date=when)
+    if isinstance(frame, dict):
+        kg.add(kg.games(name, frame, team))
 
 
 def open_rules(kg: Lookup, entities: dict[str, Any]) -> None:
-    if entity := _text(entities.get("main_entity")):
-        match = _first(kg.get("open_search_entity_by_name", show=False, query=entity))
-        if match:
-            kg.get("open_get_entity", entity=match)
+    for entity in kg.names("open_search_entity_by_name", entities.get("main_entity"), limit=3):
+        kg.show("open_get_entity", entity=entity)
 
 
-def rule_lookup(kg: Lookup, domain: str, entities: dict[str, Any], query: str, today: date | None) -> None:
+def rule_lookup(kg: Lookup, domain: str, entities: dict[str, Any], today: date | None) -> None:
+    if isinstance(entities.get("date"), str):
+        kg.dates.add(entities["date"].strip())
     if domain == "finance":
         finance_rules(kg, entities)
     elif domain == "movie":
@@ -263,9 +311,47 @@ def rule_lookup(kg: Lookup, domain: str, entities: dict[str, Any], query: str, t
     elif domain == "music":
         music_rules(kg, entities)
     elif domain == "sports":
-        sports_rules(kg, entities, query, today)
+        sports_rules(kg, entities, today)
     else:
         open_rules(kg, entities)
+
+
+# --- the functions path: the LLM's calls, with its names resolved first ---
+
+_RESOLVED_BY = {"artist_name": ("music_search_artist_entity_by_name", 2), "band_name":
+                ("music_search_artist_entity_by_name", 2), "song_name": ("music_search_song_entity_by_name", 2),
+                "entity": ("open_search_entity_by_name", 3)}
+
+
+def function_lookup(kg: Lookup, calls: list[tuple[str, dict[str, Any]]]) -> None:
+    """Make the LLM's calls with every name resolved as the rules path resolves it: a ticker or company name to
+    the server's tickers, artist, song and entity names through their searches, a team by filtering the date's
+    games. A call whose name matches nothing is not made (logged)."""
+    for name, args in calls:
+        if isinstance(args.get("date"), str):
+            kg.dates.add(args["date"])
+        if name in ("sports_soccer_get_games_on_date", "sports_nba_get_games_on_date"):
+            games_of(kg, name, args["date"], args.get("team_name"))
+            continue
+        if name == "finance_get_ticker_by_name":
+            kg.add([f"{args['company_name']} ticker: {t}" for t in kg.tickers(args["company_name"])])
+            continue
+        if name in SEARCHES:
+            continue  # a search names candidates; the calls that read them resolve their own names
+        variants = [dict(args)]
+        for arg, value in args.items():
+            if arg == "ticker_name":
+                resolved = kg.tickers(value)
+            elif arg in _RESOLVED_BY:
+                search, limit = _RESOLVED_BY[arg]
+                resolved = kg.names(search, value, limit=limit)
+            else:
+                continue
+            if not resolved:
+                logger.debug("KG call {}: {}={!r} matches nothing in the KG; not made", name, arg, value)
+            variants = [dict(v, **{arg: r}) for v in variants for r in resolved]
+        for values in variants:
+            kg.show(name, **values)
 
 
 def grounded(value: Any, query: str) -> bool:
@@ -340,24 +426,25 @@ class KGStage:
         for state, samples in zip(states, outputs):
             output = samples[0] if samples else ""
             today = query_date(state.query_time)
-            kg = Lookup(ctx.kg, deadline, today, settings)
+            kg = Lookup(ctx.kg, deadline, today, settings, state.query, rows_.named_dates(state.query, today))
             if settings.method == "functions":
                 calls, refused = read_calls(output, settings.max_calls)
                 if refused:
                     logger.info("{}: KG calls refused before sending: {}", state.interaction_id, refused)
-                jobs.append((state, kg, lambda kg=kg, calls=calls: [kg.get(n, **a) for n, a in calls]))
+                jobs.append((state, kg, lambda kg=kg, calls=calls: function_lookup(kg, calls)))
                 continue
             read = read_entities(output, state.domain, state.query)
             if read is None:
                 logger.info("{}: KG entity extraction unreadable; no KG lookup", state.interaction_id)
                 continue
             domain, entities = read
-            jobs.append((state, kg, lambda kg=kg, d=domain, e=entities, q=state.query, t=today:
-                         rule_lookup(kg, d, e, q, t)))
+            jobs.append((state, kg, lambda kg=kg, d=domain, e=entities, t=today: rule_lookup(kg, d, e, t)))
         with ThreadPoolExecutor(max_workers=max(1, settings.concurrency)) as pool:
             futures = [pool.submit(job) for _, _, job in jobs]
         for (state, kg, _), future in zip(jobs, futures):
             if error := future.exception():  # one query's lookup bug leaves the others their results
                 logger.opt(exception=error).error("{}: KG lookup failed: {}", state.interaction_id, error)
-            state.kg_results = fit_lines(kg.lines, settings.max_chars)
-            logger.debug("{}: {} KG calls, {} results kept", state.interaction_id, kg.calls, len(state.kg_results))
+            ranked = rows_.rank(kg.rows, state.query, kg.dates)
+            state.kg_results = rows_.fit(ranked, settings.max_chars)
+            logger.debug("{}: {} KG calls, {} of {} rows kept", state.interaction_id, kg.calls,
+                         len(state.kg_results), len(kg.rows))

@@ -6,7 +6,7 @@ from another agent"; an output without an answer leaves nothing.
 
 from __future__ import annotations
 
-from models.llm.base import GenParams
+from models.llm.base import GenParams, cut_short
 from models.stages.base import StageContext
 from models.stages.reasoning import END, parse_structured
 from models.state import QueryState
@@ -25,5 +25,7 @@ class KnowledgeStage:
                            deadline=ctx.work_deadline(self.name))
         for state, samples in zip(states, ctx.llm.generate(conversations, params)):
             parsed = parse_structured(samples[0]) if samples else None
+            if parsed is not None and cut_short(samples[0], parsed.answer):
+                parsed = None
             if parsed is not None:
                 state.knowledge = INVALID if parsed.false_premise else parsed.answer

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from loguru import logger
 
-from models.llm.base import Conversation, GenParams
+from models.llm.base import Conversation, GenParams, cut_short
 from models.prompting import Prompt
 from models.stages.base import StageContext
 from models.state import QueryState, Reference
@@ -142,6 +142,8 @@ class ReasoningStage:
                 continue
             state.llm_output = samples[0]
             parsed = parse_structured(state.llm_output)
+            if parsed is not None and cut_short(samples[0], parsed.answer):
+                parsed = None  # half an answer: the summariser answers instead
             if parsed is None:
                 unparsed.append(state)
             elif parsed.false_premise:
@@ -177,7 +179,9 @@ class ReasoningStage:
         params = GenParams(max_tokens=settings.summariser_max_tokens, temperature=0.0, n=1, deadline=deadline)
         for state, samples in zip(states, ctx.llm.generate(conversations, params)):
             answer = first_line(samples[0]) if samples else ""
-            if answer:
+            if answer and (reason := cut_short(samples[0], answer)):
+                state.finish(IDK, f"the summariser's generation was cut short ({reason})")
+            elif answer:
                 state.answer = answer
             else:
                 state.finish(IDK, "reasoning output unparsable and the summariser returned nothing")

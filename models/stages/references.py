@@ -26,7 +26,6 @@ from models.retrieval.dense import best_first, select
 from models.retrieval.hash_index import HashIndex, HashIndexError, HashModel, SearchSettings
 from models.stages.base import StageContext
 from models.state import Proposition, QueryState, Reference
-from utils.answers import IDK
 from utils.chunking import sentence_units
 from utils.pages import PageSettings, ProcessedPage
 
@@ -178,5 +177,3 @@ class ReferencesStage:
                 state.propositions = [Proposition(pool.units[c], unit_texts[pool.units[c]], rank + 1,
                                                   refs[pool.indices[c]].page_name, float(pool.scores[c]))
                                       for rank, c in enumerate(chosen[:settings.hash.propositions])]
-            if not state.references:
-                state.finish(IDK, "no usable text in the search results")

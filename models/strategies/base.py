@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from models.config import SystemConfig
-from models.llm.base import GenParams
-from models.stages.answer import DynamicPrecheck
+from models.llm.base import GenParams, cut_short
+from models.stages.answer import DynamicPrecheck, EvidenceCheck
 from models.stages.attributes import AttributesStage
 from models.stages.base import Stage, StageContext, run_stage
 from models.stages.kg import KGStage
@@ -18,22 +18,29 @@ from models.state import QueryState
 from utils.answers import IDK, INVALID
 
 
-def retrieval_stages(config: SystemConfig, embedder: Any) -> list[Stage]:
-    """attributes -> dynamic pre-check -> references -> (R2AG) -> (KG, tasks 2 and 3), as the config asks.
+def retrieval_stages(config: SystemConfig, embedder: Any, kg: bool) -> list[Stage]:
+    """attributes -> references -> (R2AG) -> (KG, when `kg`: tasks 2 and 3 with a server that answered) ->
+    evidence check, with the dynamic pre-check where it can act.
 
-    Attributes run before references (the design lists them after): a query that the pre-check answers
-    "i don't know" then costs no page processing and no embedding.
+    Attributes run before references (the design lists them after). Without the KG, the pre-check follows them,
+    so a query it answers "i don't know" costs no page processing. With the KG it follows the KG: the KG
+    answers exactly the questions that change fast (today's price, last night's game), so the pre-check only
+    takes the dynamic queries the KG brought nothing for.
     """
     stages: list[Stage] = []
+    precheck = config.attributes.method != "none" and config.answer.dynamic_idk
     if config.attributes.method != "none":
         stages.append(AttributesStage(config.attributes, embedder))
-        if config.answer.dynamic_idk:
-            stages.append(DynamicPrecheck())
+    if precheck and not kg:
+        stages.append(DynamicPrecheck())
     stages.append(ReferencesStage())
     if config.r2ag.enabled:
         stages.append(R2AGStage())
-    if config.task > 1:
+    if kg:
         stages.append(KGStage())
+        if precheck:
+            stages.append(DynamicPrecheck())
+    stages.append(EvidenceCheck())
     return stages
 
 
@@ -66,7 +73,9 @@ def generate(ctx: StageContext, conversations: list, max_tokens: int, states: li
 def finish(state: QueryState, output: str, how: str) -> None:
     """Fix the answer from a seed-format output; no answer in it is "i don't know"."""
     parsed = parse_structured(output)
-    if parsed is None:
+    if parsed is not None and (reason := cut_short(output, parsed.answer)):
+        state.finish(IDK, f"{how}: generation cut short ({reason})")
+    elif parsed is None:
         state.finish(IDK, f"{how}: no answer in the output")
     else:
         state.finish(INVALID if parsed.false_premise else parsed.answer, f"{how}, {state.steps} steps")

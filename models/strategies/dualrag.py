@@ -159,7 +159,7 @@ class DualRAGStage:
 
 
 class DualRAGStrategy(StagedStrategy):
-    """attributes -> dynamic pre-check -> references -> (R2AG) -> (KG) -> DualRAG."""
+    """attributes -> references -> (R2AG) -> (KG) -> pre-check and evidence check -> DualRAG."""
 
-    def __init__(self, config: SystemConfig, embedder: Any) -> None:
-        self.stages = [*retrieval_stages(config, embedder), DualRAGStage()]
+    def __init__(self, config: SystemConfig, embedder: Any, kg: bool = False) -> None:
+        self.stages = [*retrieval_stages(config, embedder, kg), DualRAGStage()]

@@ -197,7 +197,7 @@ def sub_state(state: QueryState, question: str, references: list[Reference]) -> 
 
 
 class HANRAGStrategy(StagedStrategy):
-    """attributes -> dynamic pre-check -> references -> (R2AG) -> (KG) -> HANRAG."""
+    """attributes -> references -> (R2AG) -> (KG) -> pre-check and evidence check -> HANRAG."""
 
-    def __init__(self, config: SystemConfig, embedder: Any) -> None:
-        self.stages = [*retrieval_stages(config, embedder), HANRAGStage()]
+    def __init__(self, config: SystemConfig, embedder: Any, kg: bool = False) -> None:
+        self.stages = [*retrieval_stages(config, embedder, kg), HANRAGStage()]

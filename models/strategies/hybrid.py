@@ -1,6 +1,6 @@
-"""The seed system (default): attributes -> dynamic pre-check -> references -> (R2AG) -> (KG, tasks 2 and 3)
--> (multi-hop hand-off) -> knowledge -> calculator -> reasoning. The answer step runs after the strategy, in
-CragSystem.
+"""The seed system (default): attributes -> references -> (R2AG) -> (KG, tasks 2 and 3) -> dynamic pre-check and
+evidence check -> (multi-hop hand-off) -> knowledge -> calculator -> reasoning. The answer step runs after the
+strategy, in CragSystem.
 
 With `multihop: hanrag` or `dualrag`, HANRAG's router reads every query first; the ones it calls compound or
 complex are answered by that strategy, the others go on through the seed's stages.
@@ -38,8 +38,8 @@ class MultiHopHandoff:
 
 
 class HybridStrategy(StagedStrategy):
-    def __init__(self, config: SystemConfig, embedder: Any) -> None:
-        self.stages: list[Stage] = retrieval_stages(config, embedder)
+    def __init__(self, config: SystemConfig, embedder: Any, kg: bool = False) -> None:
+        self.stages: list[Stage] = retrieval_stages(config, embedder, kg)
         if config.multihop != "none":
             self.stages.append(MultiHopHandoff(HANRAGStage() if config.multihop == "hanrag" else DualRAGStage()))
         if config.knowledge.enabled:

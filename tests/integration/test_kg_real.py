@@ -1,5 +1,6 @@
 """The KG client against a real server process (tools/kg_server.py on a loopback port), and the KG stage end to end."""
 
+import re
 import subprocess
 import sys
 import time
@@ -61,8 +62,10 @@ SPOT_CHECKS = {
     "music_get_billboard_rank_date": lambda r: r == [["Lovin On Me"], ["Jack Harlow"]],
     "music_grammy_get_best_album_by_year": lambda r: r == ["1989"],
     "music_get_members": lambda r: "Ringo Starr" in r,
-    "sports_soccer_get_games_on_date": lambda r: r["team"] == {"0": "France"} and r["GF"] == {"0": 4},
-    "sports_nba_get_play_by_play_data_by_game_ids": lambda r: len(r["game_id"]) == 2,
+    # the organisers' soccer frame: the team is part of the row key (league, season, team, game), not a column
+    "sports_soccer_get_games_on_date": lambda r: r["GF"] == {
+        "('INT-World Cup', '2018', 'France', '2018-07-15 France-Croatia')": 4.0} and "team" not in r,
+    "sports_nba_get_play_by_play_data_by_game_ids": lambda r: len(r["game_id"]) == 3,
 }
 
 
@@ -105,10 +108,14 @@ def test_a_server_that_is_down(caplog_loguru):
     assert "finance_get_eps (connection)" in caplog_loguru.text and "unreachable 3 times in a row" in caplog_loguru.text
 
 
-def test_http_500_is_retried_then_given_up(kg_server, caplog_loguru):
+def test_http_503_is_retried_then_given_up_and_500_is_tried_once(kg_server, caplog_loguru):
     client = KGClient(kg_server, retries=2, backoff_s=0.01)
-    assert client.music_get_members("__500__") is None
-    assert client.requests_sent == 3 and "HTTP 500 after 3 attempt(s)" in caplog_loguru.text
+    assert client.music_get_members("__503__") is None
+    assert client.requests_sent == 3 and "HTTP 503 after 3 attempt(s)" in caplog_loguru.text
+    assert client.open_get_entity("__500__") is None  # the organisers' server raising: the same again
+    assert client.requests_sent == 4 and "HTTP 500 (the server cannot use these arguments)" in caplog_loguru.text
+    assert client.movie_get_year_info("2023") is None  # a real 500: the Oscar year is out of range
+    assert client.requests_sent == 5
 
 
 def test_invalid_json_and_a_wrong_type_are_none(kg_server, caplog_loguru):
@@ -123,8 +130,8 @@ def reasoning_from_kg(conversation):
     """A careful reader: the answer is the budget given in the knowledge-graph section, else "i don't know"."""
     user = conversation[1]["content"]
     kg = user.split("### Knowledge graph")[1] if "### Knowledge graph" in user else ""
-    budget = next((part.split(":")[1].strip() for part in kg.split(";") if part.strip().startswith("budget:")), None)
-    answer = f"${int(budget) // 1_000_000} million" if budget else "i don't know"
+    budget = re.search(r"^- Inception budget: (\d+)$", kg, re.MULTILINE)  # the row of the film, not a guess
+    answer = f"${int(budget.group(1)) // 1_000_000} million" if budget else "i don't know"
     return f"===START===\n## Answer: {answer}\n## False Premise: no\n===END==="
 
 

@@ -2,7 +2,7 @@
 
 from models.budget import Deadline
 from models.config import OpenAIConfig
-from models.llm.base import GenParams
+from models.llm.base import DEADLINE, LENGTH, GenParams, cut_short
 from models.llm.openai import OpenAIBackend
 
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
@@ -23,6 +23,17 @@ def test_hf_samples_n_and_stops(hf_llm):
     assert "Paris" not in stopped
 
 
+def test_hf_says_why_generation_ended(hf_llm):
+    ((finished,),) = hf_llm.generate([QUESTION], GenParams(max_tokens=48))
+    ((cut,),) = hf_llm.generate([OTHER], GenParams(max_tokens=2))
+    assert cut_short(finished) is None and cut_short(cut) == LENGTH
+    ((stopped,),) = hf_llm.generate([QUESTION], GenParams(max_tokens=48, stop=["Paris"]))
+    assert cut_short(stopped) is None  # a stop string ends it as the model's end of sequence does
+    story = [{"role": "user", "content": "Write a long story about a dragon, at least 500 words."}]
+    ((timed_out,),) = hf_llm.generate([story], GenParams(max_tokens=400, deadline=Deadline(0.5)))
+    assert timed_out and cut_short(timed_out) == DEADLINE  # transformers' max_time stopped it
+
+
 def test_hf_respects_the_deadline(hf_llm):
     assert hf_llm.generate([QUESTION, OTHER], GenParams(deadline=Deadline(0))) == [[], []]
 
@@ -39,3 +50,5 @@ def test_openai_backend_talks_to_transformers_serve(served_model):
     assert all(len(samples) == 1 and samples[0] and "." not in samples[0] for samples in out)
     assert "paris" in out[0][0].lower()
     assert log.read_text().count("POST /v1/chat/completions") >= 2
+    ((cut,),) = backend.generate([OTHER], GenParams(max_tokens=1, deadline=Deadline(120)))
+    assert cut_short(cut) == LENGTH  # the server's finish_reason "length"

@@ -11,7 +11,7 @@ from evaluation.data import DataError, ReadStats, alternative_answers, read_exam
 from evaluation.judge import CORRECT, MISS, UNJUDGED, WRONG, Item, judge_by_rules
 from evaluation.metrics import Scores, latency
 from evaluation.runner import EvaluationError, load_predictions, run_model
-from models.config import REPO_ROOT
+from models.config import REPO_ROOT, load_config
 from tests.conftest import SAMPLE, write
 
 
@@ -260,3 +260,13 @@ def test_model_worker_reports_a_model_that_cannot_be_built():
 
     with pytest.raises(BackendUnavailable, match="no weights at /models/x"):
         ModelWorker(broken)
+
+
+@pytest.mark.parametrize("pages, task, runs", [(50, 1, 3), (5, 1, 1), (50, 2, 2), (5, 2, 2)])
+def test_task_3_data_turns_a_task_1_config_to_task_3(tmp_path, capsys, pages, task, runs):
+    config = load_config(REPO_ROOT / "configs" / "cpu.yaml")
+    config.task = task
+    page = {"page_name": "p", "page_url": "u", "page_snippet": "s", "page_result": "<p>x</p>", "page_last_modified": ""}
+    data = write(tmp_path / "d.jsonl", json.dumps(_example(0, search_results=[page] * pages)) + "\n")
+    assert local_evaluation.task_for_data(config, data).task == runs
+    assert ("Task 3 data" in capsys.readouterr().err) == (runs != task)

@@ -5,8 +5,9 @@ import json
 import pytest
 
 import local_evaluation
-from evaluation.judge import CORRECT, UNJUDGED, WRONG, Item, LLMJudge, judge_records, parse_judgement
-from evaluation.report import score_records, write_report
+from evaluation.judge import (CORRECT, MISS, UNJUDGED, WRONG, Item, LLMJudge, judge_by_organisers_rules, judge_by_rules,
+                              judge_records, parse_judgement)
+from evaluation.report import format_table, score_records, write_report
 from models.prompting import PromptLibrary
 from tests.conftest import SAMPLE
 from tests.fakes import ScriptedLLM
@@ -66,9 +67,67 @@ def test_judge_records_uses_rules_first_and_the_llm_for_the_rest():
     judge_records(records, judge)
     assert [(r["verdict"], r["judged_by"]) for r in records] == [("correct", "rules"), ("miss", "rules"),
                                                                  ("correct", "llm")]
-    assert len(llm.calls) == 1 and len(llm.calls[0][0]) == 1  # only the undecided one reached the LLM
+    # one call: the question neither rule decides, asked once for both columns, and "Paris." for the
+    # organisers' column, whose exact match keeps the full stop
+    assert len(llm.calls) == 1 and len(llm.calls[0][0]) == 2
+    assert [r["organisers_judged_by"] for r in records] == ["llm", "rules", "llm"]
     judge_records(records, None)
     assert records[2]["verdict"] == "wrong"  # rules only: no exact match is wrong
+
+
+@pytest.mark.parametrize("prediction, answer, alt, ours, theirs", [
+    ("I don't know", "paris", (), MISS, MISS),
+    ("well, i don't know it", "paris", (), MISS, MISS),
+    ("i don\u2019t know", "paris", (), MISS, None),  # their test is the ASCII phrase only
+    ("I am not sure", "paris", (), MISS, None),
+    ("Paris", " PARIS ", (), CORRECT, CORRECT),
+    ("Paris, France", "paris", ("paris, france",), CORRECT, None),  # alternative answers are ours only
+    ("invalid", "invalid question", (), WRONG, CORRECT),  # "invalid" in both is enough for them
+    ("the premise is invalid", "invalid question", (), WRONG, CORRECT),
+    ("invalid question", "paris", (), WRONG, WRONG),
+    ("paris", "invalid question", (), WRONG, WRONG),
+    ("It is Paris", "paris", (), None, None),
+])
+def test_our_rules_and_the_organisers(prediction, answer, alt, ours, theirs):
+    item = Item("q", answer, alt, prediction)
+    assert (judge_by_rules(item), judge_by_organisers_rules(item)) == (ours, theirs)
+
+
+def test_both_columns_read_the_prediction_as_the_grader_cuts_it():
+    long = "paris " + "and more words " * 40 + "i don't know"  # the grader never sees the last phrase
+    item = Item("q", "paris", (), long)
+    assert judge_by_organisers_rules(item) is None and judge_by_rules(item) is None
+
+
+def test_the_organisers_column_asks_the_llm_with_the_gold_answer_only():
+    records = [{"query": "q", "answer": "paris", "alt_answers": ["paris, france"], "prediction": "Paris, France"},
+               {"query": "q", "answer": "paris", "alt_answers": [], "prediction": "It is Paris"},
+               {"query": "q", "answer": "invalid question", "alt_answers": [], "prediction": "invalid"}]
+    judge_records(records, None)
+    assert [(r["verdict"], r["organisers_verdict"]) for r in records] == [
+        (CORRECT, UNJUDGED), (WRONG, UNJUDGED), (WRONG, CORRECT)]  # without an LLM judge theirs is never guessed
+    judge, llm = judge_with(lambda conv: '{"correct": %s}' % ("false" if "- paris, france" in conv[1]["content"]
+                                                                 else "true"))
+    judge_records(records, judge)
+    assert [(r["verdict"], r["organisers_verdict"], r["organisers_judged_by"]) for r in records] == [
+        (CORRECT, CORRECT, "llm"), (CORRECT, CORRECT, "llm"), (WRONG, CORRECT, "rules")]
+    asked = [conv[1]["content"] for conversations, _ in llm.calls for conv in conversations]
+    assert len(asked) == 2 and all("- paris, france" not in text for text in asked)  # one question, asked once
+
+
+def test_the_report_shows_both_columns_and_the_cut_answers(tmp_path):
+    records = [{"query": "q", "answer": "paris", "alt_answers": ["paris, france"], "prediction": "Paris, France",
+                "domain": "open"},
+               {"query": "q", "answer": "paris", "alt_answers": [], "prediction": "paris " + "and lyon " * 60,
+                "domain": "open"}]
+    judge_records(records, None)
+    summary = score_records(records)
+    assert summary["overall"]["accuracy"] == 0.5 and summary["organisers"]["overall"]["unjudged"] == 1.0
+    assert summary["cut_by_grader"] == 1 and summary["organisers"]["by_domain"]["open"]["total"] == 2
+    table = format_table(summary)
+    assert "org.score" in table and "answers the grader cuts at 75 Llama-2 tokens: 1" in table
+    write_report(summary, tmp_path, "both")
+    assert "## By the organisers' rules" in (tmp_path / "report.md").read_text()
 
 
 def test_report_files_carry_every_breakdown(tmp_path):

@@ -6,34 +6,19 @@ from datetime import date
 import pytest
 
 from models.config import ConfigError, load_config
-from models.stages.kg import (compact, fit_lines, frame_rows, games_date, query_date, read_calls, read_entities,
-                              shrink)
+from models.stages import kg_rows as rows_
+from models.stages.kg import games_date, query_date, read_calls, read_entities
+from models.stages.kg_rows import value as compact
 from tests.conftest import to_batch, write
-from tests.fakes import ScriptedLLM, by_prompt, prompt_name
-from utils.kg_api import ENDPOINTS, KGClient
+from tests.fakes import RecordingKG, ScriptedLLM, by_prompt, prompt_name
+from utils.kg_api import ENDPOINTS
 from utils.llm_json import parse_llm_json
-
-
-class RecordingKG(KGClient):
-    """A client whose server is a dict: records every call that would have been sent."""
-
-    def __init__(self, answers: dict[str, object]) -> None:
-        super().__init__("http://unused.invalid")
-        self.answers = answers
-        self.sent: list[tuple[str, dict]] = []
-
-    def _post(self, endpoint, body, deadline):
-        self.sent.append((endpoint.name, body))
-        answer = self.answers.get(endpoint.name)
-        return True, answer(body) if callable(answer) else answer
 
 
 def kg_system(make_system, cpu_config, llm, kg, method="rules", task=2):
     cpu_config.task = task
     cpu_config.kg.method = method
-    system = make_system(llm)
-    system.kg = kg
-    return system
+    return make_system(llm, kg=kg)
 
 
 PRICES = {f"2024-02-{d:02d} 00:00:00 EST": {"Open": 180.0 + d, "Close": 181.0 + d} for d in range(20, 30)}
@@ -100,65 +85,187 @@ def test_function_calls_are_checked_against_the_endpoint_table():
     assert read_calls("I would call finance_get_eps", 3) == ([], ["no JSON list of calls in the output"])
 
 
-def test_functions_path_sends_only_the_valid_calls(make_system, cpu_config, sample_examples):
-    kg = RecordingKG({"finance_get_eps": 6.43, "finance_get_pe_ratio": 28.1})
-    reply = json.dumps([{"function_name": "finance_get_eps", "args": {"ticker_name": "AAPL"}},
+def exact(table):
+    """An endpoint of the real server: the value stored under the exact key of the body's "query", else None."""
+    return lambda body: table.get(body["query"])
+
+
+def kg_rows_of(make_system, cpu_config, kg, example, **replies):
+    """The KG rows that reached the reasoning prompt for `example`, with the scripted LLM's `replies`."""
+    llm = ScriptedLLM(by_prompt(**replies))
+    kg_system(make_system, cpu_config, llm, kg, method="functions" if "kg_functions" in replies else "rules"
+              ).batch_generate_answer(to_batch([example]))
+    reasoning = [c for convs, _ in llm.calls for c in convs if prompt_name(c) == "reasoning"]
+    user = reasoning[0][1]["content"] if reasoning else ""
+    section = user.split("### Knowledge graph")[1] if "### Knowledge graph" in user else ""
+    return [line.removeprefix("- ") for line in section.strip().split("\n\n")[0].splitlines() if line.startswith("- ")]
+
+
+COMPANIES = ["Meta Materials Inc.", "Meta Platforms, Inc. Class A"]
+TICKERS = {"Meta Materials Inc.": "MMAT", "Meta Platforms, Inc. Class A": "META", "Apple Inc.": "AAPL",
+           "Apple Hospitality REIT, Inc.": "APLE"}
+CAPS = {"MMAT": 130000000.0, "META": 1249000000000.0, "AAPL": 2797000000000.0, "APLE": 3600000000.0}
+
+
+def finance_kg():
+    search = {"meta": COMPANIES, "apple": ["Apple Hospitality REIT, Inc.", "Apple Inc."]}
+    return RecordingKG({"finance_get_company_name": lambda body: search.get(body["query"], []),
+                        "finance_get_ticker_by_name": exact(TICKERS),
+                        "finance_get_info": exact({t: {"longName": n} for n, t in TICKERS.items()}),
+                        "finance_get_market_capitalization": exact(CAPS)})
+
+
+@pytest.mark.parametrize("written, ticker, wrong", [("meta", "META", "MMAT"), ("apple", "AAPL", "APLE")])
+def test_a_company_resolves_to_its_ticker_not_the_first_search_hit(make_system, cpu_config, sample_examples,
+                                                                   written, ticker, wrong):
+    kg = finance_kg()
+    example = dict(sample_examples[2], query=f"what's the market cap of {written}?")
+    lines = kg_rows_of(make_system, cpu_config, kg, example,
+                       kg_entities=entities_reply("finance", company_name=written))
+    assert f"{ticker} market capitalization: {compact(CAPS[ticker])}" in lines
+    assert all(wrong not in line for line in lines)
+    assert not any(body == {"query": written} for name, body in kg.sent if name != "finance_get_company_name")
+
+
+def test_functions_path_resolves_names_and_sends_only_valid_calls(make_system, cpu_config, sample_examples):
+    kg = finance_kg()
+    reply = json.dumps([{"function_name": "finance_get_market_capitalization", "args": {"ticker_name": "meta"}},
                         {"function_name": "finance_get_eps", "args": {"ticker_name": 42}},
                         {"function_name": "os_system", "args": {"cmd": "rm -rf /"}},
-                        {"function_name": "finance_get_pe_ratio", "args": {"ticker_name": "AAPL"}}])
-    llm = ScriptedLLM(by_prompt(kg_functions=reply, reasoning=reasoning_from_kg))
-    system = kg_system(make_system, cpu_config, llm, kg, method="functions")
-    answers = system.batch_generate_answer(to_batch(sample_examples[2:3]))
-    assert kg.sent == [("finance_get_eps", {"query": "AAPL"}), ("finance_get_pe_ratio", {"query": "AAPL"})]
-    assert answers == ["finance_get_eps(ticker_name='AAPL'): 6.43"]  # the KG line reached the reasoning prompt
+                        {"function_name": "finance_get_market_capitalization", "args": {"ticker_name": "zzzz"}}])
+    example = dict(sample_examples[2], query="what's the market cap of meta?")
+    lines = kg_rows_of(make_system, cpu_config, kg, example, kg_functions=reply)
+    assert lines == ["META market capitalization: 1249000000000"]
+    assert ("finance_get_market_capitalization", {"query": "META"}) in kg.sent
+    assert ("finance_get_market_capitalization", {"query": "meta"}) not in kg.sent  # never the raw name
+    assert not any(body.get("query") == "ZZZZ" for name, body in kg.sent if "market" in name)  # unknown: not made
+
+
+def test_the_functions_prompt_offers_every_endpoint(make_system, cpu_config, sample_examples):
+    llm = ScriptedLLM(by_prompt(kg_functions="[]"))
+    kg_system(make_system, cpu_config, llm, RecordingKG({}), method="functions").batch_generate_answer(
+        to_batch(sample_examples[:1]))
     functions_prompt = next(c for c, _ in llm.calls if prompt_name(c[0]) == "kg_functions")[0][0]["content"]
-    assert all(name in functions_prompt for name in ENDPOINTS)  # every endpoint is offered
+    assert all(name in functions_prompt for name in ENDPOINTS)
 
 
-def test_rules_resolve_a_company_to_its_ticker_and_keep_prices_up_to_the_query_date(make_system, cpu_config,
-                                                                                     sample_examples):
-    kg = RecordingKG({"finance_get_ticker_by_name": lambda body: None,
-                      "finance_get_company_name": ["Apple Inc."],
-                      "finance_get_price_history": PRICES, "finance_get_eps": 6.43})
-    kg.answers["finance_get_ticker_by_name"] = lambda body: "AAPL" if body["query"] == "Apple Inc." else None
-    llm = ScriptedLLM(by_prompt(kg_entities=entities_reply("finance", company_name="apple"),
-                                reasoning=reasoning_from_kg))
-    system = kg_system(make_system, cpu_config, llm, kg)
-    cpu_config.kg.price_days = 3
-    example = dict(sample_examples[2], query_time="02/27/2024, 09:12:00 PT")
-    states = []
-    original = system.strategy.stages[-1].run
-    system.strategy.stages[-1].run = lambda batch, ctx: (states.extend(batch), original(batch, ctx))[1]
-    system.batch_generate_answer(to_batch([example]))
-    sent = [name for name, _ in kg.sent]
-    assert sent[:3] == ["finance_get_ticker_by_name", "finance_get_company_name", "finance_get_ticker_by_name"]
-    assert set(sent[3:]) == {"finance_get_price_history", "finance_get_market_capitalization", "finance_get_eps",
-                             "finance_get_pe_ratio", "finance_get_dividends_history", "finance_get_info"}
-    prices = next(line for line in states[0].kg_results if line.startswith("finance_get_price_history"))
-    assert "2024-02-27" in prices and "2024-02-25" in prices and "2024-02-24" not in prices
-    assert "2024-02-28" not in prices  # after the question's date
-    assert "finance_get_eps(ticker_name='AAPL'): 6.43" in states[0].kg_results
+ARTISTS = {"Taylor Swift": {"birth": "1989-12-13", "count": 9}, "Taylor Swift Tribute Band": {"birth": "2010"}}
 
 
-def test_rules_for_sports_take_last_night_from_the_query_time(make_system, cpu_config, sample_examples):
-    frame = {"team": {"0": "France"}, "opponent": {"0": "Croatia"}, "result": {"0": "W"}}
-    kg = RecordingKG({"sports_soccer_get_games_on_date": frame})
-    llm = ScriptedLLM(by_prompt(kg_entities=entities_reply("sports", sport="soccer", team="France", date="1999-01-01")))
-    example = dict(sample_examples[9], query="did france win last night?", query_time="07/16/2018, 08:00:00 PT")
-    kg_system(make_system, cpu_config, llm, kg).batch_generate_answer(to_batch([example]))
-    assert kg.sent == [("sports_soccer_get_games_on_date", {"date": "2018-07-15", "team_name": "France"})]
+def music_kg():
+    def search(body):  # BM25 over the words: every name sharing one
+        words = set(body["query"].lower().split())
+        return [n for n in ARTISTS if words & set(n.lower().split())]
+    return RecordingKG({"music_search_artist_entity_by_name": search,
+                        "music_get_artist_birth_date": exact({n: a["birth"] for n, a in ARTISTS.items()}),
+                        "music_grammy_get_award_count_by_artist": lambda body: ARTISTS.get(body["query"], {})
+                        .get("count", 0)})  # the real server counts rows: 0 for a name it does not hold
 
 
-def test_rules_for_open_search_then_read_the_best_match(make_system, cpu_config, sample_examples):
-    entity = {"summary_text": "A tower." * 200, "summary_structured": {"completed": "31 March 1889"},
+@pytest.mark.parametrize("method", ["rules", "functions"])
+def test_an_artist_is_found_by_search_and_an_unknown_one_is_absent(make_system, cpu_config, sample_examples,
+                                                                   method):
+    def replies(name):
+        if method == "rules":
+            return {"kg_entities": entities_reply("music", artist_name=name)}
+        return {"kg_functions": json.dumps([{"function_name": "music_grammy_get_award_count_by_artist",
+                                             "args": {"artist_name": name}}])}
+    known = kg_rows_of(make_system, cpu_config, music_kg(), dict(sample_examples[1], query="how many grammys has "
+                       "taylor swift won?"), **replies("taylor swift"))
+    assert "Taylor Swift grammy awards won: 9" in known
+    kg = music_kg()
+    unknown = kg_rows_of(make_system, cpu_config, kg, dict(sample_examples[1], query="how many grammys has taylor "
+                         "dayne won?"), **replies("taylor dayne"))
+    assert unknown == [] and [name for name, _ in kg.sent] == ["music_search_artist_entity_by_name"]
+
+
+UTD = "('ENG-Premier League', '2324', 'Manchester Utd', '2024-03-09 Manchester Utd-Everton')"
+ARS = "('ENG-Premier League', '2324', 'Arsenal', '2024-03-09 Arsenal-Brentford')"
+SOCCER = {"date": {UTD: "2024-03-09T00:00:00.000", ARS: "2024-03-09T00:00:00.000"},
+          "opponent": {UTD: "Everton", ARS: "Brentford"}, "result": {UTD: "W", ARS: "W"},
+          "GF": {UTD: 2.0, ARS: 2.0}, "GA": {UTD: 0.0, ARS: 1.0}}
+
+
+def test_a_team_as_questions_write_it_finds_the_organisers_spelling(make_system, cpu_config, sample_examples):
+    kg = RecordingKG({"sports_soccer_get_games_on_date": lambda body: SOCCER if body.get("team_name") is None
+                      else None})  # the real server filters by its own spelling only
+    example = dict(sample_examples[9], query="did manchester united win last night?",
+                   query_time="03/10/2024, 08:00:00 PT")
+    lines = kg_rows_of(make_system, cpu_config, kg, example,
+                       kg_entities=entities_reply("sports", sport="soccer", team="manchester united"))
+    assert kg.sent == [("sports_soccer_get_games_on_date", {"date": "2024-03-09"})]
+    assert lines == ["soccer 2024-03-09: Manchester Utd vs Everton: W 2-0"]  # the team survives
+
+
+def test_nba_teams_match_by_their_words_and_bring_the_play_by_play(make_system, cpu_config, sample_examples):
+    games = {"team_name_home": {"0": "Los Angeles Lakers", "1": "Boston Celtics"},
+             "team_name_away": {"0": "Washington Wizards", "1": "Dallas Mavericks"},
+             "pts_home": {"0": 134.0, "1": 138.0}, "pts_away": {"0": 131.0, "1": 110.0},
+             "game_id": {"0": "0022300850", "1": "0022300851"}, "game_date": {"0": "2024-02-29 00:00:00",
+                                                                             "1": "2024-02-29 00:00:00"}}
+    plays = {"game_id": {"0": "0022300850"}, "period": {"0": 1}, "pctimestring": {"0": "11:38"},
+             "homedescription": {"0": "Davis 2' Dunk (2 PTS)"}, "player1_name": {"0": "Anthony Davis"}}
+    kg = RecordingKG({"sports_nba_get_games_on_date": games, "sports_nba_get_play_by_play_data_by_game_ids": plays})
+    example = dict(sample_examples[9], query="who scored first for the lakers on feb 29 2024?")
+    lines = kg_rows_of(make_system, cpu_config, kg, example,
+                       kg_entities=entities_reply("sports", sport="nba", team="lakers", date="2024-02-29"))
+    assert any("Los Angeles Lakers 134 - 131 Washington Wizards" in line for line in lines)
+    assert not any("Celtics" in line for line in lines)
+    assert ("sports_nba_get_play_by_play_data_by_game_ids", {"game_ids": ["0022300850"]}) in kg.sent
+    assert any("Anthony Davis" in line for line in lines)
+
+
+def test_rows_are_ranked_by_the_question_and_kept_whole_within_the_budget(make_system, cpu_config, sample_examples):
+    structured = {f"field_{i}": "x" * 60 for i in range(30)} | {"doctoral_advisor": "Alfred Kleiner"}
+    entity = {"summary_text": "Albert Einstein was a physicist. " * 10, "summary_structured": structured,
               "raw_mediawiki": "{{huge}}"}
-    kg = RecordingKG({"open_search_entity_by_name": ["Eiffel Tower", "Eiffel"], "open_get_entity": entity})
-    llm = ScriptedLLM(by_prompt(kg_entities=entities_reply("open", main_entity="eiffel tower")))
-    system = kg_system(make_system, cpu_config, llm, kg)
+    kg = RecordingKG({"open_search_entity_by_name": ["Albert Einstein", "Einstein (crater)"],
+                      "open_get_entity": exact({"Albert Einstein": entity})})
     cpu_config.kg.max_chars = 300
-    system.batch_generate_answer(to_batch(sample_examples[4:5]))
-    assert kg.sent == [("open_search_entity_by_name", {"query": "eiffel tower"}),
-                       ("open_get_entity", {"query": "Eiffel Tower"})]
+    example = dict(sample_examples[4], query="who was albert einstein's doctoral advisor?")
+    lines = kg_rows_of(make_system, cpu_config, kg, example,
+                       kg_entities=entities_reply("open", main_entity="albert einstein"))
+    assert lines[0] == "Albert Einstein doctoral advisor: Alfred Kleiner"  # the row the question asks for, first
+    assert sum(map(len, lines)) <= 300 and all(line in {r for r in rows_of_entity(entity)} for line in lines)
+    assert ("open_get_entity", {"query": "Albert Einstein"}) in kg.sent
+    assert ("open_get_entity", {"query": "Einstein (crater)"}) not in kg.sent  # the exact name wins alone
+
+
+def rows_of_entity(entity):
+    from models.stages.kg_rows import entity_rows
+    return entity_rows("Albert Einstein", entity)
+
+
+def test_a_named_date_older_than_the_last_days_is_kept(make_system, cpu_config, sample_examples):
+    prices = {f"2024-{m:02d}-{d:02d} 00:00:00 EST": {"Open": 100.0 + d, "Close": 101.0 + d}
+              for m in (1, 2) for d in range(1, 29)}
+    kg = RecordingKG({"finance_get_info": exact({"AAPL": {"longName": "Apple Inc."}}),
+                      "finance_get_price_history": exact({"AAPL": prices})})
+    cpu_config.kg.price_days = 3
+    example = dict(sample_examples[2], query="what was the closing price of aapl on jan 16 2024?",
+                   query_time="02/27/2024, 09:12:00 PT")
+    lines = kg_rows_of(make_system, cpu_config, kg, example, kg_entities=entities_reply("finance", ticker="aapl"))
+    days = [line.split(": ")[0][-10:] for line in lines if "daily price" in line]
+    assert days[0] == "2024-01-16" and set(days) == {"2024-01-16", "2024-02-25", "2024-02-26", "2024-02-27"}
+
+
+def test_a_movie_keeps_its_original_title_and_language_and_the_best_title_match(make_system, cpu_config,
+                                                                                sample_examples):
+    found = [{"title": "Parasite Lost", "original_title": "x"},
+             {"title": "Parasite", "original_title": "기생충", "original_language": "ko", "budget": 11363000}]
+    kg = RecordingKG({"movie_get_movie_info": found})
+    example = dict(sample_examples[0], query="what's the original title of parasite?")
+    lines = kg_rows_of(make_system, cpu_config, kg, example, kg_entities=entities_reply("movie", movie_name="parasite"))
+    assert lines[0] == "Parasite original title: 기생충" and "Parasite original language: ko" in lines
+    assert not any("Parasite Lost" in line for line in lines)
+
+
+def test_year_rows_put_the_asked_award_first_and_winners_before_nominees():
+    awards = [{"year_ceremony": 2020, "category": c, "name": f"person {i}", "film": f"film {i}", "winner": i % 2 == 0}
+              for i, c in enumerate(["BEST PICTURE", "BEST PICTURE", "DIRECTING", "COSTUME DESIGN", "COSTUME DESIGN"])]
+    rows = rows_.as_rows(rows_.year_rows("2020", {"oscar_awards": awards}), 0)
+    ranked = rows_.rank(rows, "which film won the oscar for best costume design in 2020?", set())
+    assert ranked[0].text == "2020 oscar costume design: person 4 (film 4), won"
 
 
 def test_unreadable_extraction_means_no_lookup_for_that_query_only(make_system, cpu_config, sample_examples):
@@ -189,27 +296,14 @@ def test_config_checks_task_and_method(tmp_path):
         load_config(write(tmp_path / "b.yaml", "kg: {method: magic}"))
 
 
-def test_shrink_keeps_what_answers_questions():
-    movie = [{"title": "Inception", "budget": 160000000, "release_date": "2010-07-15",
-              "crew": [{"name": "Christopher Nolan", "job": "Director"}, {"name": "Hans Zimmer", "job": "Composer"}],
-              "cast": [{"name": f"Actor {i}", "character": f"Role {i}"} for i in range(9)],
-              "oscar_awards": [{"year_ceremony": 2011, "category": "CINEMATOGRAPHY", "name": "Wally Pfister",
-                                "film": "Inception", "winner": True}]}, {"title": "Other"}]
-    shown = compact(shrink("movie_get_movie_info", movie, None, 5))
-    assert "budget: 160000000" in shown and "directors: Christopher Nolan" in shown and "Hans Zimmer" not in shown
-    assert "Actor 4 as Role 4" in shown and "Actor 5" not in shown and "Other" not in shown
-    assert "2011 CINEMATOGRAPHY: Wally Pfister (Inception, won)" in shown
-    assert "raw" not in compact(shrink("open_get_entity", {"summary_text": "s", "raw_mediawiki": "raw"}, None, 5))
+def test_values_render_plainly_and_frames_read_in_row_order():
     frame = {"team": {"0": "A", "1": "B", "10": "K"}, "GF": {"0": 1, "1": 2, "10": 3}}
-    assert frame_rows(frame) == [{"team": "A", "GF": 1}, {"team": "B", "GF": 2}, {"team": "K", "GF": 3}]
+    assert [row for _, row in rows_.frame_rows(frame)] == [{"team": "A", "GF": 1}, {"team": "B", "GF": 2},
+                                                          {"team": "K", "GF": 3}]
     assert compact(2797000000000.0) == "2797000000000" and compact(6.4300) == "6.43"
-    assert compact(list(range(25))).endswith("(and 5 more)")
-
-
-def test_fit_lines_keeps_whole_lines_within_the_budget():
-    assert fit_lines(["a" * 40, "b" * 40, "c" * 40], 100) == ["a" * 40, "b" * 40]
-    assert fit_lines(["x" * 500], 100) == ["x" * 99 + "…"]
-    assert fit_lines([], 100) == []
+    assert rows_.fit(rows_.as_rows(["a" * 40, "b" * 70, "c" * 40], 0), 100) == ["a" * 40, "c" * 40]
+    assert rows_.named_dates("close on jan 16 2024, 2 march and 2024-02-29?", date(2024, 3, 5)) == {
+        "2024-01-16", "2024-03-02", "2024-02-29"}
 
 
 @pytest.mark.parametrize("text, expected", [

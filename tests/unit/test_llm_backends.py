@@ -10,7 +10,7 @@ import pytest
 
 from models.budget import Deadline
 from models.config import LLMConfig, OpenAIConfig, VLLMConfig
-from models.llm.base import BackendUnavailable, GenParams, create_llm, cut_at_stop
+from models.llm.base import LENGTH, BackendUnavailable, GenParams, create_llm, cut_at_stop, cut_short
 from models.llm.openai import OpenAIBackend
 
 
@@ -36,7 +36,7 @@ def fake_vllm(monkeypatch):
 
         def chat(self, conversations, sampling_params, use_tqdm):
             calls["chat"] = (conversations, sampling_params.kwargs)
-            choice = types.SimpleNamespace(text=" out ")
+            choice = types.SimpleNamespace(text=" out ", finish_reason="length")
             return [types.SimpleNamespace(outputs=[choice] * sampling_params.kwargs["n"]) for _ in conversations]
 
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams))
@@ -48,10 +48,9 @@ def test_vllm_backend_maps_config_and_params(fake_vllm):
                                                        quantization="gptq", dtype="float16"))
     llm = create_llm(config)
     assert fake_vllm["init"]["tensor_parallel_size"] == 4 and fake_vllm["init"]["quantization"] == "gptq"
-    assert llm.tokenizer == "the model's tokenizer"  # answers are trimmed with it
     conversations = [[{"role": "user", "content": "hi"}]] * 2
     out = llm.generate(conversations, GenParams(max_tokens=9, temperature=0.7, n=3, stop=["X"], seed=5))
-    assert out == [["out"] * 3] * 2
+    assert out == [["out"] * 3] * 2 and cut_short(out[0][0]) == LENGTH  # vLLM's finish_reason is kept
     assert fake_vllm["chat"][1] == {"n": 3, "temperature": 0.7, "max_tokens": 9, "stop": ["X"], "seed": 5}
     assert llm.generate(conversations, GenParams(deadline=Deadline(0))) == [[], []]
 
@@ -63,7 +62,8 @@ def test_vllm_missing_is_a_clear_error(monkeypatch):
 
 
 class ChatServer:
-    """A loopback OpenAI-style server: fails the first `failures` requests with `status`, then echoes."""
+    """A loopback OpenAI-style server: fails the first `failures` requests with `status`, then echoes the last
+    message and " STOP tail", cut to max_tokens words with finish_reason "length" as servers report a cut."""
 
     def __init__(self, failures: int = 0, status: int = 503) -> None:
         self.requests: list[dict] = []
@@ -79,9 +79,11 @@ class ChatServer:
                 if len(server.requests) <= failures:
                     code, reply = status, {"error": {"message": "try later"}}
                 else:
-                    text = body["messages"][-1]["content"] + " STOP tail"
+                    words = (body["messages"][-1]["content"] + " STOP tail").split()
+                    limit = body.get("max_tokens") or len(words)  # a word per token; cut at max_tokens, as servers do
+                    text, finish = " ".join(words[:limit]), "length" if len(words) > limit else "stop"
                     code, reply = 200, {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                                        "choices": [{"index": i, "finish_reason": "stop",
+                                        "choices": [{"index": i, "finish_reason": finish,
                                                      "message": {"role": "assistant", "content": text}}
                                                     for i in range(body.get("n") or 1)]}
                 data = json.dumps(reply).encode()
@@ -118,6 +120,13 @@ def test_openai_sends_prompts_cuts_stop_and_uses_env_key(chat_server, monkeypatc
     assert out == [["a"], ["b"]]
     assert {r["auth"] for r in chat_server.requests} == {"Bearer sk-test"}
     assert chat_server.requests[0]["body"]["max_tokens"] == 5 and chat_server.requests[0]["body"]["stop"] == ["STOP"]
+
+
+def test_openai_reports_a_generation_cut_at_max_tokens(chat_server):
+    conversation = [[{"role": "user", "content": "one two three"}]]
+    ((cut,),) = _backend(chat_server.url).generate(conversation, GenParams(max_tokens=2))
+    ((whole,),) = _backend(chat_server.url).generate(conversation, GenParams(max_tokens=50))
+    assert (cut, cut_short(cut)) == ("one two", LENGTH) and cut_short(whole) is None
 
 
 def test_openai_n_as_separate_requests_or_native(chat_server):

@@ -6,12 +6,12 @@ import pickle
 import pytest
 
 from models.config import DOMAINS, DYNAMISM, REPO_ROOT
-from models.llm.base import BackendUnavailable
+from models.llm.base import DEADLINE, LENGTH, BackendUnavailable, Sample
 from models.stages.attributes import SVMAttributes, demonstrations, parse_icl, read_labelled, vote
 from models.stages.calculator import calculations, candidate_expressions
 from tests.conftest import to_batch
 from tests.fakes import SEED_REPLY, HashEmbedder, ScriptedLLM, by_prompt, prompt_name
-from utils.answers import final_answer
+from utils.grader_tokens import grader_token_count
 
 LABELLED = REPO_ROOT / "data" / "attributes" / "questions.jsonl"
 
@@ -52,21 +52,36 @@ def test_idk_phrases_become_exactly_idk(make_system, sample_examples, answer):
     assert make_system(llm).batch_generate_answer(to_batch(sample_examples[:1])) == ["i don't know"]
 
 
-class WordPieces:
-    """A tokenizer stand-in: every character is a token."""
+def test_answers_over_the_grader_limit_are_cut_at_a_clause_boundary(make_system, sample_examples):
+    items = ", ".join(f"film number {i} of the year" for i in range(1, 30))
+    llm = ScriptedLLM(by_prompt(reasoning=block(items)))
+    system = make_system(llm)
+    (answer,) = system.batch_generate_answer(to_batch(sample_examples[:1]))
+    assert grader_token_count(answer) <= 75 and items.startswith(answer) and answer.endswith("of the year")
+    assert "cut at a clause boundary" in system.last_batch_trace[0]["reason"]
 
-    def encode(self, text, add_special_tokens=False):
-        return list(text)
 
-    def decode(self, ids):
-        return "".join(ids)
+@pytest.mark.parametrize("reason", [LENGTH, DEADLINE])
+def test_a_generation_cut_short_is_never_an_answer(make_system, sample_examples, reason):
+    cut = Sample("Thinking.\n===START===\n## Answer: christopher nol", reason)
+    llm = ScriptedLLM(by_prompt(reasoning=cut, summariser=Sample("Christopher", reason)))
+    system = make_system(llm)
+    assert system.batch_generate_answer(to_batch(sample_examples[:1])) == ["i don't know"]
+    assert f"cut short ({reason})" in system.last_batch_trace[0]["reason"]
 
 
-def test_answers_are_trimmed_with_the_llms_tokenizer(make_system, sample_examples):
-    assert final_answer("abcdefghij " * 20, WordPieces()) == ("abcdefghij " * 7)[:75].strip()
-    llm = ScriptedLLM(by_prompt(reasoning=block("x" * 100)))
-    llm.tokenizer = WordPieces()
-    assert make_system(llm).batch_generate_answer(to_batch(sample_examples[:1])) == ["x" * 75]
+def test_a_whole_answer_line_before_the_cut_is_an_answer(make_system, sample_examples):
+    llm = ScriptedLLM(by_prompt(reasoning=Sample("===START===\n## Answer: Christopher Nolan\n## False Prem", LENGTH)))
+    assert make_system(llm).batch_generate_answer(to_batch(sample_examples[:1])) == ["Christopher Nolan"]
+    cut = Sample("Christopher Nolan\nHe also dir", LENGTH)
+    llm = ScriptedLLM(by_prompt(reasoning="no answer here", summariser=cut))
+    assert make_system(llm).batch_generate_answer(to_batch(sample_examples[:1])) == ["Christopher Nolan"]
+
+
+def test_a_cut_short_reasoning_output_falls_back_to_the_summariser(make_system, sample_examples):
+    llm = ScriptedLLM(by_prompt(reasoning=Sample("===START===\n## Answer: christopher nol", LENGTH),
+                                summariser="Christopher Nolan"))
+    assert make_system(llm).batch_generate_answer(to_batch(sample_examples[:1])) == ["Christopher Nolan"]
 
 
 # --- knowledge -------------------------------------------------------------------------------------------------
@@ -217,6 +232,6 @@ def test_optional_stages_are_skipped_first_when_time_is_short(make_system, sampl
     system = make_system(llm, per_query_s=3.0, safety_margin_s=0.0)  # 3 s: knowledge needs 3.5, reasoning 1.5
     assert system.batch_generate_answer(to_batch(sample_examples[:1])) == ["paris"]
     statuses = {r["stage"]: r["status"] for r in system.last_batch_trace[0]["stages"]}
-    assert statuses == {"references": "ok", "knowledge": "skipped", "calculator": "skipped", "reasoning": "ok",
-                        "answer": "ok"}
+    assert statuses == {"references": "ok", "evidence": "ok", "knowledge": "skipped", "calculator": "skipped",
+                        "reasoning": "ok", "answer": "ok"}
     assert SEED_REPLY in llm.reply(prompts_sent(llm, "reasoning")[0])

@@ -1,10 +1,12 @@
+import socket
+
 import pytest
 
 from models.stages.reasoning import Parsed, fit_references, parse_structured
 from models.state import Reference
 from models.system import unpack_batch
 from tests.conftest import to_batch
-from tests.fakes import ScriptedLLM
+from tests.fakes import RecordingKG, ScriptedLLM, by_prompt, prompt_name
 
 
 def test_answers_every_query_in_order(make_system, sample_examples):
@@ -52,10 +54,10 @@ def test_parse_structured(output, expected):
 def test_answers_are_normalised_and_trimmed(make_system, sample_examples):
     replies = iter(["===START===\n## Answer: I Don\u2019t Know.\n===END===",
                     "===START===\n## Answer: Invalid question.\n===END===",
-                    "===START===\n## Answer: " + "word " * 200 + "\n===END===", None])
+                    "===START===\n## Answer: " + "word, " * 200 + "\n===END===", None])
     answers = make_system(ScriptedLLM(lambda conv: next(replies))).batch_generate_answer(to_batch(sample_examples[:4]))
     assert answers[:2] == ["i don't know", "invalid question"]
-    assert len(answers[2].split()) == 75
+    assert answers[2] == ", ".join(["word"] * 38)  # 38 words, 37 commas: 75 Llama-2 tokens, cut before a comma
     assert answers[3] == "i don't know"  # the LLM returned no sample for it
 
 
@@ -99,7 +101,7 @@ def test_pages_without_text_answer_idk_without_calling_llm(make_system, sample_e
     batch["search_results"] = [pages]
     assert system.batch_generate_answer(batch) == ["i don't know"]
     assert llm.calls == []
-    assert system.last_batch_trace[0]["reason"] == "no usable text in the search results"
+    assert system.last_batch_trace[0]["reason"] == "no usable text in the search results and no KG result"
 
 
 def test_snippet_alone_is_a_reference(make_system):
@@ -128,3 +130,69 @@ def test_prompt_budget_applies_in_the_pipeline(make_system, sample_examples, cpu
     llm = ScriptedLLM()
     make_system(llm).batch_generate_answer(to_batch(sample_examples[:1]))
     assert llm.calls[0][0][0][1]["content"].count("\n[") == 1
+
+
+# --- task-aware runs: the KG before the dynamic pre-check and the evidence check -----------------------------
+
+def _kg_config(cpu_config, dynamic_idk=True):
+    cpu_config.task = 2
+    cpu_config.attributes.method = "icl"
+    cpu_config.answer.dynamic_idk = dynamic_idk
+
+
+def prompts_sent(llm, name):
+    return [conv for conversations, _ in llm.calls for conv in conversations if prompt_name(conv) == name]
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _stages(system):
+    return [[r["stage"] for r in trace["stages"]] for trace in system.last_batch_trace]
+
+
+PRICE = {"2024-03-06 00:00:00 EST": {"Open": 880.0, "Close": 887.0}}
+NVDA = {"finance_get_info": lambda body: {"longName": "NVIDIA Corporation"} if body["query"] == "NVDA" else None,
+        "finance_get_price_history": lambda body: PRICE if body["query"] == "NVDA" else None}
+KG_REPLIES = dict(attributes="domain: finance\ndynamism: real-time",
+                  kg_entities='{"domain": "finance", "entities": {"ticker": "NVDA"}}',
+                  reasoning=lambda conv: "===START===\n## Answer: " + ("887" if "887" in conv[1]["content"]
+                                                                       else "no idea") + "\n===END===")
+
+
+def test_a_dynamic_query_the_kg_answers_is_attempted(make_system, sample_examples, cpu_config):
+    _kg_config(cpu_config)
+    system = make_system(ScriptedLLM(by_prompt(**KG_REPLIES)), kg=RecordingKG(NVDA))
+    assert system.batch_generate_answer(to_batch(sample_examples[5:6])) == ["887"]
+    assert _stages(system)[0][:5] == ["attributes", "references", "kg", "precheck", "evidence"]
+
+
+def test_a_dynamic_query_with_nothing_from_the_kg_is_idk_before_the_llm(make_system, sample_examples, cpu_config):
+    _kg_config(cpu_config)
+    llm = ScriptedLLM(by_prompt(**KG_REPLIES))
+    system = make_system(llm, kg=RecordingKG({}))
+    assert system.batch_generate_answer(to_batch(sample_examples[5:6])) == ["i don't know"]
+    assert "predicted real-time" in system.last_batch_trace[0]["reason"]
+    assert not prompts_sent(llm, "reasoning")
+
+
+def test_without_pages_the_kg_still_answers(make_system, sample_examples, cpu_config):
+    _kg_config(cpu_config, dynamic_idk=False)
+    batch = to_batch(sample_examples[5:6])
+    batch["search_results"] = [[]]
+    system = make_system(ScriptedLLM(by_prompt(**KG_REPLIES)), kg=RecordingKG(NVDA))
+    assert system.batch_generate_answer(batch) == ["887"]
+    assert ("references", "ok") in [(r["stage"], r["status"]) for r in system.last_batch_trace[0]["stages"]]
+
+
+def test_no_kg_server_means_no_kg_stage(make_system, cpu_config, sample_examples, caplog_loguru):
+    cpu_config.task = 2
+    cpu_config.kg.base_url = f"http://127.0.0.1:{_free_port()}"
+    cpu_config.kg.connect_timeout_s = 0.5
+    system = make_system(ScriptedLLM())
+    system.batch_generate_answer(to_batch(sample_examples[:1]))
+    assert system.kg is None and "kg" not in _stages(system)[0]
+    assert "no KG server answers" in caplog_loguru.text and "the kg stage is off" in caplog_loguru.text
