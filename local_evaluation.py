@@ -12,21 +12,23 @@ import contextlib
 import json
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
 from loguru import logger
 from tqdm import tqdm
 
-from evaluation.data import DataError, ReadStats, Selection, check_data_file, parse_shard, read_examples
+from evaluation import manifest
+from evaluation.data import (QUESTION_TYPES, DataError, ReadStats, Selection, check_data_file, parse_choices,
+                             parse_shard, read_examples)
 from evaluation.judge import LLMJudge, judge_records
 from evaluation.kg_server import KGServerError, fixture_kg
 from evaluation.report import format_table, score_records, write_report
 from evaluation.runner import EvaluationError, load_predictions, run_model
 from evaluation.worker import ModelWorker, WorkerError
-from models.config import (CONFIG_ENV, DEFAULT_CONFIG, ConfigError, HFConfig, OpenAIConfig, SystemConfig,
-                           load_config)
+from models.config import (CONFIG_ENV, DEFAULT_CONFIG, DOMAINS, DYNAMISM, ConfigError, HFConfig, OpenAIConfig,
+                           SystemConfig, load_config)
 from models.llm.base import BackendUnavailable
 from models.prompting import PromptError, PromptLibrary
 from utils.cache import JsonCache, cache_root
@@ -43,12 +45,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--limit", type=int, default=None, help="only the first N examples (of the shard)")
     parser.add_argument("--domain", default="", help="only these domains, comma-separated (e.g. finance,music)")
     parser.add_argument("--question-type", default="", help="only these question types, comma-separated")
+    parser.add_argument("--static-or-dynamic", default="",
+                        help="only these dynamism classes, comma-separated (static, slow-changing, ...)")
     parser.add_argument("--split", type=int, default=None, help="only examples with this CRAG split value (0 or 1)")
     parser.add_argument("--shard", default="1/1",
                         help="i/n: run the i-th of n equal parts (into <out>/shard-i-of-n); merge with --merge")
     parser.add_argument("--merge", action="store_true",
                         help="combine <out>/shard-*-of-n/predictions.jsonl into <out> and judge; no model")
     parser.add_argument("--restart", action="store_true", help="discard earlier predictions of this run folder")
+    parser.add_argument("--force-resume", action="store_true",
+                        help="resume although the setup differs from the run folder's manifest.json (mixes answers)")
     parser.add_argument("--time-limit", type=float, default=30.0,
                         help="seconds per query; a batch over batch size x this is timed out (0: no limit)")
     parser.add_argument("--judge", default="rules",
@@ -89,8 +95,32 @@ def build_judge(spec: str, model_name: str | None) -> LLMJudge | None:
     return LLMJudge(llm, PromptLibrary().get("judge"), name, JsonCache(cache_root(None) / "judge"))
 
 
+def check_resume(out_dir: Path, predictions: Path, new: dict, force: bool) -> None:
+    """Refuse to add predictions of this setup to those of another (manifest.json's `answers` differ), unless
+    --force-resume; a different commit is only said, since most commits change no answer."""
+    if not predictions.exists() or predictions.stat().st_size == 0:
+        return
+    old = manifest.load(out_dir)
+    if old is None:
+        print(f"{out_dir}: predictions without a manifest.json (an older run folder); resuming unchecked",
+              file=sys.stderr)
+        return
+    changed = manifest.differences(old.get("answers"), new["answers"])
+    if changed and not force:
+        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        raise EvaluationError(f"{out_dir} holds predictions of another setup ({'; '.join(changed[:3])}{more}): "
+                              "use --out with a new folder, or --force-resume to mix them")
+    if changed:
+        print(f"--force-resume: mixing predictions of two setups in {out_dir}: {'; '.join(changed)}", file=sys.stderr)
+    if old.get("commit") != new.get("commit") or old.get("dirty"):
+        print(f"{out_dir}: earlier predictions come from commit {old.get('commit')}"
+              f"{' (with uncommitted changes)' if old.get('dirty') else ''}; this run is {new.get('commit')}",
+              file=sys.stderr)
+
+
 def merge_shards(out_dir: Path, predictions: Path) -> list[dict]:
-    """The records of every shard folder under out_dir, written together to `predictions` (shard order)."""
+    """The records of every shard folder under out_dir, written together to `predictions` (shard order); the
+    shards' manifests must agree on what changes answers."""
     folders = sorted(out_dir.glob("shard-*-of-*"), key=lambda p: [int(n) for n in re.findall(r"\d+", p.name)])
     counts = {re.fullmatch(r"shard-(\d+)-of-(\d+)", f.name).group(2) for f in folders}
     if not folders or len(counts) != 1:
@@ -99,6 +129,13 @@ def merge_shards(out_dir: Path, predictions: Path) -> list[dict]:
     missing = [i for i in range(1, count + 1) if not (out_dir / f"shard-{i}-of-{count}" / "predictions.jsonl").exists()]
     if missing:
         raise EvaluationError(f"--merge: shards {missing} of {count} have no predictions.jsonl under {out_dir}")
+    manifests = {i: manifest.load(out_dir / f"shard-{i}-of-{count}") for i in range(1, count + 1)}
+    first = next((m for m in manifests.values() if m is not None), None)
+    for i, shard in manifests.items():
+        changed = manifest.differences(first.get("answers"), shard.get("answers")) if first and shard else []
+        if changed:
+            raise EvaluationError(f"--merge: shard {i} of {count} was run with another setup than the others "
+                                  f"({'; '.join(changed[:3])}); re-run it with the same config, prompts and data")
     records: dict[str, dict] = {}
     for i in range(1, count + 1):
         records.update(load_predictions(out_dir / f"shard-{i}-of-{count}" / "predictions.jsonl"))
@@ -141,13 +178,29 @@ def run(config: SystemConfig, args: argparse.Namespace, stats: ReadStats, select
     """The model over the selected examples, in a child process so that a batch over its limit can be stopped."""
     from models.user_config import UserModel  # after the checks: loading models takes seconds
 
-    model = ModelWorker(lambda: UserModel(config))
-    print(f"UserModel ready in {model.load_seconds:.1f} s ({config.source})", file=sys.stderr)
+    model = LazyWorker(lambda: UserModel(config))
     try:
         return run_model(model, read_examples(args.data, stats, selection=selection), predictions,
                          per_query_s=args.time_limit or None)
     finally:
         model.close()
+
+
+class LazyWorker:
+    """A ModelWorker started on first use, so a resume with every answer there loads no model."""
+
+    def __init__(self, build: Callable[[], object]) -> None:
+        self._build, self._worker = build, None
+
+    def __getattr__(self, name: str) -> object:
+        if self._worker is None:
+            self._worker = ModelWorker(self._build)
+            print(f"UserModel ready in {self._worker.load_seconds:.1f} s", file=sys.stderr)
+        return getattr(self._worker, name)
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -163,23 +216,40 @@ def main(argv: list[str] | None = None) -> int:
         if shard_count > 1:
             out_dir = out_dir / f"shard-{shard_index}-of-{shard_count}"
         predictions = out_dir / "predictions.jsonl"
-        selection = Selection(frozenset(filter(None, args.domain.split(","))),
-                              frozenset(filter(None, args.question_type.split(","))), args.split,
-                              shard_index, shard_count, args.limit)
+        selection = Selection(parse_choices("--domain", args.domain, DOMAINS),
+                              parse_choices("--question-type", args.question_type, QUESTION_TYPES), args.split,
+                              shard_index, shard_count, args.limit,
+                              parse_choices("--static-or-dynamic", args.static_or_dynamic, DYNAMISM))
         check_judge(args.judge, args.judge_model)  # the judge itself loads after the run (see below)
         stats = ReadStats()
+        judge_record = {"spec": args.judge, "model": args.judge_model,
+                        "prompt_sha256": manifest.file_hash(PromptLibrary().get("judge").path)}
         if args.merge:
             records = merge_shards(out_dir, predictions)
+            shard = manifest.load(next(iter(sorted(out_dir.glob("shard-*-of-*"))), out_dir))
+            run_manifest = shard and shard | {"selection": shard["selection"] | {"shard_index": 1, "shard_count": 1}}
         elif args.rejudge:
             if not predictions.exists():
                 raise EvaluationError(f"--rejudge: {predictions} does not exist; run without --rejudge first")
             records = list(load_predictions(predictions).values())
+            run_manifest = manifest.load(out_dir)
         else:
             if args.restart and predictions.exists():
                 predictions.unlink()
             config = task_for_data(config, args.data)
+            answers = manifest.answer_inputs(config, args.data, args.time_limit or None,
+                                             args.serve_kg and config.task > 1)
+            run_manifest = manifest.build(answers, selection, judge_record)
+            check_resume(out_dir, predictions, run_manifest, args.force_resume)
+            manifest.write(out_dir, run_manifest)
             with kg_for_run(config, args.serve_kg) as config:
                 records = run(config, args, stats, selection, predictions)
+        if args.merge or args.rejudge:  # the filters hold here too; the shard and the limit were the run's
+            records = [r for r in records if selection.keeps(r)]
+        if not records:
+            source = predictions if args.merge or args.rejudge else args.data
+            raise EvaluationError(f"the selection keeps no question of {source}; check --domain, --question-type, "
+                                  "--static-or-dynamic, --split and --limit")
         # Built after the run: a judge on torch in this process before the model's child forks could leave the
         # child's OpenMP threads deadlocked.
         judge = build_judge(args.judge, args.judge_model)
@@ -190,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     judge_records(records, judge)
     summary = score_records(records)
     summary["judge"] = judge.name if judge else "rules"
+    if run_manifest is not None:  # the judge of this report, and when it was written
+        manifest.write(out_dir, manifest.finish(run_manifest | {"judge": judge_record | {"name": summary["judge"]}}))
     summary["skipped_lines"] = stats.skipped_lines
     written = write_report(summary, out_dir, f"{data_name} with {Path(config.source).name}, judge {summary['judge']}")
     print(format_table(summary))

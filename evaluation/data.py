@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import bz2
+import difflib
 import glob
 import io
 import json
@@ -40,11 +41,29 @@ class Selection:
     shard_index: int = 1
     shard_count: int = 1
     limit: int | None = None
+    dynamism: frozenset[str] = frozenset()
 
     def keeps(self, example: dict[str, Any]) -> bool:
+        """Whether the filters (not the shard or the limit) keep `example`."""
         return ((not self.domains or example.get("domain") in self.domains)
                 and (not self.question_types or example.get("question_type") in self.question_types)
+                and (not self.dynamism or example.get("static_or_dynamic") in self.dynamism)
                 and (self.split is None or example.get("split") == self.split))
+
+
+# CRAG's question types (its domains and dynamism classes are models.config's DOMAINS and DYNAMISM).
+QUESTION_TYPES = ("simple", "simple_w_condition", "set", "comparison", "aggregation", "multi-hop", "post-processing",
+                  "false_premise")
+
+
+def parse_choices(flag: str, text: str, allowed: tuple[str, ...]) -> frozenset[str]:
+    """The comma-separated values of `flag`; ValueError naming a value CRAG does not have, with the closest one."""
+    values = frozenset(v.strip() for v in text.split(",") if v.strip())
+    for value in sorted(values - set(allowed)):
+        close = difflib.get_close_matches(value, allowed, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"use one of {', '.join(allowed)}"
+        raise ValueError(f"{flag} {value!r} is not a CRAG value: {hint}")
+    return values
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -104,9 +123,14 @@ class _Concatenated(io.RawIOBase):
             self._handle = None
 
 
+def data_pieces(path: Path) -> list[Path]:
+    """The files a data path stands for: itself, or every piece of a split archive it names."""
+    return _parts(path) if re.search(r"\.part\d+$", path.name) or not path.is_file() else [path]
+
+
 def _tar_lines(path: Path) -> Iterator[str]:
     """Lines of every .jsonl member of a (possibly split) .tar.bz2, streamed: the archive is never unpacked."""
-    pieces = _parts(path) if re.search(r"\.part\d+$", path.name) or not path.is_file() else [path]
+    pieces = data_pieces(path)
     stream = io.BufferedReader(_Concatenated(pieces), buffer_size=1 << 20)
     with tarfile.open(fileobj=stream, mode="r|*") as archive:
         for member in archive:

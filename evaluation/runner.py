@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import threading
@@ -107,6 +108,10 @@ def run_model(model: Any, examples: Iterable[dict[str, Any]], predictions_path: 
                 yield example
 
     queue = pending()
+    first = next(queue, None)  # the model is asked for nothing (and need not load) when every answer is there
+    if first is None:
+        return [done[i] for i in dict.fromkeys(order)]
+    queue = itertools.chain([first], queue)
     with predictions_path.open("a", encoding="utf-8") as out, tqdm(total=total, unit="q", desc="evaluating") as bar:
         while batch := _take(queue, _batch_size(model)):
             limit = len(batch) * per_query_s if per_query_s else None

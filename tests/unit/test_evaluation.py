@@ -3,11 +3,13 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 
 import local_evaluation
-from evaluation.data import DataError, ReadStats, alternative_answers, read_examples
+from evaluation import manifest
+from evaluation.data import DataError, ReadStats, Selection, alternative_answers, read_examples
 from evaluation.judge import CORRECT, MISS, UNJUDGED, WRONG, Item, judge_by_rules
 from evaluation.metrics import Scores, latency
 from evaluation.runner import EvaluationError, load_predictions, run_model
@@ -270,3 +272,75 @@ def test_task_3_data_turns_a_task_1_config_to_task_3(tmp_path, capsys, pages, ta
     data = write(tmp_path / "d.jsonl", json.dumps(_example(0, search_results=[page] * pages)) + "\n")
     assert local_evaluation.task_for_data(config, data).task == runs
     assert ("Task 3 data" in capsys.readouterr().err) == (runs != task)
+
+
+# --- the run folder's manifest: a resume never mixes two setups ---------------------------------------------
+
+def _run_folder(out, config, count=2, judge="local"):
+    """`out` as a finished run folder of the first `count` sample questions, made by `config`, judged by `judge`."""
+    out.mkdir(parents=True)
+    fields = ("interaction_id", "query", "answer", "domain", "question_type", "static_or_dynamic")
+    records = [json.loads(line) for line in SAMPLE.read_text().splitlines()][:count]
+    lines = [json.dumps({**{k: r.get(k) for k in fields}, "alt_answers": [], "prediction": r["answer"],
+                         "batch_seconds": 1.0, "batch_size": 1}) for r in records]
+    write(out / "predictions.jsonl", "\n".join(lines) + "\n")
+    answers = manifest.answer_inputs(config, SAMPLE, 30.0, False)
+    manifest.write(out, manifest.build(answers, Selection(limit=count), {"spec": judge}))
+    return out
+
+
+def test_a_resume_with_a_changed_prompt_file_is_refused(tmp_path, capsys):
+    out = _run_folder(tmp_path / "run", load_config(REPO_ROOT / "configs" / "cpu.yaml"))
+    variant = write(tmp_path / "reasoning_v2.yaml", (REPO_ROOT / "prompts" / "reasoning.yaml").read_text()
+                    + "# a variant\n")
+    config = write(tmp_path / "v2.yaml", (REPO_ROOT / "configs" / "cpu.yaml").read_text().replace(
+        "prompts: {}", f"prompts: {{reasoning: {variant}}}"))
+    before = (out / "predictions.jsonl").read_bytes()
+    assert local_evaluation.main(["--data", str(SAMPLE), "--config", str(config), "--out", str(out),
+                                  "--limit", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "prompts.reasoning" in err and "--out" in err and "--force-resume" in err
+    assert (out / "predictions.jsonl").read_bytes() == before  # nothing mixed in
+
+
+def test_a_resume_with_only_a_new_judge_rejudges_and_keeps_the_predictions(tmp_path, capsys):
+    out = _run_folder(tmp_path / "run", load_config(REPO_ROOT / "configs" / "cpu.yaml"), judge="local")
+    before = (out / "predictions.jsonl").read_bytes()
+    assert local_evaluation.main(["--data", str(SAMPLE), "--config", str(REPO_ROOT / "configs" / "cpu.yaml"),
+                                  "--out", str(out), "--limit", "2", "--judge", "rules"]) == 0
+    assert "UserModel ready" not in capsys.readouterr().err  # every answer was there: no model loaded
+    assert (out / "predictions.jsonl").read_bytes() == before
+    written = manifest.load(out)
+    assert written["judge"]["spec"] == "rules" and written["finished"] and written["judge"]["prompt_sha256"]
+    assert json.loads((out / "report.json").read_text())["overall"]["total"] == 2
+
+
+def test_the_port_of_a_served_kg_is_not_part_of_what_changes_answers():
+    config = load_config(REPO_ROOT / "configs" / "cpu.yaml")
+    first = manifest.answer_inputs(replace(config, kg=replace(config.kg, base_url="http://127.0.0.1:4101")), SAMPLE,
+                                   30.0, True)
+    second = manifest.answer_inputs(replace(config, kg=replace(config.kg, base_url="http://127.0.0.1:5202")), SAMPLE,
+                                    30.0, True)
+    assert manifest.differences(first, second) == []
+    other = manifest.answer_inputs(replace(config, kg=replace(config.kg, method="functions")), SAMPLE, 30.0, True)
+    assert manifest.differences(first, other) == ["config.kg.method ('rules' -> 'functions')"]
+
+
+def test_merge_refuses_shards_of_different_setups(tmp_path, capsys):
+    config = load_config(REPO_ROOT / "configs" / "cpu.yaml")
+    for i, setup in ((1, config), (2, replace(config, kg=replace(config.kg, method="functions")))):
+        _run_folder(tmp_path / "run" / f"shard-{i}-of-2", setup)
+    assert local_evaluation.main(["--data", str(SAMPLE), "--out", str(tmp_path / "run"), "--merge"]) == 2
+    assert "shard 2 of 2 was run with another setup" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--domain", "fiance"], "--domain 'fiance' is not a CRAG value: did you mean 'finance'?"),
+    (["--question-type", "multihop"], "did you mean 'multi-hop'?"),
+    (["--static-or-dynamic", "realtime"], "did you mean 'real-time'?"),
+    (["--domain", "finance", "--static-or-dynamic", "real-time"], "the selection keeps no question"),
+])
+def test_selections_cannot_silently_be_empty(tmp_path, capsys, args, message):
+    assert local_evaluation.main(["--data", str(SAMPLE), "--out", str(tmp_path / "run"), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err

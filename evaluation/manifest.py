@@ -1,0 +1,133 @@
+"""The manifest of a run folder (manifest.json): what produced its predictions, so that a resume never mixes the
+answers of two setups into one score.
+
+Its `answers` part holds what changes answers: the resolved config (less what only moves files or processes:
+cache folders, worker counts, log level, the config file's own path, and the port of a KG server the run
+started itself), the hash of every prompt file the config uses, the data file's hash, and the time limit. A
+resume compares that part and names every key that differs. The rest is a record: the selection, the judge and
+its prompt, the project commit, package versions, times. A change of judge only re-judges.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import subprocess
+import sys
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from evaluation.data import Selection, data_pieces
+from models.config import REPO_ROOT, SystemConfig
+from models.prompting import PromptLibrary
+
+MANIFEST = "manifest.json"
+# Config keys that change where files go or how work is spread, never an answer.
+VOLATILE = ("source", "log_level", "references.cache_dir", "references.workers", "llm.hf.cache_dir")
+PACKAGES = ("torch", "transformers", "tokenizers", "sentence-transformers", "vllm", "openai", "trafilatura", "lxml")
+SERVED_KG = "fixture server over data/kg"
+
+
+def file_hash(path: Path) -> str:
+    """sha256 of a file, read in blocks; of each piece in order for a split archive."""
+    digest = hashlib.sha256()
+    for piece in data_pieces(path):
+        with piece.open("rb") as handle:
+            while block := handle.read(1 << 20):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def _drop(tree: dict[str, Any], dotted: str) -> None:
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        tree = tree.get(key) or {}
+    tree.pop(leaf, None)
+
+
+def answer_inputs(config: SystemConfig, data: Path, time_limit_s: float | None, served_kg: bool) -> dict[str, Any]:
+    """What changes the answers of a run, as plain JSON."""
+    resolved = dataclasses.asdict(config)
+    for key in VOLATILE:
+        _drop(resolved, key)
+    if served_kg:  # the port changes every run; what it serves does not
+        resolved["kg"]["base_url"] = f"{SERVED_KG} ({_folder_hash(REPO_ROOT / 'data' / 'kg')[:16]})"
+    library = PromptLibrary(config.prompts)
+    prompts = {name: hashlib.sha256(library.get(name).path.read_bytes()).hexdigest()
+               for name in sorted({p.stem for p in (REPO_ROOT / "prompts").glob("*.yaml")} | set(config.prompts))}
+    return {"config": resolved, "prompts": prompts, "data": {"name": data.name, "sha256": file_hash(data)},
+            "time_limit_s": time_limit_s}
+
+
+def _folder_hash(folder: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def _commit() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+    try:
+        return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "--porcelain"))}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def _versions() -> dict[str, str]:
+    found = {"python": sys.version.split()[0]}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def build(answers: dict[str, Any], selection: Selection, judge: dict[str, Any]) -> dict[str, Any]:
+    """A new manifest: `answers` (answer_inputs), the selection, the judge, commit, versions, the start time."""
+    return {"answers": answers, "selection": dataclasses.asdict(selection) | {
+                "domains": sorted(selection.domains), "question_types": sorted(selection.question_types),
+                "dynamism": sorted(selection.dynamism)},
+            "judge": judge, **_commit(), "packages": _versions(),
+            "started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "finished": None}
+
+
+def differences(old: Any, new: Any, where: str = "") -> list[str]:
+    """The dotted keys whose values differ between two manifests' parts, with both values when short."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [d for key in sorted(set(old) | set(new), key=str)
+                for d in differences(old.get(key), new.get(key), f"{where}.{key}" if where else str(key))]
+    if old == new:
+        return []
+    shown = f" ({old!r} -> {new!r})" if len(repr(old)) + len(repr(new)) < 80 else ""
+    return [f"{where}{shown}"]
+
+
+def load(folder: Path) -> dict[str, Any] | None:
+    path = folder / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write(folder: Path, manifest: dict[str, Any]) -> None:
+    """Written to a temporary file and renamed, so a crash never leaves half a manifest."""
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = folder / f"{MANIFEST}.partial"
+    partial.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    partial.replace(folder / MANIFEST)
+
+
+def finish(manifest: dict[str, Any]) -> dict[str, Any]:
+    return manifest | {"finished": datetime.now(timezone.utc).isoformat(timespec="seconds")}
