@@ -22,7 +22,7 @@ from tqdm import tqdm
 from evaluation import manifest
 from evaluation.data import (QUESTION_TYPES, DataError, ReadStats, Selection, check_data_file, parse_choices,
                              parse_shard, read_examples)
-from evaluation.judge import LLMJudge, judge_records
+from evaluation.judge import UNJUDGED, LLMJudge, judge_records
 from evaluation.kg_server import KGServerError, fixture_kg
 from evaluation.report import format_table, score_records, write_report
 from evaluation.runner import EvaluationError, load_predictions, run_model
@@ -60,6 +60,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--judge", default="rules",
                         help="rules, local, or an OpenAI-compatible base URL such as http://127.0.0.1:8001/v1")
     parser.add_argument("--judge-model", default=None, help="model name for a URL judge")
+    parser.add_argument("--max-unjudged", type=int, default=0,
+                        help="exit 1 (after writing the report) when more predictions than this stay unjudged")
     parser.add_argument("--rejudge", action="store_true",
                         help="judge the predictions already in the run folder again; the model is not loaded")
     parser.add_argument("--serve-kg", action="store_true",
@@ -92,7 +94,9 @@ def build_judge(spec: str, model_name: str | None) -> LLMJudge | None:
         from models.llm.openai import OpenAIBackend
 
         llm, name = OpenAIBackend(OpenAIConfig(base_url=spec, model=model_name)), f"{spec}#{model_name}"
-    return LLMJudge(llm, PromptLibrary().get("judge"), name, JsonCache(cache_root(None) / "judge"))
+    judge = LLMJudge(llm, PromptLibrary().get("judge"), name, JsonCache(cache_root(None) / "judge"))
+    judge.probe()
+    return judge
 
 
 def check_resume(out_dir: Path, predictions: Path, new: dict, force: bool) -> None:
@@ -220,7 +224,11 @@ def main(argv: list[str] | None = None) -> int:
                               parse_choices("--question-type", args.question_type, QUESTION_TYPES), args.split,
                               shard_index, shard_count, args.limit,
                               parse_choices("--static-or-dynamic", args.static_or_dynamic, DYNAMISM))
-        check_judge(args.judge, args.judge_model)  # the judge itself loads after the run (see below)
+        check_judge(args.judge, args.judge_model)
+        # A judge on a server is built and probed now, before any question is answered. The local judge (torch in
+        # this process) waits until the run is over: loaded before the model's child process forks, it could leave
+        # the child's OpenMP threads deadlocked.
+        judge = build_judge(args.judge, args.judge_model) if args.judge.startswith("http") else None
         stats = ReadStats()
         judge_record = {"spec": args.judge, "model": args.judge_model,
                         "prompt_sha256": manifest.file_hash(PromptLibrary().get("judge").path)}
@@ -250,9 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             source = predictions if args.merge or args.rejudge else args.data
             raise EvaluationError(f"the selection keeps no question of {source}; check --domain, --question-type, "
                                   "--static-or-dynamic, --split and --limit")
-        # Built after the run: a judge on torch in this process before the model's child forks could leave the
-        # child's OpenMP threads deadlocked.
-        judge = build_judge(args.judge, args.judge_model)
+        judge = judge or build_judge(args.judge, args.judge_model)
     except (ConfigError, DataError, EvaluationError, BackendUnavailable, PromptError, WorkerError, KGServerError,
             ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -263,14 +269,22 @@ def main(argv: list[str] | None = None) -> int:
     if run_manifest is not None:  # the judge of this report, and when it was written
         manifest.write(out_dir, manifest.finish(run_manifest | {"judge": judge_record | {"name": summary["judge"]}}))
     summary["skipped_lines"] = stats.skipped_lines
+    summary["null_predictions"] = sum(r["null_prediction"] for r in records)
     written = write_report(summary, out_dir, f"{data_name} with {Path(config.source).name}, judge {summary['judge']}")
     print(format_table(summary))
     if judge is None:
         print("judge: rules only (exact match); sentence answers need an LLM judge, and the organisers' column "
               "leaves them unjudged: --judge local or --judge URL")
+    if summary["null_predictions"]:
+        print(f"predictions that were not a string, read as \"i don't know\": {summary['null_predictions']}")
     if stats.skipped_lines:
         print(f"skipped {len(stats.skipped_lines)} malformed lines of {args.data}: {stats.skipped_lines[:10]}")
     print(f"predictions: {predictions}\nreport: {written[1]} ({len(written)} files in {out_dir})")
+    unjudged = sum(r["verdict"] == UNJUDGED for r in records)
+    if unjudged > args.max_unjudged:
+        print(f"error: {unjudged} predictions unjudged (the judge failed on them), over --max-unjudged "
+              f"{args.max_unjudged}: fix the judge and run again with --rejudge", file=sys.stderr)
+        return 1
     return 0
 
 

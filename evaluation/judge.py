@@ -24,7 +24,7 @@ from loguru import logger
 
 from models.llm.base import LLM, GenParams
 from models.prompting import Prompt
-from utils.answers import INVALID, is_idk, is_invalid, normalize_text
+from utils.answers import INVALID, contains_answer, is_idk, is_invalid, normalize_text
 from utils.grader_tokens import grader_cut
 from utils.cache import JsonCache, content_key
 
@@ -74,6 +74,10 @@ def judge_by_organisers_rules(item: Item) -> str | None:
 
 _OBJECT = re.compile(r"\{[^{}]*\}", re.DOTALL)
 _KEYED = re.compile(r'"?(correct|accuracy|score)"?\s*[:=]\s*"?(true|false|yes|no|1|0)\b', re.IGNORECASE)
+# The verdict word opening a reply; not a quoted or JSON key ("correct": false) nor a key with a value (correct: no).
+_FIRST_WORD = re.compile(r"^[^\w{\"']*(correct|incorrect|wrong)\b(?!\s*[:=]\s*\"?(?:true|false|yes|no|[01])\b)\W*(.*)",
+                         re.IGNORECASE | re.DOTALL)
+_WORDS = {"correct": True, "incorrect": False, "wrong": False}
 
 
 def _truth(value: Any) -> bool | None:
@@ -86,10 +90,14 @@ def _truth(value: Any) -> bool | None:
     return None
 
 
-def parse_judgement(output: str) -> bool | None:
-    """True/False from the judge's reply: the first JSON object with "correct" (or "accuracy", "score"),
-    else such a key written loosely; None when the reply says neither."""
-    for candidate in _OBJECT.findall(output):
+def parse_judgement(output: str) -> tuple[bool | None, str]:
+    """(verdict, reason) from the judge's reply: the first word ("Correct.", "INCORRECT, because ...") with the
+    rest as the reason; else a JSON object with "correct" (or "accuracy", "score"), else such a key written
+    loosely; (None, the reply) when it says neither."""
+    text = output.strip()
+    if match := _FIRST_WORD.match(text):
+        return _WORDS[match.group(1).lower()], match.group(2).strip()
+    for candidate in _OBJECT.findall(text):
         try:
             data = json.loads(candidate)
         except json.JSONDecodeError:
@@ -98,16 +106,18 @@ def parse_judgement(output: str) -> bool | None:
             lowered = {str(k).lower(): v for k, v in data.items()}
             for key in ("correct", "accuracy", "score"):
                 if key in lowered and _truth(lowered[key]) is not None:
-                    return _truth(lowered[key])
-    loose = _KEYED.search(output)
-    return _truth(loose.group(2)) if loose else None
+                    return _truth(lowered[key]), str(lowered.get("reason") or lowered.get("explanation") or "")
+    loose = _KEYED.search(text)
+    return (_truth(loose.group(2)), text) if loose else (None, text)
 
 
 class LLMJudge:
     """Judges items with `llm` (any backend) through `prompt`; `name` identifies the judge model in the cache.
 
     Each batch of `batch_size` items is one backend call (remote backends send its requests concurrently);
-    an item whose reply cannot be parsed is asked again (sampling) up to `retries` times, then it is unjudged.
+    an item whose reply cannot be read is asked again (sampling) up to `retries` times; then the rules have the
+    last word where they can (the gold answer inside the prediction: correct, judged "rules-fallback"), and
+    it is unjudged where they cannot. `reasons` keeps the judge's reason of every verdict, by item key.
     """
 
     def __init__(self, llm: LLM, prompt: Prompt, name: str, cache: JsonCache | None = None, batch_size: int = 16,
@@ -116,6 +126,14 @@ class LLMJudge:
         self.batch_size, self.retries, self.max_tokens = batch_size, retries, max_tokens
         self._prompt_key = content_key(prompt.path.read_text(encoding="utf-8"))  # a loaded prompt has its file
         self.calls = 0
+        self.reasons: dict[str, str] = {}
+        self.fallbacks = 0
+
+    def probe(self) -> None:
+        """Raise BackendUnavailable (one line) when the judge's server refuses work: a wrong key, model or URL."""
+        probe = getattr(self.llm, "probe", None)
+        if probe is not None:
+            probe()
 
     def key(self, item: Item) -> str:
         return content_key(item.query, item.answer, *item.alt_answers, "\x00", grader_cut(item.prediction),
@@ -126,22 +144,30 @@ class LLMJudge:
         todo = []
         for index, item in enumerate(items):
             cached = self.cache.get(self.key(item)) if self.cache is not None else None
-            if cached in (CORRECT, WRONG):
-                verdicts[index] = cached
+            if isinstance(cached, dict) and cached.get("verdict") in (CORRECT, WRONG):
+                verdicts[index] = cached["verdict"]
+                self.reasons[self.key(item)] = str(cached.get("reason") or "")
             else:
                 todo.append(index)
         for attempt in range(1 + self.retries):
             if not todo:
                 break
             todo = self._ask(items, todo, verdicts, temperature=0.0 if attempt == 0 else 0.7)
+        for index in todo:  # nothing usable from the model: the rules where they can decide
+            item = items[index]
+            if contains_answer(grader_cut(item.prediction), [item.answer, *item.alt_answers]):
+                verdicts[index] = CORRECT
+                self.reasons[self.key(item)] = "rules-fallback: the gold answer is in the prediction"
+                self.fallbacks += 1
+        unjudged = sum(v is None for v in verdicts)
         if todo:
-            logger.warning("LLM judge {}: {} of {} predictions unjudged (no parsable reply)", self.name, len(todo),
-                           len(items))
+            logger.warning("LLM judge {}: no usable reply for {} of {} predictions ({} decided by the rules, {} "
+                           "unjudged)", self.name, len(todo), len(items), len(todo) - unjudged, unjudged)
         return [verdict or UNJUDGED for verdict in verdicts]
 
     def _ask(self, items: Sequence[Item], todo: list[int], verdicts: list[str | None], temperature: float) -> list[int]:
         """Ask about `todo`; fill `verdicts`; return the indices still without one. Retries sample (temperature
-        above 0), since a greedy judge would repeat the same unparsable reply."""
+        above 0), since a greedy judge would repeat the same unusable reply."""
         failed = []
         params = GenParams(max_tokens=self.max_tokens, temperature=temperature, n=1)
         for start in range(0, len(todo), self.batch_size):
@@ -156,22 +182,28 @@ class LLMJudge:
                 failed.extend(chunk)
                 continue
             for index, samples in zip(chunk, outputs):
-                judged = parse_judgement(samples[0]) if samples else None
+                judged, reason = parse_judgement(samples[0]) if samples else (None, "")
                 if judged is None:
                     failed.append(index)
                     continue
                 verdicts[index] = CORRECT if judged else WRONG
+                key = self.key(items[index])
+                self.reasons[key] = reason
                 if self.cache is not None:
-                    self.cache.put(self.key(items[index]), verdicts[index])
+                    self.cache.put(key, {"verdict": verdicts[index], "reason": reason})
         return failed
 
 
 def judge_records(records: list[dict[str, Any]], llm_judge: LLMJudge | None) -> None:
-    """Set on every record: "verdict" and "judged_by" ("rules", "llm" or "none") by our rules, the same two
-    prefixed "organisers_" by the organisers' rules, and "cut_by_grader" (the grader's 75-token cut changes
-    the prediction). Both columns' LLM questions go to the judge in one call, each distinct question once."""
+    """Set on every record: "verdict" and "judged_by" ("rules", "llm", "rules-fallback" or "none") by our rules,
+    with "judge_reason" where the LLM judge gave one; the same prefixed "organisers_" by the organisers' rules;
+    "cut_by_grader" (the grader's 75-token cut changes the prediction) and "null_prediction" (not a string:
+    read as "i don't know"). Both columns' LLM questions go to the judge in one call, each distinct once."""
+    for record in records:  # a null or non-string prediction is read as "i don't know", and counted
+        record["null_prediction"] = not isinstance(record.get("prediction"), str)
     ours = [Item(str(r.get("query") or ""), str(r.get("answer") or ""),
-                 tuple(str(a) for a in r.get("alt_answers") or []), str(r.get("prediction") or "")) for r in records]
+                 tuple(str(a) for a in r.get("alt_answers") or []), "" if r["null_prediction"] else r["prediction"])
+            for r in records]
     theirs = [Item(item.query, item.answer, (), item.prediction) for item in ours]
     undecided: list[tuple[str, dict[str, Any], Item]] = []
     for record, item in zip(records, ours):
@@ -192,5 +224,9 @@ def judge_records(records: list[dict[str, Any]], llm_judge: LLMJudge | None) -> 
     questions = {llm_judge.key(item): item for _, _, item in undecided}
     verdicts = dict(zip(questions, llm_judge.judge(list(questions.values()))))
     for prefix, record, item in undecided:
-        verdict = verdicts[llm_judge.key(item)]
-        record.update({f"{prefix}verdict": verdict, f"{prefix}judged_by": "llm" if verdict != UNJUDGED else "none"})
+        key = llm_judge.key(item)
+        reason = llm_judge.reasons.get(key, "")
+        judged_by = "none" if verdicts[key] == UNJUDGED else "rules-fallback" if reason.startswith(
+            "rules-fallback") else "llm"
+        record.update({f"{prefix}verdict": verdicts[key], f"{prefix}judged_by": judged_by,
+                       f"{prefix}judge_reason": reason})

@@ -46,6 +46,8 @@ class CragSystem:
         self.pages = PageProcessor(page_settings(refs), refs.workers,
                                    cache_root(refs.cache_dir) / "pages" if refs.cache else None)
         self.llm = llm or create_llm(self.config.llm)
+        if llm is None and hasattr(self.llm, "probe"):  # a remote server: a wrong key, model or URL stops here
+            self.llm.probe()
         self.embedder = embedder or Embedder(self.config.embedder)
         self.reranker = Reranker(refs.rerank) if refs.rerank.model else None
         self.r2former = self._r2former() if self.config.r2ag.enabled else None

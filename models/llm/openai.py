@@ -11,7 +11,7 @@ from loguru import logger
 
 from models.budget import Deadline
 from models.config import OpenAIConfig
-from models.llm.base import LENGTH, STOP, Conversation, GenParams, Sample, cut_at_stop
+from models.llm.base import LENGTH, STOP, BackendUnavailable, Conversation, GenParams, Sample, cut_at_stop
 
 # Worth another try: the server may come back or the limit may lift. Anything else (a bad request,
 # a wrong key, an unknown model) fails the same way again, so it is logged once and not retried.
@@ -24,6 +24,24 @@ class OpenAIBackend:
         self.client = openai.OpenAI(base_url=config.base_url, api_key=os.environ.get(config.api_key_env) or "EMPTY",
                                     max_retries=0, timeout=config.request_timeout_s)
         logger.info("openai backend: model {} at {}", config.model, config.base_url)
+
+    def probe(self) -> None:
+        """One request of one token, before any work: a wrong API key, model name or URL raises BackendUnavailable
+        with one line naming what to fix, instead of every later answer turning into "i don't know"."""
+        where = f"{self.config.base_url} (model {self.config.model!r})"
+        try:
+            self.client.chat.completions.create(model=self.config.model, messages=[{"role": "user", "content": "OK?"}],
+                                                max_tokens=1, timeout=self.config.request_timeout_s)
+        except openai.AuthenticationError as err:
+            raise BackendUnavailable(f"{where} refused the API key (HTTP {err.status_code}): set "
+                                     f"${self.config.api_key_env}") from None
+        except openai.APIStatusError as err:
+            raise BackendUnavailable(f"{where} answered HTTP {err.status_code} "
+                                     f"({' '.join(str(err.message).split())[:120]}): check the URL and the model "
+                                     "name") from None
+        except openai.APIConnectionError as err:
+            raise BackendUnavailable(f"{where}: no server answers ({type(err).__name__}): start it or fix the "
+                                     "URL") from None
 
     def generate(self, conversations: list[Conversation], params: GenParams) -> list[list[str]]:
         per_request = params.n if self.config.native_n else 1

@@ -9,8 +9,9 @@ from evaluation.judge import (CORRECT, MISS, UNJUDGED, WRONG, Item, LLMJudge, ju
                               judge_records, parse_judgement)
 from evaluation.report import format_table, score_records, write_report
 from models.prompting import PromptLibrary
-from tests.conftest import SAMPLE
+from tests.conftest import SAMPLE, write
 from tests.fakes import ScriptedLLM
+from tests.unit.test_llm_backends import ChatServer
 from utils.cache import JsonCache
 
 ITEMS = [Item("who directed inception?", "christopher nolan", (), "It was Nolan, the British director"),
@@ -18,6 +19,8 @@ ITEMS = [Item("who directed inception?", "christopher nolan", (), "It was Nolan,
 
 
 @pytest.mark.parametrize("reply, expected", [
+    ("Correct.", True), ("INCORRECT, because the year differs", False), ("correct - same person", True),
+    ("  Incorrect: Lyon is not Paris", False), ("The answer is correct", None), ("no idea", None),
     ('{"correct": true, "reason": "same person"}', True),
     ('Sure! {"correct": false}', False),
     ('{"score": 1}', True), ('{"Accuracy": "False"}', False), ('{"accuracy": "True", "x": {"y": 1}}', True),
@@ -25,7 +28,13 @@ ITEMS = [Item("who directed inception?", "christopher nolan", (), "It was Nolan,
     ('{"correct": "maybe"}', None), ("I think so", None), ("", None), ("{not json", None),
 ])
 def test_parse_judgement(reply, expected):
-    assert parse_judgement(reply) is expected if expected is None else parse_judgement(reply) == expected
+    verdict, _ = parse_judgement(reply)
+    assert verdict is expected if expected is None else verdict == expected
+
+
+def test_the_reason_is_what_follows_the_verdict():
+    assert parse_judgement("INCORRECT, because the year differs") == (False, "because the year differs")
+    assert parse_judgement('{"correct": true, "reason": "same person"}') == (True, "same person")
 
 
 def judge_with(reply, tmp_path=None, retries=2):
@@ -49,7 +58,16 @@ def test_unparsable_replies_are_retried_then_unjudged(caplog_loguru):
     judge, llm = judge_with(lambda conv: next(replies), retries=2)
     assert judge.judge(ITEMS) == [UNJUDGED, CORRECT]  # the first stays unparsable through both retries
     assert len(llm.calls) == 3  # the first try and two retries, each with only the undecided items
-    assert "1 of 2 predictions unjudged" in caplog_loguru.text
+    assert "no usable reply for 1 of 2 predictions (0 decided by the rules, 1 unjudged)" in caplog_loguru.text
+
+
+def test_the_rules_decide_what_the_judge_leaves_unusable_where_they_can():
+    items = [Item("q", "paris", (), "It is Paris, of course"), Item("q", "paris", (), "Lyon")]
+    judge, _ = judge_with(lambda conv: "hmm", retries=0)
+    assert judge.judge(items) == [CORRECT, UNJUDGED] and judge.fallbacks == 1
+    records = [{"query": i.query, "answer": i.answer, "prediction": i.prediction} for i in items]
+    judge_records(records, judge)
+    assert [r["judged_by"] for r in records] == ["rules-fallback", "none"]
 
 
 def test_a_judge_backend_that_raises_leaves_predictions_unjudged():
@@ -173,3 +191,42 @@ def test_cli_judge_errors_are_one_line(tmp_path, capsys, args, message):
     assert local_evaluation.main(["--data", str(SAMPLE), "--out", str(tmp_path / "empty"), *args]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and message in err
+
+
+# --- a judge that cannot work stops the run before it starts; unjudged answers are bounded ----------------------
+
+@pytest.mark.parametrize("status, message", [(401, "refused the API key (HTTP 401)"), (404, "answered HTTP 404")])
+def test_a_misconfigured_judge_stops_the_run_before_any_question(tmp_path, capsys, status, message):
+    server = ChatServer(failures=1000, status=status)
+    try:
+        code = local_evaluation.main(["--data", str(SAMPLE), "--out", str(tmp_path / "run"), "--judge", server.url,
+                                      "--judge-model", "judge"])
+    finally:
+        server.close()
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and message in err and "Traceback" not in err
+    assert not (tmp_path / "run" / "predictions.jsonl").exists()  # no question was answered
+    assert len(server.requests) == 1  # one probe, not retried
+
+
+def test_unjudged_predictions_over_the_limit_exit_1_after_the_report(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    record = {"interaction_id": "a", "query": "capital of france?", "answer": "paris", "alt_answers": [],
+              "prediction": "Lyon, I believe", "batch_seconds": 1.0, "batch_size": 1}
+    write(out / "predictions.jsonl", json.dumps(record) + "\n")
+    server = ChatServer()  # echoes the prompt: never a verdict
+    try:
+        args = ["--data", str(SAMPLE), "--out", str(out), "--rejudge", "--judge", server.url, "--judge-model", "j"]
+        assert local_evaluation.main(args) == 1
+        assert local_evaluation.main([*args, "--max-unjudged", "1"]) == 0
+    finally:
+        server.close()
+    assert "1 predictions unjudged" in capsys.readouterr().err and (out / "report.json").exists()
+
+
+def test_null_predictions_count_as_i_dont_know():
+    records = [{"query": "q", "answer": "paris", "prediction": None}, {"query": "q", "answer": "paris",
+                                                                       "prediction": 42}]
+    judge_records(records, None)
+    assert [(r["verdict"], r["null_prediction"]) for r in records] == [(MISS, True), (MISS, True)]

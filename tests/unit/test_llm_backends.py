@@ -159,3 +159,15 @@ def test_openai_unreachable_server_and_expired_deadline_return_empty():
     backend = _backend("http://127.0.0.1:9/v1", max_retries=1)
     assert backend.generate([[{"role": "user", "content": "a"}]], GenParams()) == [[]]
     assert backend.generate([[{"role": "user", "content": "a"}]], GenParams(deadline=Deadline(0))) == [[]]
+
+
+@pytest.mark.parametrize("chat_server", [(10, 401)], indirect=True)
+def test_a_wrong_api_key_stops_the_user_model_at_construction(chat_server, cpu_config):
+    from models.system import CragSystem
+    from tests.fakes import HashEmbedder
+
+    cpu_config.llm.backend = "openai"
+    cpu_config.llm.openai.base_url = chat_server.url
+    with pytest.raises(BackendUnavailable, match=r"refused the API key \(HTTP 401\): set \$OPENAI_API_KEY"):
+        CragSystem(cpu_config, embedder=HashEmbedder())
+    assert len(chat_server.requests) == 1
