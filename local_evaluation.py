@@ -1,6 +1,7 @@
 """Run UserModel over CRAG data, judge the predictions (rules, then an optional LLM judge), write the report.
 
-Re-running resumes an interrupted run; --rejudge judges an existing run again without running the model.
+Re-running resumes an interrupted run; --rejudge judges an existing run again without running the model;
+`local_evaluation.py calibrate --judge ...` shows how often a judge agrees with a person (data/judge/).
 Judges: "rules" (exact match to a gold answer, else wrong), "local" (the embedded SmolLM2 through the hf
 backend), or the base URL of an OpenAI-compatible server with --judge-model.
 """
@@ -207,7 +208,29 @@ class LazyWorker:
             self._worker.close()
 
 
+def calibrate_main(argv: list[str]) -> int:
+    """`local_evaluation.py calibrate --judge ...`: the judge's agreement with a person on the calibration set."""
+    from evaluation.calibration import CALIBRATION_SET, calibrate, format_calibration, load_set
+
+    parser = argparse.ArgumentParser(prog="local_evaluation.py calibrate", description=calibrate_main.__doc__)
+    parser.add_argument("--judge", default="rules", help="rules, local, or an OpenAI-compatible base URL")
+    parser.add_argument("--judge-model", default=None, help="model name for a URL judge")
+    parser.add_argument("--set", type=Path, default=CALIBRATION_SET, help="calibration triples (.jsonl)")
+    args = parser.parse_args(argv)
+    try:
+        rows = load_set(args.set)
+        judge = build_judge(args.judge, args.judge_model)
+    except (ConfigError, BackendUnavailable, OSError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(format_calibration(calibrate(judge, rows), judge.name if judge else "rules"))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["calibrate"]:
+        return calibrate_main(argv[1:])
     args = parse_args(argv)
     logger.remove()
     logger.add(lambda message: tqdm.write(message, end="", file=sys.stderr), level=args.log_level.upper())

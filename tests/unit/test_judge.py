@@ -230,3 +230,30 @@ def test_null_predictions_count_as_i_dont_know():
                                                                        "prediction": 42}]
     judge_records(records, None)
     assert [(r["verdict"], r["null_prediction"]) for r in records] == [(MISS, True), (MISS, True)]
+
+
+def test_calibrate_prints_agreement_and_the_confusion_matrix(capsys):
+    def careful(body):  # a judge that reads "correct" when the prediction holds the first gold answer's words
+        prompt = body["messages"][-1]["content"]
+        if "Ground truth answers:" not in prompt:
+            return "OK"  # the probe
+        gold = prompt.split("Ground truth answers:")[1].split("\n- ")[1].split("\n")[0].lower().split()
+        prediction = prompt.split("Prediction:")[1].lower()
+        return "Correct." if all(word in prediction for word in gold) else "Incorrect, it differs"
+    server = ChatServer(answer_with=careful)
+    try:
+        assert local_evaluation.main(["calibrate", "--judge", server.url, "--judge-model", "careful"]) == 0
+    finally:
+        server.close()
+    out = capsys.readouterr().out
+    assert "on 45 calibration triples: agreement with the person" in out and "confusion (rows: the person" in out
+    agreement = int(out.split("agreement with the person ")[1].split("%")[0])
+    assert 60 <= agreement < 100  # a word-matching judge gets most right, and not the lists out of order or refusals
+    assert "correct" in out.splitlines()[3] and len(out.splitlines()) >= 7
+
+
+def test_calibrate_with_a_broken_set_is_one_line(tmp_path, capsys):
+    broken = write(tmp_path / "set.jsonl", '{"query": "q", "answer": "a", "prediction": "a", "human": "maybe"}\n')
+    assert local_evaluation.main(["calibrate", "--set", str(broken)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "set.jsonl:1: not a calibration row" in err

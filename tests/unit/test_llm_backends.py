@@ -62,10 +62,11 @@ def test_vllm_missing_is_a_clear_error(monkeypatch):
 
 
 class ChatServer:
-    """A loopback OpenAI-style server: fails the first `failures` requests with `status`, then echoes the last
-    message and " STOP tail", cut to max_tokens words with finish_reason "length" as servers report a cut."""
+    """A loopback OpenAI-style server: fails the first `failures` requests with `status`, then answers
+    `answer_with(request body)`, or by default echoes the last message and " STOP tail"; the answer is cut to
+    max_tokens words with finish_reason "length", as servers report a cut."""
 
-    def __init__(self, failures: int = 0, status: int = 503) -> None:
+    def __init__(self, failures: int = 0, status: int = 503, answer_with=None) -> None:
         self.requests: list[dict] = []
         server = self
 
@@ -79,7 +80,8 @@ class ChatServer:
                 if len(server.requests) <= failures:
                     code, reply = status, {"error": {"message": "try later"}}
                 else:
-                    words = (body["messages"][-1]["content"] + " STOP tail").split()
+                    words = (answer_with(body) if answer_with else body["messages"][-1]["content"] + " STOP tail"
+                             ).split()
                     limit = body.get("max_tokens") or len(words)  # a word per token; cut at max_tokens, as servers do
                     text, finish = " ".join(words[:limit]), "length" if len(words) > limit else "stop"
                     code, reply = 200, {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
