@@ -1,7 +1,7 @@
 """Run UserModel over CRAG data, judge the predictions (rules, then an optional LLM judge), write the report.
 
-Re-running resumes an interrupted run; --rejudge judges an existing run again without running the model;
-`local_evaluation.py calibrate --judge ...` shows how often a judge agrees with a person (data/judge/).
+Commands (the first word): run (the default) resumes an interrupted run; rejudge judges a run folder again without
+the model; merge combines shard folders; calibrate shows how often a judge agrees with a person (data/judge/).
 Judges: "rules" (exact match to a gold answer, else wrong), "local" (the embedded SmolLM2 through the hf
 backend), or the base URL of an OpenAI-compatible server with --judge-model.
 """
@@ -38,7 +38,8 @@ DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "crag_sample.jsonl"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, usage="local_evaluation.py [run|rejudge|merge] [options]; "
+                                     "local_evaluation.py calibrate [--judge ...]")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="CRAG .jsonl or .jsonl.bz2 file")
     parser.add_argument("--config", type=Path, default=None,
                         help=f"system config YAML (default: ${CONFIG_ENV}, else {DEFAULT_CONFIG.name})")
@@ -52,7 +53,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--shard", default="1/1",
                         help="i/n: run the i-th of n equal parts (into <out>/shard-i-of-n); merge with --merge")
     parser.add_argument("--merge", action="store_true",
-                        help="combine <out>/shard-*-of-n/predictions.jsonl into <out> and judge; no model")
+                        help="(the merge command) combine <out>/shard-*-of-n/predictions.jsonl into <out> and judge")
     parser.add_argument("--restart", action="store_true", help="discard earlier predictions of this run folder")
     parser.add_argument("--force-resume", action="store_true",
                         help="resume although the setup differs from the run folder's manifest.json (mixes answers)")
@@ -64,7 +65,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-unjudged", type=int, default=0,
                         help="exit 1 (after writing the report) when more predictions than this stay unjudged")
     parser.add_argument("--rejudge", action="store_true",
-                        help="judge the predictions already in the run folder again; the model is not loaded")
+                        help="(the rejudge command) judge the run folder's predictions again; no model is loaded")
     parser.add_argument("--serve-kg", action="store_true",
                         help="tasks 2/3: start the fixture KG server (tools/kg_server.py over data/kg) for this run "
                              "and point the model at it; without it the model uses kg.base_url or $CRAG_MOCK_API_URL")
@@ -227,10 +228,16 @@ def calibrate_main(argv: list[str]) -> int:
     return 0
 
 
+# The commands, as the first word: run (the default), rejudge and merge share run's flags; calibrate has its own.
+COMMANDS = {"run": [], "rejudge": ["--rejudge"], "merge": ["--merge"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["calibrate"]:
         return calibrate_main(argv[1:])
+    if argv[:1] and argv[0] in COMMANDS:
+        argv = COMMANDS[argv[0]] + argv[1:]
     args = parse_args(argv)
     logger.remove()
     logger.add(lambda message: tqdm.write(message, end="", file=sys.stderr), level=args.log_level.upper())

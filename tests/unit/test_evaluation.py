@@ -330,7 +330,7 @@ def test_merge_refuses_shards_of_different_setups(tmp_path, capsys):
     config = load_config(REPO_ROOT / "configs" / "cpu.yaml")
     for i, setup in ((1, config), (2, replace(config, kg=replace(config.kg, method="functions")))):
         _run_folder(tmp_path / "run" / f"shard-{i}-of-2", setup)
-    assert local_evaluation.main(["--data", str(SAMPLE), "--out", str(tmp_path / "run"), "--merge"]) == 2
+    assert local_evaluation.main(["merge", "--data", str(SAMPLE), "--out", str(tmp_path / "run")]) == 2
     assert "shard 2 of 2 was run with another setup" in capsys.readouterr().err
 
 

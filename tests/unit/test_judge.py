@@ -176,7 +176,7 @@ def test_cli_rejudges_without_loading_the_model(tmp_path, capsys):
             record.pop("search_results")
             record.update(prediction=record["answer"], alt_answers=[], batch_seconds=1.0, batch_size=1)
             handle.write(json.dumps(record) + "\n")
-    assert local_evaluation.main(["--data", str(SAMPLE), "--out", str(out), "--rejudge"]) == 0
+    assert local_evaluation.main(["rejudge", "--data", str(SAMPLE), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "overall" in printed and (out / "report.md").exists()
     assert json.loads((out / "report.json").read_text())["overall"]["accuracy"] == 1.0
