@@ -1,7 +1,8 @@
 """Scores: +1 correct, 0 miss ("i don't know"), -1 wrong (hallucination); unjudged counted on its own.
 
 Rates are shares of all questions, so accuracy + hallucination + missing + unjudged = 1 and an unjudged
-prediction lowers neither the score nor the hallucination rate.
+prediction lowers neither the score nor the hallucination rate; `score_range` is where the score would lie if
+every unjudged prediction were wrong, or every one correct. `intervals` gives bootstrap 95% intervals.
 """
 
 from __future__ import annotations
@@ -9,6 +10,10 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.stats import bootstrap
 
 from evaluation.judge import CORRECT, MISS, UNJUDGED, WRONG
 
@@ -49,9 +54,32 @@ class Scores:
     def score(self) -> float:
         return self.accuracy - self.hallucination
 
-    def as_dict(self) -> dict[str, float | int]:
+    def as_dict(self) -> dict[str, Any]:
         return {"total": self.total, "score": self.score, "accuracy": self.accuracy,
-                "hallucination": self.hallucination, "missing": self.missing, "unjudged": self.unjudged_rate}
+                "hallucination": self.hallucination, "missing": self.missing, "unjudged": self.unjudged_rate,
+                "score_range": [self.score - self.unjudged_rate, self.score + self.unjudged_rate]}
+
+
+MIN_FOR_INTERVAL = 10  # under this many questions an interval says nothing a reader can act on
+RESAMPLES = 2000
+
+
+def intervals(verdicts: list[str], seed: int = 0) -> dict[str, list[float]] | None:
+    """Bootstrap 95% percentile intervals (scipy.stats.bootstrap, questions resampled with their verdicts) of the
+    score, accuracy and hallucination rate; None under MIN_FOR_INTERVAL questions. A fixed seed: the same
+    verdicts give the same interval in every report."""
+    if len(verdicts) < MIN_FOR_INTERVAL:
+        return None
+    correct = np.array([v == CORRECT for v in verdicts], dtype=float)
+    wrong = np.array([v == WRONG for v in verdicts], dtype=float)
+    statistics = {"score": lambda c, w, axis: c.mean(axis) - w.mean(axis),
+                  "accuracy": lambda c, w, axis: c.mean(axis), "hallucination": lambda c, w, axis: w.mean(axis)}
+    found = {}
+    for name, statistic in statistics.items():
+        result = bootstrap((correct, wrong), statistic, paired=True, vectorized=True, method="percentile",
+                           n_resamples=RESAMPLES, random_state=np.random.default_rng(seed))
+        found[name] = [float(result.confidence_interval.low), float(result.confidence_interval.high)]
+    return found
 
 
 def latency(values: list[float]) -> dict[str, float]:

@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from evaluation.metrics import Scores, latency
+from evaluation.metrics import MIN_FOR_INTERVAL, RESAMPLES, Scores, intervals, latency
 
 BREAKDOWNS = ("domain", "question_type", "static_or_dynamic", "popularity")
 
@@ -19,8 +19,11 @@ def _by_breakdown(records: list[dict[str, Any]], verdict_key: str) -> dict[str, 
         for key, buckets in groups.items():
             if record.get(key) not in (None, ""):
                 buckets[str(record[key])].append(record[verdict_key])
-    return {"overall": Scores.of([r[verdict_key] for r in records]).as_dict(),
-            **{f"by_{key}": {name: Scores.of(v).as_dict() for name, v in sorted(buckets.items())}
+    def scored(verdicts: list[str]) -> dict[str, Any]:
+        return {**Scores.of(verdicts).as_dict(), "ci95": intervals(verdicts)}
+
+    return {"overall": scored([r[verdict_key] for r in records]),
+            **{f"by_{key}": {name: scored(v) for name, v in sorted(buckets.items())}
                for key, buckets in groups.items() if buckets}}
 
 
@@ -69,16 +72,23 @@ def _sections(summary: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return [(key, summary[key]) for key in summary if key.startswith("by_")]
 
 
+def interval(scores: dict[str, Any]) -> str:
+    """The score's 95% interval as "[lo, hi]", or "n<10" where there is none."""
+    ci = scores.get("ci95")
+    return f"[{ci['score'][0]:+.2f}, {ci['score'][1]:+.2f}]" if ci else f"n<{MIN_FOR_INTERVAL}"
+
+
 def format_table(summary: dict[str, Any]) -> str:
     """Our scores, and beside them the organisers' rules' score, accuracy and hallucination ("org." columns)."""
     theirs = summary.get("organisers")
-    header = f"{'':<24}{'n':>5}{'score':>9}{'accuracy':>10}{'halluc.':>9}{'missing':>9}{'unjudged':>10}"
+    header = (f"{'':<24}{'n':>5}{'score':>9}{'score 95% CI':>17}{'accuracy':>10}{'halluc.':>9}{'missing':>9}"
+              f"{'unjudged':>10}")
     if theirs:
         header += f"{'org.score':>11}{'org.acc.':>10}{'org.hal.':>10}{'org.unj.':>10}"
     lines = [header, "-" * len(header)]
 
     def row(name: str, s: dict[str, Any], t: dict[str, Any] | None) -> str:
-        line = (f"{name:<24}{s['total']:>5}{s['score']:>9.3f}{s['accuracy']:>10.3f}"
+        line = (f"{name:<24}{s['total']:>5}{s['score']:>9.3f}{interval(s):>17}{s['accuracy']:>10.3f}"
                 f"{s['hallucination']:>9.3f}{s['missing']:>9.3f}{s['unjudged']:>10.3f}")
         if t:
             line += f"{t['score']:>11.3f}{t['accuracy']:>10.3f}{t['hallucination']:>10.3f}{t['unjudged']:>10.3f}"
@@ -88,6 +98,11 @@ def format_table(summary: dict[str, Any]) -> str:
     for section, rows in _sections(summary):
         lines.append(f"{section.replace('_', ' ')}:")
         lines.extend(row(f"  {name}", s, theirs and theirs[section][name]) for name, s in rows.items())
+    for label, scores in (("ours", summary["overall"]), ("organisers'", theirs and theirs["overall"])):
+        if scores and scores["unjudged"]:
+            low, high = scores["score_range"]
+            lines.append(f"{label}: {scores['unjudged']:.1%} unjudged; the score lies between {low:.3f} (all of them "
+                         f"wrong) and {high:.3f} (all correct)")
     if theirs:
         lines.append("org.: the organisers' rules (gold answer only, their \"i don't know\" and \"invalid\" rules; "
                      "unjudged where they would ask their LLM judge and none is given)")
@@ -101,12 +116,20 @@ def format_table(summary: dict[str, Any]) -> str:
 
 def format_markdown(summary: dict[str, Any], title: str) -> str:
     def table(rows: dict[str, dict[str, Any]], first: str) -> list[str]:
-        out = [f"| {first} | n | score | accuracy | hallucination | missing | unjudged |", "|---|---|---|---|---|---|---|"]
+        out = [f"| {first} | n | score | score 95% CI | accuracy | hallucination | missing | unjudged |",
+               "|---|---|---|---|---|---|---|---|"]
         for name, s in rows.items():
-            out.append(f"| {name} | {s['total']} | " + " | ".join(f"{s[c]:.3f}" for c in COLUMNS[1:]) + " |")
+            out.append(f"| {name} | {s['total']} | {s['score']:.3f} | {interval(s)} | "
+                       + " | ".join(f"{s[c]:.3f}" for c in COLUMNS[2:]) + " |")
         return out
 
     lines = [f"# {title}", "", "## Overall", "", *table({"all": summary["overall"]}, ""), ""]
+    if summary["overall"]["unjudged"]:
+        low, high = summary["overall"]["score_range"]
+        lines += [f"{summary['overall']['unjudged']:.1%} of the predictions are unjudged: the score lies between "
+                  f"{low:.3f} (all of them wrong) and {high:.3f} (all correct).", ""]
+    lines += [f"Intervals: bootstrap 95% (percentile, {RESAMPLES} resamples, fixed seed); none under "
+              f"{MIN_FOR_INTERVAL} questions.", ""]
     for section, rows in _sections(summary):
         lines += [f"## {section.replace('by_', 'By ').replace('_', ' ')}", "", *table(rows, section[3:]), ""]
     lines += ["## Judged by", "", ", ".join(f"{k}: {v}" for k, v in summary["judged_by"].items()), ""]
