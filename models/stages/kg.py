@@ -142,7 +142,7 @@ class Lookup:
         if name in FINANCE_LABELS:
             return [f"{key} {FINANCE_LABELS[name]}: {rows_.value(result)}"]
         if name == "finance_get_info" and isinstance(result, dict):
-            return [f"{key} {rows_._label(k)}: {rows_.value(v)}" for k, v in result.items()
+            return [f"{key} {rows_.label(k)}: {rows_.value(v)}" for k, v in result.items()
                     if isinstance(v, str | int | float) and not isinstance(v, bool)]
         if name in ("movie_get_movie_info", "movie_get_person_info") and isinstance(result, list):
             field_ = "title" if name == "movie_get_movie_info" else "name"
@@ -196,7 +196,7 @@ class Lookup:
         found = [self.get("finance_get_ticker_by_name", company_name=n) for n in matched]
         return list(dict.fromkeys(t for t in found if isinstance(t, str) and t))
 
-    def names(self, search: str, written: Any, limit: int, **args: Any) -> list[str]:
+    def names(self, search: str, written: Any, limit: int) -> list[str]:
         """The stored names of `search`'s results (a search endpoint) that match the written name."""
         text = _text(written)
         if not text:

@@ -90,7 +90,8 @@ def value(item: Any) -> str:
     return str(item)
 
 
-def _label(key: str) -> str:
+def label(key: str) -> str:
+    """A field name as words: "original_title" and "fullTimeEmployees" read "original title", "full time employees"."""
     return re.sub(r"(?<=[a-z])(?=[A-Z])", " ", key).replace("_", " ").lower()
 
 
@@ -106,7 +107,7 @@ def _oscar(award: dict[str, Any]) -> str:
 
 def movie_rows(movie: dict[str, Any]) -> list[str]:
     title = movie.get("title")
-    rows = [f"{title} {_label(k)}: {value(movie[k])}" for k in ("release_date", "original_title", "original_language",
+    rows = [f"{title} {label(k)}: {value(movie[k])}" for k in ("release_date", "original_title", "original_language",
                                                                 "budget", "revenue", "rating")
             if movie.get(k) not in (None, "")]
     genres = [g.get("name") for g in movie.get("genres") or [] if isinstance(g, dict)]
@@ -126,7 +127,7 @@ def movie_rows(movie: dict[str, Any]) -> list[str]:
 def person_rows(person: dict[str, Any]) -> list[str]:
     name = person.get("name")
     rows = [f"{name} birthday: {person['birthday']}"] if person.get("birthday") else []
-    rows += [f"{name} {_label(k)}: {len(person.get(k) or [])}" for k in ("acted_movies", "directed_movies")
+    rows += [f"{name} {label(k)}: {len(person.get(k) or [])}" for k in ("acted_movies", "directed_movies")
              if person.get(k)]
     rows += [f"{name}: {_oscar(a)}" for a in person.get("oscar_awards") or [] if isinstance(a, dict)]
     return rows
@@ -143,7 +144,7 @@ def year_rows(year: str, info: dict[str, Any]) -> list[str]:
 def entity_rows(name: str, entity: dict[str, Any]) -> list[str]:
     rows = [f"{name}: {entity['summary_text']}"] if entity.get("summary_text") else []
     structured = entity.get("summary_structured") or {}
-    return rows + [f"{name} {_label(k)}: {value(v)}" for k, v in structured.items()
+    return rows + [f"{name} {label(k)}: {value(v)}" for k, v in structured.items()
                    if v not in (None, "", [], {}) and k != "name"]
 
 
