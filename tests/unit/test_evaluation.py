@@ -344,3 +344,16 @@ def test_selections_cannot_silently_be_empty(tmp_path, capsys, args, message):
     assert local_evaluation.main(["--data", str(SAMPLE), "--out", str(tmp_path / "run"), *args]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and message in err
+
+
+def test_a_run_with_serve_kg_resumes(tmp_path, capsys):
+    """The fixture server's port changes every run; the resume must not read that as another setup."""
+    config = load_config(REPO_ROOT / "configs" / "cpu.yaml")
+    out = tmp_path / "run"
+    _run_folder(out, config)
+    manifest.write(out, manifest.build(manifest.answer_inputs(
+        replace(config, kg=replace(config.kg, base_url="http://127.0.0.1:1")), SAMPLE, 30.0, True), Selection(limit=2),
+        {"spec": "rules"}))
+    assert local_evaluation.main(["--data", str(SAMPLE), "--out", str(out), "--limit", "2", "--serve-kg"]) == 0
+    err = capsys.readouterr().err
+    assert "another setup" not in err and "fixture KG server at" in err and "UserModel ready" not in err
