@@ -105,7 +105,7 @@ def format_table(summary: dict[str, Any]) -> str:
                          f"wrong) and {high:.3f} (all correct)")
     if theirs:
         lines.append("org.: the organisers' rules (gold answer only, their \"i don't know\" and \"invalid\" rules; "
-                     "unjudged where they would ask their LLM judge and none is given)")
+                     "unjudged where they would ask their LLM judge and ours gave no verdict)")
     if summary.get("cut_by_grader"):
         lines.append(f"answers the grader cuts at 75 Llama-2 tokens: {summary['cut_by_grader']}")
     if summary.get("steps_by_question_type"):
@@ -136,7 +136,8 @@ def format_markdown(summary: dict[str, Any], title: str) -> str:
     if theirs := summary.get("organisers"):
         lines += ["## By the organisers' rules", "", "The same predictions read as the organisers' evaluation reads "
                   "them: gold answer only, their \"i don't know\" and \"invalid\" rules, unjudged where they would "
-                  "ask their LLM judge and none was given.", "", *table({"all": theirs["overall"]}, ""), ""]
+                  "ask their LLM judge and ours gave no verdict (or none was given).", "",
+                  *table({"all": theirs["overall"]}, ""), ""]
         for section, rows in _sections(theirs):
             lines += [*table(rows, section[3:]), ""]
         lines += ["Judged by: " + ", ".join(f"{k}: {v}" for k, v in theirs["judged_by"].items()), ""]
