@@ -66,6 +66,8 @@ def test_openai_config_sends_prompts_to_the_server(served_model, embedder, sampl
     monkeypatch.setenv("CRAG_CONFIG", str(path))
     before = log.read_text().count("POST /v1/chat/completions")
     system = UserModel(embedder=embedder)
+    assert log.read_text().count("POST /v1/chat/completions") - before == 1  # the probe of the server
+    before += 1
     answers = system.batch_generate_answer(to_batch(sample_examples[:2]))
     system.close()
     assert len(answers) == 2 and all(answers)
