@@ -38,7 +38,7 @@ def _records(verdicts, domain="movie"):
 
 
 def test_the_report_carries_intervals_everywhere_and_says_n_under_10(tmp_path):
-    records = _records(VERDICTS) + _records([CORRECT] * 3, domain="music")
+    records = _records(VERDICTS) + _records([CORRECT] * 9, domain="music")
     judge_records(records, None)
     summary = score_records(records)
     assert summary["overall"]["ci95"]["score"][0] < summary["overall"]["score"] < summary["overall"]["ci95"]["score"][1]
@@ -48,7 +48,11 @@ def test_the_report_carries_intervals_everywhere_and_says_n_under_10(tmp_path):
     music = next(line for line in table.splitlines() if line.strip().startswith("music"))
     assert "n<10" in music and "score 95% CI" in table
     write_report(summary, tmp_path, "t")
-    assert json.loads((tmp_path / "report.json").read_text())["by_domain"]["movie"]["ci95"]["score"]
+    saved = json.loads((tmp_path / "report.json").read_text())
+    for scores in (saved["overall"], saved["by_domain"]["movie"], saved["organisers"]["overall"],
+                   saved["organisers"]["by_domain"]["movie"]):
+        assert set(scores["ci95"]) == {"score", "accuracy", "hallucination"}
+    assert saved["by_domain"]["music"]["ci95"] is None and saved["organisers"]["by_domain"]["music"]["ci95"] is None
     assert "score 95% CI" in (tmp_path / "report.md").read_text()
 
 
