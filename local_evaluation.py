@@ -136,6 +136,10 @@ def merge_shards(out_dir: Path, predictions: Path) -> list[dict]:
     if missing:
         raise EvaluationError(f"--merge: shards {missing} of {count} have no predictions.jsonl under {out_dir}")
     manifests = {i: manifest.load(out_dir / f"shard-{i}-of-{count}") for i in range(1, count + 1)}
+    unchecked = [i for i, m in manifests.items() if m is None]
+    if unchecked:
+        print(f"--merge: shards {unchecked} of {count} have no manifest.json; their setup is not checked",
+              file=sys.stderr)
     first = next((m for m in manifests.values() if m is not None), None)
     for i, shard in manifests.items():
         changed = manifest.differences(first.get("answers"), shard.get("answers")) if first and shard else []

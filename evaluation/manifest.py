@@ -20,6 +20,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from loguru import logger
+
 from evaluation.data import Selection, data_pieces
 from models.config import REPO_ROOT, SystemConfig
 from models.prompting import PromptLibrary
@@ -116,9 +118,13 @@ def load(folder: Path) -> dict[str, Any] | None:
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+    except (OSError, json.JSONDecodeError) as err:
+        logger.warning("{}: unreadable ({}); the run folder is treated as having no manifest", path, err)
         return None
-    return data if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        logger.warning("{}: not a JSON object; the run folder is treated as having no manifest", path)
+        return None
+    return data
 
 
 def write(folder: Path, manifest: dict[str, Any]) -> None:

@@ -72,6 +72,13 @@ def _sections(summary: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return [(key, summary[key]) for key in summary if key.startswith("by_")]
 
 
+def unjudged_range(scores: dict[str, Any]) -> str:
+    """How many predictions are unjudged and the score range they allow."""
+    low, high = scores["score_range"]
+    return (f"{scores['unjudged']:.1%} unjudged; the score lies between {low:.3f} (all of them wrong) and "
+            f"{high:.3f} (all correct)")
+
+
 def interval(scores: dict[str, Any]) -> str:
     """The score's 95% interval as "[lo, hi]", or "n<10" where there is none."""
     ci = scores.get("ci95")
@@ -100,9 +107,7 @@ def format_table(summary: dict[str, Any]) -> str:
         lines.extend(row(f"  {name}", s, theirs and theirs[section][name]) for name, s in rows.items())
     for label, scores in (("ours", summary["overall"]), ("organisers'", theirs and theirs["overall"])):
         if scores and scores["unjudged"]:
-            low, high = scores["score_range"]
-            lines.append(f"{label}: {scores['unjudged']:.1%} unjudged; the score lies between {low:.3f} (all of them "
-                         f"wrong) and {high:.3f} (all correct)")
+            lines.append(f"{label}: {unjudged_range(scores)}")
     if theirs:
         lines.append("org.: the organisers' rules (gold answer only, their \"i don't know\" and \"invalid\" rules; "
                      "unjudged where they would ask their LLM judge and ours gave no verdict)")
@@ -125,9 +130,7 @@ def format_markdown(summary: dict[str, Any], title: str) -> str:
 
     lines = [f"# {title}", "", "## Overall", "", *table({"all": summary["overall"]}, ""), ""]
     if summary["overall"]["unjudged"]:
-        low, high = summary["overall"]["score_range"]
-        lines += [f"{summary['overall']['unjudged']:.1%} of the predictions are unjudged: the score lies between "
-                  f"{low:.3f} (all of them wrong) and {high:.3f} (all correct).", ""]
+        lines += [f"Predictions: {unjudged_range(summary['overall'])}.", ""]
     lines += [f"Intervals: bootstrap 95% (percentile, {RESAMPLES} resamples, fixed seed); none under "
               f"{MIN_FOR_INTERVAL} questions.", ""]
     for section, rows in _sections(summary):

@@ -46,8 +46,10 @@ def grader_token_count(text: str) -> int:
     return len(grader_ids(text)) - 1
 
 
+@lru_cache(maxsize=1 << 16)
 def grader_cut(text: str) -> str:
-    """`text` as the grader judges it: ids[1:76] decoded (special tokens kept), then stripped."""
+    """`text` as the grader judges it: ids[1:76] decoded (special tokens kept), then stripped. Cached: judging
+    reads each prediction's cut several times (both rule sets, the judge's key and prompt)."""
     kept = grader_ids(text)[1:GRADER_MAX_TOKENS + 1]
     return grader_tokenizer().decode(kept, skip_special_tokens=False).strip()
 

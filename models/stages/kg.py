@@ -165,7 +165,7 @@ class Lookup:
             songs, artists = (r if isinstance(r, list) else [] for r in result)
             when = args.get("date") or "some week"
             return [f"billboard hot 100 rank {args.get('rank')} on {when}: {s} by {a}"
-                    for s, a in list(zip(songs, artists))[:rows_.MAX_CAST]]
+                    for s, a in list(zip(songs, artists))[:rows_.MAX_CHART]]
         if name == "music_get_billboard_attributes":
             return [f"{args.get('song_name')} billboard {args.get('attribute')} on {args.get('date')}: "
                     f"{rows_.value(result)}"]

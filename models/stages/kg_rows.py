@@ -19,7 +19,8 @@ from typing import Any
 from utils.names import fold
 
 MAX_ROW = 400  # characters of one row (a long summary or list is cut here, never a whole query's budget)
-MAX_CAST = 15
+MAX_CAST = 15  # cast members of a film
+MAX_CHART = 15  # Billboard entries of a rank asked without a date
 _STOP = frozenset("a an and are at be by did do does for from has have how in is it of on or the to was were what "
                   "when where which who whom whose why with s".split())
 _MONTHS = {m: i for i, m in enumerate(("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov",

@@ -6,9 +6,9 @@ from another agent"; an output without an answer leaves nothing.
 
 from __future__ import annotations
 
-from models.llm.base import GenParams, cut_short
+from models.llm.base import GenParams
 from models.stages.base import StageContext
-from models.stages.reasoning import END, parse_structured
+from models.stages.reasoning import END, parse_whole
 from models.state import QueryState
 from utils.answers import INVALID
 
@@ -24,8 +24,6 @@ class KnowledgeStage:
         params = GenParams(max_tokens=settings.max_tokens, temperature=settings.temperature, n=1, stop=[END],
                            deadline=ctx.work_deadline(self.name))
         for state, samples in zip(states, ctx.llm.generate(conversations, params)):
-            parsed = parse_structured(samples[0]) if samples else None
-            if parsed is not None and cut_short(samples[0], parsed.answer):
-                parsed = None
+            parsed = parse_whole(samples[0]) if samples else None
             if parsed is not None:
                 state.knowledge = INVALID if parsed.false_premise else parsed.answer

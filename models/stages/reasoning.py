@@ -55,6 +55,12 @@ def parse_structured(output: str) -> Parsed | None:
     return _read_block(output)
 
 
+def parse_whole(output: str) -> Parsed | None:
+    """parse_structured, and None for an answer the generation cut short (its line never ended)."""
+    parsed = parse_structured(output)
+    return None if parsed is not None and cut_short(output, parsed.answer) else parsed
+
+
 def fit_references(references: list[Reference], max_chars: int) -> list[Reference]:
     """The best-ranked references whose texts fit in max_chars together (the best one always)."""
     kept: list[Reference] = []
@@ -141,10 +147,8 @@ class ReasoningStage:
                 state.finish(IDK, "reasoning: the LLM returned nothing")
                 continue
             state.llm_output = samples[0]
-            parsed = parse_structured(state.llm_output)
-            if parsed is not None and cut_short(samples[0], parsed.answer):
-                parsed = None  # half an answer: the summariser answers instead
-            if parsed is None:
+            parsed = parse_whole(samples[0])
+            if parsed is None:  # no answer, or half of one: the summariser answers
                 unparsed.append(state)
             elif parsed.false_premise:
                 state.answer = INVALID

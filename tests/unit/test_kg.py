@@ -226,14 +226,9 @@ def test_rows_are_ranked_by_the_question_and_kept_whole_within_the_budget(make_s
     lines = kg_rows_of(make_system, cpu_config, kg, example,
                        kg_entities=entities_reply("open", main_entity="albert einstein"))
     assert lines[0] == "Albert Einstein doctoral advisor: Alfred Kleiner"  # the row the question asks for, first
-    assert sum(map(len, lines)) <= 300 and all(line in {r for r in rows_of_entity(entity)} for line in lines)
+    assert sum(map(len, lines)) <= 300 and set(lines) <= set(rows_.entity_rows("Albert Einstein", entity))
     assert ("open_get_entity", {"query": "Albert Einstein"}) in kg.sent
     assert ("open_get_entity", {"query": "Einstein (crater)"}) not in kg.sent  # the exact name wins alone
-
-
-def rows_of_entity(entity):
-    from models.stages.kg_rows import entity_rows
-    return entity_rows("Albert Einstein", entity)
 
 
 def test_a_named_date_older_than_the_last_days_is_kept(make_system, cpu_config, sample_examples):
