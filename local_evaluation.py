@@ -28,8 +28,8 @@ from evaluation.kg_server import KGServerError, fixture_kg
 from evaluation.report import format_table, score_records, write_report
 from evaluation.runner import EvaluationError, load_predictions, run_model
 from evaluation.worker import ModelWorker, WorkerError
-from models.config import (CONFIG_ENV, DEFAULT_CONFIG, DOMAINS, DYNAMISM, ConfigError, HFConfig, OpenAIConfig,
-                           SystemConfig, load_config)
+from models.config import (DOMAINS, DYNAMISM, ConfigError, HFConfig, OpenAIConfig, SystemConfig,
+                           add_config_arguments, config_from_args, config_label)
 from models.llm.base import BackendUnavailable
 from models.prompting import PromptError, PromptLibrary
 from utils.cache import JsonCache, cache_root
@@ -41,8 +41,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, usage="local_evaluation.py [run|rejudge|merge] [options]; "
                                      "local_evaluation.py calibrate [--judge ...]")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="CRAG .jsonl or .jsonl.bz2 file")
-    parser.add_argument("--config", type=Path, default=None,
-                        help=f"system config YAML (default: ${CONFIG_ENV}, else {DEFAULT_CONFIG.name})")
+    add_config_arguments(parser)
     parser.add_argument("--out", type=Path, default=None, help="run folder (default: runs/<data>__<config>)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N examples (of the shard)")
     parser.add_argument("--domain", default="", help="only these domains, comma-separated (e.g. finance,music)")
@@ -246,10 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     logger.remove()
     logger.add(lambda message: tqdm.write(message, end="", file=sys.stderr), level=args.log_level.upper())
     try:
-        config = load_config(args.config)  # --config, else $CRAG_CONFIG, else configs/cpu.yaml
+        config = config_from_args(args)  # --config (else $CRAG_CONFIG, else configs/cpu.yaml), --overlay, --set
         check_data_file(args.data)
         data_name = args.data.name.split(".")[0]
-        out_dir = args.out or Path("runs") / f"{data_name}__{Path(config.source).stem}"
+        out_dir = args.out or Path("runs") / f"{data_name}__{config_label(args)}"
         shard_index, shard_count = parse_shard(args.shard)
         if shard_count > 1:
             out_dir = out_dir / f"shard-{shard_index}-of-{shard_count}"
@@ -304,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         manifest.write(out_dir, manifest.finish(run_manifest | {"judge": judge_record | {"name": summary["judge"]}}))
     summary["skipped_lines"] = stats.skipped_lines
     summary["null_predictions"] = sum(r["null_prediction"] for r in records)
-    written = write_report(summary, out_dir, f"{data_name} with {Path(config.source).name}, judge {summary['judge']}")
+    written = write_report(summary, out_dir, f"{data_name} with {config.source}, judge {summary['judge']}")
     print(format_table(summary))
     if judge is None:
         print("judge: rules only (exact match); sentence answers need an LLM judge, and the organisers' column "

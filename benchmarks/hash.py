@@ -41,24 +41,21 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import faiss
+import numpy as np
+from loguru import logger
+from threadpoolctl import threadpool_limits
+
+from benchmarks.pages import recall as answer_recall
+from models.config import load_config
+from models.retrieval.embedder import Embedder
+from models.retrieval.hash_index import HashIndex, HashModel, SearchSettings
+from models.stages.references import page_settings, proposition_units
+from models.state import Reference
+from training.hash_training import ADSHSettings, initial_layer, neighbour_similarity, positive_recall, train_adsh
+from utils.pages import PageProcessor, process_html
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-import faiss  # noqa: E402
-import numpy as np  # noqa: E402
-from loguru import logger  # noqa: E402
-from threadpoolctl import threadpool_limits  # noqa: E402
-
-from benchmarks.pages import recall as answer_recall  # noqa: E402
-from models.config import load_config  # noqa: E402
-from models.retrieval.embedder import Embedder  # noqa: E402
-from models.retrieval.hash_index import HashIndex, HashModel, SearchSettings  # noqa: E402
-from models.retrieval.hash_training import (ADSHSettings, initial_layer, neighbour_similarity,  # noqa: E402
-                                            positive_recall, train_adsh)
-from models.stages.references import page_settings, proposition_units  # noqa: E402
-from models.state import Reference  # noqa: E402
-from utils.pages import PageProcessor, process_html  # noqa: E402
-
 SHARED = REPO.parent / "shared" / "crag_sample" / "crag_public_sample_5.jsonl.bz2"
 DATA = REPO / "data" / "crag_sample.jsonl"
 KS = (5, 20, 100)

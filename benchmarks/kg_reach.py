@@ -42,8 +42,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
 QUESTIONS = REPO / "benchmarks" / "kg_reach" / "questions.jsonl"
 SAMPLE = REPO / "data" / "crag_sample.jsonl"
 DOMAINS = ("finance", "movie", "music", "sports", "open")

@@ -26,23 +26,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+import trafilatura
+from bs4 import BeautifulSoup
+
+from evaluation.data import alternative_answers
+from models.config import load_config
+from models.retrieval.embedder import Embedder
+from models.stages.base import run_alone
+from models.stages.references import ReferencesStage, page_settings
+from models.state import QueryState
+from utils.answers import contains_answer, normalize_text
+from utils.chunking import seed_chunks, split_sentences
+from utils.pages import PageProcessor, PageSettings, ProcessedPage, process_html
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-import trafilatura  # noqa: E402
-from bs4 import BeautifulSoup  # noqa: E402
-
-from evaluation.data import alternative_answers  # noqa: E402
-from models.budget import Deadline  # noqa: E402
-from models.config import load_config  # noqa: E402
-from models.retrieval.embedder import Embedder  # noqa: E402
-from models.stages.base import StageContext  # noqa: E402
-from models.stages.references import ReferencesStage, page_settings  # noqa: E402
-from models.state import QueryState  # noqa: E402
-from utils.answers import contains_answer, normalize_text  # noqa: E402
-from utils.chunking import seed_chunks, split_sentences  # noqa: E402
-from utils.pages import PageProcessor, PageSettings, ProcessedPage, process_html  # noqa: E402
-
 SHARED = REPO.parent / "shared" / "crag_sample" / "crag_public_sample_5.jsonl.bz2"
 DATA = REPO / "data" / "crag_sample.jsonl"
 
@@ -109,8 +106,8 @@ def recall(examples: list[dict[str, Any]], processor: Any, config: Any,
     counted = [e for e in examples if normalize_text(e["answer"]) != "invalid question"]
     states = [QueryState(i, e["interaction_id"], e["query"], e["query_time"], e["search_results"])
               for i, e in enumerate(counted)]
-    ctx = StageContext(config, None, embedder, None, Deadline(3600), processor, None, hash_model=hash_model)
-    ReferencesStage().run(states, ctx)
+    resources = {"embedder": embedder, "pages": processor, "hash_model": hash_model, "reranker": None, "llm": None}
+    run_alone(ReferencesStage(), states, config, resources)
     selected = [[r.text for r in s.references] for s in states]
     found = sum(answer_found(e, texts) for e, texts in zip(counted, selected))
     tokens = statistics.fmean(token_recall(e, texts) for e, texts in zip(counted, selected)) if counted else 0.0

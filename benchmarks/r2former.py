@@ -20,19 +20,15 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+import numpy as np
+import torch
+from loguru import logger
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from loguru import logger  # noqa: E402
-
-from models.config import HFConfig  # noqa: E402
-from models.llm.base import GenParams  # noqa: E402
-from models.llm.hf import HFBackend  # noqa: E402
-from models.retrieval.r2former import (Checkpoint, R2Former, R2FormerConfig, R2FormerHead,  # noqa: E402
-                                       retrieval_features)
-from models.retrieval.r2former_training import TrainSettings, synthetic_lists, train  # noqa: E402
+from models.config import HFConfig
+from models.llm.base import GenParams
+from models.llm.hf import HFBackend
+from models.retrieval.r2former import Checkpoint, R2Former, R2FormerConfig, R2FormerHead, retrieval_features
+from training.r2former_training import TrainSettings, synthetic_lists, train
 
 
 def training_rate(device: str, lists: list, batch_size: int, repeats: int) -> float:

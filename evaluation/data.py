@@ -17,7 +17,7 @@ from typing import Any, BinaryIO
 
 from loguru import logger
 
-MODEL_FIELDS = ("interaction_id", "query", "search_results", "query_time")
+from utils.batch import BATCH_FIELDS
 
 
 class DataError(ValueError):
@@ -205,7 +205,7 @@ def read_examples(path: Path, stats: ReadStats | None = None, limit: int | None 
                 continue
             try:
                 example = json.loads(line)
-                missing = [k for k in (*MODEL_FIELDS, "answer") if k not in example]
+                missing = [k for k in (*BATCH_FIELDS, "answer") if k not in example]
                 if missing:
                     raise ValueError(f"missing {missing}")
             except (json.JSONDecodeError, ValueError, TypeError) as err:

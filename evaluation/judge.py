@@ -14,7 +14,6 @@ judge it asks ours, gold answer only; without an LLM judge those are "unjudged",
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,8 +24,9 @@ from loguru import logger
 from models.llm.base import LLM, GenParams
 from models.prompting import Prompt
 from utils.answers import INVALID, contains_answer, is_idk, is_invalid, normalize_text
-from utils.grader_tokens import grader_cut
 from utils.cache import JsonCache, content_key
+from utils.grader_tokens import grader_cut
+from utils.llm_json import parse_llm_json
 
 CORRECT, MISS, WRONG, UNJUDGED = "correct", "miss", "wrong", "unjudged"
 VERDICTS = (CORRECT, MISS, WRONG, UNJUDGED)
@@ -72,7 +72,6 @@ def judge_by_organisers_rules(item: Item) -> str | None:
     return None
 
 
-_OBJECT = re.compile(r"\{[^{}]*\}", re.DOTALL)
 _KEYED = re.compile(r'"?(correct|accuracy|score)"?\s*[:=]\s*"?(true|false|yes|no|1|0)\b', re.IGNORECASE)
 # The verdict word opening a reply; not a quoted or JSON key ("correct": false) nor a key with a value (correct: no).
 _FIRST_WORD = re.compile(r"^[^\w{\"']*(correct|incorrect|wrong)\b(?!\s*[:=]\s*\"?(?:true|false|yes|no|[01])\b)\W*(.*)",
@@ -97,16 +96,12 @@ def parse_judgement(output: str) -> tuple[bool | None, str]:
     text = output.strip()
     if match := _FIRST_WORD.match(text):
         return _WORDS[match.group(1).lower()], match.group(2).strip()
-    for candidate in _OBJECT.findall(text):
-        try:
-            data = json.loads(candidate)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(data, dict):
-            lowered = {str(k).lower(): v for k, v in data.items()}
-            for key in ("correct", "accuracy", "score"):
-                if key in lowered and _truth(lowered[key]) is not None:
-                    return _truth(lowered[key]), str(lowered.get("reason") or lowered.get("explanation") or "")
+    data = parse_llm_json(text, dict)
+    if data:
+        lowered = {str(k).lower(): v for k, v in data.items()}
+        for key in ("correct", "accuracy", "score"):
+            if key in lowered and _truth(lowered[key]) is not None:
+                return _truth(lowered[key]), str(lowered.get("reason") or lowered.get("explanation") or "")
     loose = _KEYED.search(text)
     return (_truth(loose.group(2)), text) if loose else (None, text)
 

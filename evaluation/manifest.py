@@ -28,7 +28,7 @@ from models.prompting import PromptLibrary
 
 MANIFEST = "manifest.json"
 # Config keys that change where files go or how work is spread, never an answer.
-VOLATILE = ("source", "log_level", "references.cache_dir", "references.workers", "llm.hf.cache_dir")
+VOLATILE = ("source", "references.cache_dir", "references.workers", "llm.hf.cache_dir")
 PACKAGES = ("torch", "transformers", "tokenizers", "sentence-transformers", "vllm", "openai", "trafilatura", "lxml")
 SERVED_KG = "fixture server over data/kg"
 

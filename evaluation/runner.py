@@ -14,9 +14,9 @@ from typing import Any
 from loguru import logger
 from tqdm import tqdm
 
-from evaluation.data import MODEL_FIELDS
 from models.config import MAX_BATCH_SIZE
 from utils.answers import IDK
+from utils.batch import make_batch
 
 RECORD_FIELDS = ("interaction_id", "query", "answer", "alt_answers", "domain", "question_type", "static_or_dynamic",
                  "popularity")
@@ -115,7 +115,7 @@ def run_model(model: Any, examples: Iterable[dict[str, Any]], predictions_path: 
     with predictions_path.open("a", encoding="utf-8") as out, tqdm(total=total, unit="q", desc="evaluating") as bar:
         while batch := _take(queue, _batch_size(model)):
             limit = len(batch) * per_query_s if per_query_s else None
-            answers, seconds, timed_out = call_with_limit(model, {key: [e[key] for e in batch] for key in MODEL_FIELDS},
+            answers, seconds, timed_out = call_with_limit(model, make_batch(batch),
                                                           limit)
             if timed_out:
                 answers = [IDK] * len(batch)

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
+import copy
 import dataclasses
+import difflib
 import os
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -18,12 +22,31 @@ CONFIG_ENV = "CRAG_CONFIG"
 MAX_BATCH_SIZE = 16
 DOMAINS = ("finance", "sports", "music", "movie", "open")
 DYNAMISM = ("static", "slow-changing", "fast-changing", "real-time")
-ATTRIBUTE_METHODS = ("svm", "icl", "none")
-R2AG_MODES = ("relevance", "prompt")
-RETRIEVERS = ("dense", "hash")
-HASH_ENGINES = ("numpy", "faiss-flat", "faiss-hnsw")
-HASH_UNITS = ("sentence", "llm")
-KG_METHODS = ("rules", "functions")
+Dynamism = Literal["static", "slow-changing", "fast-changing", "real-time"]
+HashEngine = Literal["numpy", "faiss-flat", "faiss-hnsw"]
+HASH_ENGINES = typing.get_args(HashEngine)
+
+# Strategies: ordered lists of stage names (models/stages/). The stages every built-in strategy starts with
+# gather the evidence; a stage whose switch is off in the config (`knowledge.enabled: false`, `r2ag.enabled:
+# false`, task 1 for `kg`) is left out of the pipeline, so one list serves every setting. The KG runs before the
+# pages so that the dynamic pre-check, which needs its results, spares the queries it answers "i don't know" the
+# page processing.
+GATHER = ["attributes", "kg", "precheck", "references", "r2ag", "evidence"]
+DEFAULT_STRATEGIES = {
+    "hybrid": [*GATHER, "multihop", "knowledge", "calculator", "reasoning"],  # the seed system
+    "hanrag": [*GATHER, "hanrag"],
+    "dualrag": [*GATHER, "dualrag"],
+}
+
+
+def at_least(low: float) -> dict[str, Any]:
+    """Field metadata: the smallest value the key accepts."""
+    return {"range": (low, None)}
+
+
+def between(low: float, high: float) -> dict[str, Any]:
+    """Field metadata: the range of values the key accepts (both ends included)."""
+    return {"range": (low, high)}
 
 
 class ConfigError(ValueError):
@@ -36,9 +59,9 @@ class HFConfig:
 
     model: str | None = None
     device: str = "cpu"
-    dtype: str = "float32"
-    max_input_tokens: int = 2048
-    micro_batch_size: int = 8
+    dtype: Literal["float32", "float16", "bfloat16", "auto"] = "float32"
+    max_input_tokens: int = field(default=2048, metadata=at_least(64))
+    micro_batch_size: int = field(default=8, metadata=at_least(1))
     cache_dir: str | None = None
 
 
@@ -49,10 +72,10 @@ class OpenAIConfig:
     base_url: str = "http://127.0.0.1:8000/v1"
     model: str = "default"
     api_key_env: str = "OPENAI_API_KEY"
-    concurrency: int = 8
-    max_retries: int = 3
-    backoff_s: float = 0.5
-    request_timeout_s: float = 60.0
+    concurrency: int = field(default=8, metadata=at_least(1))
+    max_retries: int = field(default=3, metadata=at_least(0))
+    backoff_s: float = field(default=0.5, metadata=at_least(0))
+    request_timeout_s: float = field(default=60.0, metadata=at_least(0.1))
     native_n: bool = False
 
 
@@ -74,7 +97,7 @@ class VLLMConfig:
 class LLMConfig:
     """`backend` names one of the sections below; only that one is used."""
 
-    backend: str = "hf"
+    backend: Literal["hf", "openai", "vllm"] = "hf"
     hf: HFConfig = field(default_factory=HFConfig)
     openai: OpenAIConfig = field(default_factory=OpenAIConfig)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
@@ -110,11 +133,11 @@ class HashConfig:
     at most `llm_max_tokens` each); other chunks, and chunks without usable output, are split into sentences."""
 
     model: str | None = None
-    engine: str = "numpy"
-    alpha: int = 200
-    depth: int = 100
+    engine: HashEngine = "numpy"
+    alpha: int = field(default=200, metadata=at_least(1))
+    depth: int = field(default=100, metadata=at_least(1))
     exact: bool = True
-    units: str = "sentence"
+    units: Literal["sentence", "llm"] = "sentence"
     min_unit_chars: int = 30
     propositions: int = 10
     llm_chunks: int = 10
@@ -131,21 +154,21 @@ class ReferencesConfig:
     kept while their total length fits. `retriever`: dense (cosine over chunks) or hash (HASH-RAG, see `hash`).
     """
 
-    workers: int = 0
+    workers: int = field(default=0, metadata=at_least(0))
     cache: bool = True
     cache_dir: str | None = None
-    timeout_s: float = 10.0
+    timeout_s: float = field(default=10.0, metadata=at_least(0))
     chunk_chars: int = 1000
     sentence_chars: int = 400
     group_size: int = 3
     table_chars: int = 4000
     max_table_parts: int = 20
     max_page_chars: int = 2_000_000
-    top_k: int = 10
-    table_budget_chars: int = 4000
+    top_k: int = field(default=10, metadata=at_least(1))
+    table_budget_chars: int = field(default=4000, metadata=at_least(0))
     use_snippets: bool = True
     rerank: RerankConfig = field(default_factory=RerankConfig)
-    retriever: str = "dense"
+    retriever: Literal["dense", "hash"] = "dense"
     hash: HashConfig = field(default_factory=HashConfig)
 
 
@@ -159,9 +182,9 @@ class R2AGConfig:
 
     enabled: bool = False
     checkpoint: str | None = None
-    mode: str = "relevance"
-    threshold: float = 0.5
-    min_keep: int = 3
+    mode: Literal["relevance", "prompt"] = "relevance"
+    threshold: float = field(default=0.5, metadata=between(0, 1))
+    min_keep: int = field(default=3, metadata=at_least(0))
     device: str = "cpu"
 
 
@@ -173,15 +196,15 @@ class KGConfig:
     http://localhost:8000. `max_chars`: the KG text of one query is cut to this length. `price_days`: daily
     prices kept (up to the question's date, or its current time)."""
 
-    method: str = "rules"
+    method: Literal["rules", "functions"] = "rules"
     base_url: str | None = None
-    connect_timeout_s: float = 1.0
-    read_timeout_s: float = 5.0
-    retries: int = 2
-    backoff_s: float = 0.2
-    concurrency: int = 8
-    max_calls: int = 6
-    max_chars: int = 1000
+    connect_timeout_s: float = field(default=1.0, metadata=at_least(0.01))
+    read_timeout_s: float = field(default=5.0, metadata=at_least(0.01))
+    retries: int = field(default=2, metadata=at_least(0))
+    backoff_s: float = field(default=0.2, metadata=at_least(0))
+    concurrency: int = field(default=8, metadata=at_least(1))
+    max_calls: int = field(default=6, metadata=at_least(1))
+    max_chars: int = field(default=1000, metadata=at_least(0))
     max_tokens: int = 160
     price_days: int = 5
 
@@ -216,9 +239,9 @@ class DualRAGConfig:
 class ICLConfig:
     """Few-shot attribute prediction: `shots_per_class` demonstrations per domain and per dynamism class."""
 
-    shots_per_class: int = 5
-    n: int = 5
-    temperature: float = 0.7
+    shots_per_class: int = field(default=5, metadata=at_least(0))
+    n: int = field(default=5, metadata=at_least(1))
+    temperature: float = field(default=0.7, metadata=at_least(0))
     max_tokens: int = 24
     seed: int = 0
 
@@ -229,10 +252,10 @@ class AttributesConfig:
     tools/train_attributes.py. `labelled_file`: where ICL draws its demonstrations. `dynamic_classes`: the
     dynamism classes that count as dynamic (answered "i don't know" when `answer.dynamic_idk` is on)."""
 
-    method: str = "svm"
+    method: Literal["svm", "icl", "none"] = "svm"
     svm_model: str = "data/attributes/svm_minilm.pkl"
     labelled_file: str = "data/attributes/questions.jsonl"
-    dynamic_classes: list[str] = field(default_factory=lambda: ["real-time", "fast-changing"])
+    dynamic_classes: list[Dynamism] = field(default_factory=lambda: ["real-time", "fast-changing"])
     icl: ICLConfig = field(default_factory=ICLConfig)
 
 
@@ -250,8 +273,8 @@ class CalculatorConfig:
     """The LLM writes `n` samples of expressions; at most `max_results` distinct results reach the prompt."""
 
     enabled: bool = True
-    n: int = 5
-    temperature: float = 0.7
+    n: int = field(default=5, metadata=at_least(1))
+    temperature: float = field(default=0.7, metadata=at_least(0))
     max_tokens: int = 192
     max_results: int = 8
     max_reference_chars: int = 3000
@@ -280,9 +303,9 @@ class BudgetConfig:
     """Seconds. A stage starts only when the batch deadline leaves at least its `stage_min_s`, and works at most
     its `stage_share` of the batch's seconds."""
 
-    per_query_s: float = 30.0
-    safety_margin_s: float = 2.0
-    answer_reserve_s: float = 0.5
+    per_query_s: float = field(default=30.0, metadata=at_least(0.1))
+    safety_margin_s: float = field(default=2.0, metadata=at_least(0))
+    answer_reserve_s: float = field(default=0.5, metadata=at_least(0))
     stage_min_s: dict[str, float] = field(
         default_factory=lambda: {"references": 0.5, "reasoning": 1.0}
     )
@@ -292,12 +315,18 @@ class BudgetConfig:
 
 @dataclass
 class SystemConfig:
-    batch_size: int = 4
-    task: int = 1  # CRAG task: 1 (pages only), 2 and 3 (pages and the mock KG API)
-    strategy: str = "hybrid"
-    # hybrid only: questions HANRAG's router calls compound or complex go to this strategy (none, hanrag, dualrag)
-    multihop: str = "none"
-    log_level: str = "INFO"
+    batch_size: int = field(default=4, metadata=between(1, MAX_BATCH_SIZE))
+    task: Literal[1, 2, 3] = 1  # CRAG task: 1 (pages only), 2 and 3 (pages and the mock KG API)
+    strategy: str = "hybrid"  # a name in `strategies`
+    # Ordered lists of stage names by strategy name; the config's entries are added to DEFAULT_STRATEGIES (an
+    # entry of the same name replaces the default). A list inside a list is spliced in, so YAML anchors share a
+    # prefix: `mine: [*gather, my_stage, reasoning]`.
+    strategies: dict[str, list[str]] = field(default_factory=lambda: copy.deepcopy(DEFAULT_STRATEGIES),
+                                             metadata={"merge": True})
+    # Modules imported before the pipeline is built, so that the stages they register can be named above.
+    stage_modules: list[str] = field(default_factory=list)
+    # hybrid only: questions HANRAG's router calls compound or complex go to this method (the multihop stage)
+    multihop: Literal["none", "hanrag", "dualrag"] = "none"
     llm: LLMConfig = field(default_factory=LLMConfig)
     embedder: EmbedderConfig = field(default_factory=EmbedderConfig)
     attributes: AttributesConfig = field(default_factory=AttributesConfig)
@@ -315,43 +344,30 @@ class SystemConfig:
     source: str = field(default="<defaults>", metadata={"internal": True})
 
     def __post_init__(self) -> None:
-        if not 1 <= self.batch_size <= MAX_BATCH_SIZE:
-            raise ConfigError(f"{self.source}: batch_size must be in 1..{MAX_BATCH_SIZE}, got {self.batch_size}")
-        backends = [f.name for f in dataclasses.fields(LLMConfig) if f.name != "backend"]
-        if self.llm.backend not in backends:
-            raise ConfigError(f"{self.source}: llm.backend '{self.llm.backend}' is not one of {backends}")
-        if self.attributes.method not in ATTRIBUTE_METHODS:
-            raise ConfigError(f"{self.source}: attributes.method '{self.attributes.method}' is not one of "
-                              f"{list(ATTRIBUTE_METHODS)}")
-        unknown = set(self.attributes.dynamic_classes) - set(DYNAMISM)
-        if unknown:
-            raise ConfigError(f"{self.source}: attributes.dynamic_classes {sorted(unknown)} not in {list(DYNAMISM)}")
-        if self.task not in (1, 2, 3):
-            raise ConfigError(f"{self.source}: task must be 1, 2 or 3, got {self.task}")
-        if self.multihop not in ("none", "hanrag", "dualrag"):
-            raise ConfigError(f"{self.source}: multihop '{self.multihop}' is not one of ['none', 'hanrag', 'dualrag']")
-        if self.kg.method not in KG_METHODS:
-            raise ConfigError(f"{self.source}: kg.method '{self.kg.method}' is not one of {list(KG_METHODS)}")
-        if self.r2ag.mode not in R2AG_MODES:
-            raise ConfigError(f"{self.source}: r2ag.mode '{self.r2ag.mode}' is not one of {list(R2AG_MODES)}")
+        """The checks that span keys; each key's own type, choices and range are checked as it loads."""
+        self.strategy_names()  # an unknown strategy fails at load
         if self.r2ag.enabled and not self.r2ag.checkpoint:
             raise ConfigError(f"{self.source}: r2ag.enabled needs r2ag.checkpoint (train one with "
                               "tools/train_r2former.py)")
-        refs = self.references
-        if refs.retriever not in RETRIEVERS:
-            raise ConfigError(f"{self.source}: references.retriever '{refs.retriever}' is not one of "
-                              f"{list(RETRIEVERS)}")
-        if refs.retriever == "hash" and not refs.hash.model:
+        if self.references.retriever == "hash" and not self.references.hash.model:
             raise ConfigError(f"{self.source}: references.retriever hash needs references.hash.model (train one with "
                               "tools/train_hash.py)")
-        if refs.hash.engine not in HASH_ENGINES:
-            raise ConfigError(f"{self.source}: references.hash.engine '{refs.hash.engine}' is not one of "
-                              f"{list(HASH_ENGINES)}")
-        if refs.hash.units not in HASH_UNITS:
-            raise ConfigError(f"{self.source}: references.hash.units '{refs.hash.units}' is not one of "
-                              f"{list(HASH_UNITS)}")
         if self.budget.per_query_s <= self.budget.safety_margin_s / max(self.batch_size, 1):
             raise ConfigError(f"{self.source}: budget.per_query_s is too small for the safety margin")
+
+    def strategy_names(self) -> list[str]:
+        """The stage names of the chosen strategy, in order."""
+        if self.strategy not in self.strategies:
+            raise ConfigError(f"{self.source}: strategy {self.strategy!r} is not in strategies"
+                              f"{did_you_mean(self.strategy, self.strategies)}")
+        return self.strategies[self.strategy]
+
+
+def did_you_mean(name: str, choices: typing.Iterable[str]) -> str:
+    """"; did you mean 'x'?" for the closest choice, else "; one of [...]"."""
+    choices = [str(c) for c in choices]
+    close = difflib.get_close_matches(str(name), choices, n=1)
+    return f"; did you mean {close[0]!r}?" if close else f"; one of {choices}"
 
 
 def resolve_path(path: str) -> Path:
@@ -360,18 +376,70 @@ def resolve_path(path: str) -> Path:
     return candidate if candidate.is_absolute() else REPO_ROOT / candidate
 
 
-def load_config(path: str | os.PathLike | None = None) -> SystemConfig:
-    """Load `path`, else $CRAG_CONFIG, else configs/cpu.yaml."""
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """--config, --overlay and --set, the same in every command that builds the system."""
+    parser.add_argument("--config", type=Path, default=None,
+                        help=f"system config YAML (default: ${CONFIG_ENV}, else {DEFAULT_CONFIG.name})")
+    parser.add_argument("--overlay", type=Path, action="append", default=[], metavar="YAML",
+                        help="a partial config merged over --config key by key (repeatable; configs/overlays/)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
+                        help="one setting over the config, e.g. --set kg.method=functions (repeatable; YAML value)")
+
+
+def config_from_args(args: argparse.Namespace) -> SystemConfig:
+    return load_config(args.config, args.overlay, args.sets)
+
+
+def config_label(args: argparse.Namespace) -> str:
+    """A short name for the config the arguments chose: the file's stem, the overlays' stems, "set" for --set."""
+    first = Path(args.config or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG).stem
+    return "+".join([first, *(Path(o).stem for o in args.overlay), *(["set"] if args.sets else [])])
+
+
+def load_config(path: str | os.PathLike | None = None, overlays: Sequence[str | os.PathLike] = (),
+                sets: Sequence[str] = ()) -> SystemConfig:
+    """Load `path` (else $CRAG_CONFIG, else configs/cpu.yaml), then each overlay file in order (a partial config
+    merged key by key), then each `--set` assignment ("kg.method=functions", the value read as YAML)."""
     chosen = Path(path or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
-    if not chosen.is_file():
-        raise ConfigError(f"{chosen}: config file not found (set {CONFIG_ENV} to an existing YAML file)")
+    data = _read_yaml(chosen, f"set {CONFIG_ENV} or --config to an existing YAML file")
+    source = str(chosen)
+    for overlay in overlays:
+        data = _merge(data, _read_yaml(Path(overlay), "--overlay takes a partial config YAML file"))
+        source += f" + {overlay}"
+    for assignment in sets:
+        key, sep, text = assignment.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {assignment!r}: write KEY=VALUE, e.g. --set kg.method=functions")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"--set {assignment!r}: the value is not YAML: {err}") from err
+        for part in reversed(key.strip().split(".")):
+            value = {part: value}
+        data = _merge(data, value)
+        source += f" --set {key.strip()}"
+    return _build(SystemConfig, data, source, "", {"source": source})
+
+
+def _read_yaml(path: Path, fix: str) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found ({fix})")
     try:
-        data = yaml.safe_load(chosen.read_text(encoding="utf-8")) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as err:
-        raise ConfigError(f"{chosen}: not valid YAML: {err}") from err
+        raise ConfigError(f"{path}: not valid YAML: {err}") from err
     if not isinstance(data, dict):
-        raise ConfigError(f"{chosen}: the top level must be a mapping")
-    return _build(SystemConfig, data, str(chosen), "", {"source": str(chosen)})
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    return data
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `extra` merged in: mappings key by key, anything else replaced."""
+    merged = dict(base)
+    for key, value in extra.items():
+        merged[key] = (_merge(merged[key], value) if isinstance(value, dict) and isinstance(merged.get(key), dict)
+                       else value)
+    return merged
 
 
 def _build(cls: type, data: dict[str, Any], source: str, prefix: str, extra: dict[str, Any] | None = None) -> Any:
@@ -381,9 +449,24 @@ def _build(cls: type, data: dict[str, Any], source: str, prefix: str, extra: dic
     for key, value in data.items():
         where = f"{prefix}{key}"
         if key not in known or known[key].metadata.get("internal"):
-            raise ConfigError(f"{source}: unknown key '{where}'")
+            public = [name for name, f in known.items() if not f.metadata.get("internal")]
+            raise ConfigError(f"{source}: unknown key '{where}'{did_you_mean(key, public)}")
+        meta = known[key].metadata
+        if meta.get("merge") and isinstance(value, dict):  # a table added to its defaults (strategies)
+            value = {**known[key].default_factory(), **{k: _splice(v) for k, v in value.items()}}
         kwargs[key] = _coerce(hints[key], value, source, where)
+        low, high = meta.get("range", (None, None))
+        if (low is not None and kwargs[key] < low) or (high is not None and kwargs[key] > high):
+            allowed = f"at least {low}" if high is None else f"in {low}..{high}"
+            raise ConfigError(f"{source}: '{where}' must be {allowed}, got {kwargs[key]!r}")
     return cls(**kwargs)
+
+
+def _splice(value: Any) -> Any:
+    """A list with the lists inside it spliced in (YAML aliases of shared stage lists)."""
+    if not isinstance(value, list):
+        return value
+    return [item for part in value for item in (part if isinstance(part, list) else [part])]
 
 
 def _coerce(hint: Any, value: Any, source: str, where: str) -> Any:
@@ -392,6 +475,11 @@ def _coerce(hint: Any, value: Any, source: str, where: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{source}: '{where}' must be a mapping")
         return _build(hint, value, source, f"{where}.")
+    if origin is Literal:
+        choices = typing.get_args(hint)
+        if value not in choices or isinstance(value, bool):
+            raise ConfigError(f"{source}: '{where}' is {value!r}{did_you_mean(value, choices)}")
+        return value
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(hint)
         if value is None and type(None) in args:

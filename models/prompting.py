@@ -21,6 +21,15 @@ class PromptError(ValueError):
     """A prompt file that cannot be loaded or rendered; the message names the file."""
 
 
+class Messages(list):
+    """A rendered prompt: its messages (a plain list of {"role", "content"} for every backend) and `prompt`, the
+    name it was rendered from, which the scripted fake LLM of the tests answers by."""
+
+    def __init__(self, messages: list[dict[str, str]], prompt: str) -> None:
+        super().__init__(messages)
+        self.prompt = prompt
+
+
 @dataclass(frozen=True)
 class Prompt:
     name: str
@@ -29,7 +38,7 @@ class Prompt:
     system: jinja2.Template
     user: jinja2.Template
 
-    def render(self, **values: Any) -> list[dict[str, str]]:
+    def render(self, **values: Any) -> Messages:
         """Messages for the LLM; a declared variable left out is an error, never a blank."""
         missing = self.variables - values.keys()
         extra = values.keys() - self.variables
@@ -37,8 +46,8 @@ class Prompt:
             raise PromptError(f"{self.path}: render needs {sorted(self.variables)}; "
                               f"missing {sorted(missing)}, unexpected {sorted(extra)}")
         try:
-            return [{"role": "system", "content": self.system.render(**values).strip()},
-                    {"role": "user", "content": self.user.render(**values).strip()}]
+            return Messages([{"role": "system", "content": self.system.render(**values).strip()},
+                             {"role": "user", "content": self.user.render(**values).strip()}], self.name)
         except jinja2.UndefinedError as err:
             raise PromptError(f"{self.path}: {err}") from err
 

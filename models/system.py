@@ -1,4 +1,4 @@
-"""CragSystem: what the grader calls. Batches queries through a strategy within the time budget."""
+"""CragSystem: what the grader calls. Batches queries through the config's strategy within the time budget."""
 
 from __future__ import annotations
 
@@ -8,104 +8,138 @@ from typing import Any
 
 from loguru import logger
 
-from models.budget import Deadline
 from models.config import ConfigError, SystemConfig, load_config, resolve_path
 from models.llm.base import LLM, create_llm
 from models.prompting import PromptLibrary
+from models.registry import RegistryError
 from models.retrieval.embedder import Embedder
 from models.retrieval.hash_index import HashModel, load_model
 from models.retrieval.r2former import R2FormerError, R2FormerHead, load_checkpoint
 from models.retrieval.reranker import Reranker
+from models.stages import Stage, pipeline_stages
 from models.stages.answer import AnswerStage
-from models.stages.base import StageContext, run_stage
+from models.stages.base import RESOURCES, Batch, check_flow, run_stage
 from models.stages.references import page_settings
 from models.state import QueryState
-from models.strategies import STRATEGIES
 from utils.answers import IDK
+from utils.batch import BATCH_FIELDS
 from utils.cache import cache_root
 from utils.kg_api import KGClient
 from utils.pages import PageProcessor
 
-BATCH_FIELDS = ("interaction_id", "query", "search_results", "query_time")
+
+# Pages first: its workers fork before any model loads, so they copy no model or GPU state.
+BUILD_ORDER = ("pages", "llm", "embedder", "reranker", "kg", "hash_model", "r2former")
+DEPENDS = {"hash_model": ("embedder",), "r2former": ("llm", "embedder")}
+assert set(BUILD_ORDER) == set(RESOURCES)
 
 
 class CragSystem:
-    """`llm`, `embedder` and `kg` (the KG client, tasks 2 and 3) are built from the config unless given (tests
-    pass fakes).
-
-    The page workers start first, before any model loads, so that forking them copies no model or GPU state.
-    """
+    """Builds the strategy's stages and only the resources they need. `llm`, `embedder` and `kg` (the KG client,
+    tasks 2 and 3) are built from the config unless given (tests pass fakes)."""
 
     def __init__(self, config: SystemConfig | None = None, llm: LLM | None = None,
-                 embedder: Embedder | None = None, kg: KGClient | None = None) -> None:
+                 embedder: Any | None = None, kg: KGClient | None = None) -> None:
         self.config = config or load_config()
-        if self.config.strategy not in STRATEGIES:
-            raise ConfigError(f"{self.config.source}: strategy '{self.config.strategy}' is not one of {sorted(STRATEGIES)}")
         self.prompts = PromptLibrary(self.config.prompts)
-        refs = self.config.references
-        self.pages = PageProcessor(page_settings(refs), refs.workers,
-                                   cache_root(refs.cache_dir) / "pages" if refs.cache else None)
-        self.llm = llm or create_llm(self.config.llm)
-        if llm is None and hasattr(self.llm, "probe"):  # a remote server: a wrong key, model or URL stops here
-            self.llm.probe()
-        self.embedder = embedder or Embedder(self.config.embedder)
-        self.reranker = Reranker(refs.rerank) if refs.rerank.model else None
-        self.r2former = self._r2former() if self.config.r2ag.enabled else None
-        self.hash_model = self._hash_model() if refs.retriever == "hash" else None
-        self.kg = self._kg_client(kg)
-        self.strategy = STRATEGIES[self.config.strategy](self.config, self.embedder, kg=self.kg is not None)
-        for stage in self.strategy.stages:  # a broken prompt file fails here, not in the first batch
-            for name in stage.prompt_names:
+        classes = pipeline_stages(self.config)
+        needed = {name for cls in [*classes, AnswerStage] for name in cls.needs}
+        self.resources = self._resources(needed, {"llm": llm, "embedder": embedder, "kg": kg})
+        if "kg" in needed and self.resources.get("kg") is None:  # no server answered: no KG stage, no KG call
+            classes = [cls for cls in classes if "kg" not in cls.needs]
+        self.pipeline: list[Stage] = [cls() for cls in classes]
+        try:
+            check_flow(self.pipeline)
+        except RegistryError as err:
+            raise ConfigError(f"{self.config.source}: strategy {self.config.strategy!r}: {err}") from err
+        for stage in self.pipeline:
+            for name in stage.prompts:  # a broken prompt file fails here, not in the first batch
                 self.prompts.get(name)
+            stage.setup(self.config, {name: self.resources.get(name) for name in stage.needs})
         self.answer_stage = AnswerStage()
         self.last_batch_trace: list[dict[str, Any]] = []
+        logger.info("strategy {}: {}", self.config.strategy, " -> ".join(s.name for s in self.pipeline))
 
-    def close(self) -> None:
-        """Stop the page workers (they also stop when the process exits)."""
-        self.pages.close()
+    def _resources(self, needed: set[str], given: dict[str, Any]) -> dict[str, Any]:
+        """The resources the stages need and those they depend on, in BUILD_ORDER; a given one is used as is."""
+        builders = {"pages": self._pages, "llm": self._llm, "embedder": lambda r: Embedder(self.config.embedder),
+                    "reranker": self._reranker, "kg": self._kg_client, "hash_model": self._hash_model,
+                    "r2former": self._r2former}
+        needed = needed | {d for name in needed for d in DEPENDS.get(name, ())}
+        resources: dict[str, Any] = {}
+        for name in BUILD_ORDER:
+            if name in needed:
+                resources[name] = given[name] if given.get(name) is not None else builders[name](resources)
+        return resources
 
-    def context(self, batch_size: int, prompts: PromptLibrary | None = None) -> StageContext:
-        """What the stages of one batch share: this system's models and a fresh batch deadline."""
-        budget = self.config.budget
-        deadline = Deadline.for_batch(max(batch_size, 1), budget.per_query_s, budget.safety_margin_s)
-        return StageContext(self.config, self.llm, self.embedder, prompts or self.prompts, deadline, self.pages,
-                            self.reranker, self.r2former, self.kg, self.hash_model)
+    def _pages(self, resources: dict[str, Any]) -> PageProcessor:
+        refs = self.config.references
+        return PageProcessor(page_settings(refs), refs.workers,
+                             cache_root(refs.cache_dir) / "pages" if refs.cache else None)
 
-    def _kg_client(self, given: KGClient | None) -> KGClient | None:
-        """The KG client for tasks 2 and 3 (`given`, else one whose server answered at start-up: one probe,
-        logged); None for task 1 or without a server, and the strategy then has no kg stage, so no call of the
-        run goes to a server that is not there."""
-        if self.config.task == 1:
-            return None
-        if given is not None:
-            return given
+    def _llm(self, resources: dict[str, Any]) -> LLM:
+        llm = create_llm(self.config.llm)
+        if hasattr(llm, "probe"):  # a remote server: a wrong key, model or URL stops here
+            llm.probe()
+        return llm
+
+    def _reranker(self, resources: dict[str, Any]) -> Reranker | None:
+        rerank = self.config.references.rerank
+        return Reranker(rerank) if rerank.model else None
+
+    def _kg_client(self, resources: dict[str, Any]) -> KGClient | None:
+        """A client whose server answered at start-up (one probe, logged), else None: the pipeline then has no
+        kg stage, so no call of the run goes to a server that is not there."""
         kg = self.config.kg
         client = KGClient(kg.base_url, kg.connect_timeout_s, kg.read_timeout_s, kg.retries, kg.backoff_s)
         return client if client.probe() else None
 
-    def _hash_model(self) -> HashModel:
-        """The hash layer of `references.hash.model`, checked against this config's embedder."""
+    def _hash_model(self, resources: dict[str, Any]) -> HashModel | None:
+        """The hash layer of `references.hash.model` (retriever hash only), checked against the embedder."""
+        if self.config.references.retriever != "hash":
+            return None
         path = resolve_path(self.config.references.hash.model)
-        return load_model(path, embedder=getattr(self.embedder, "name", ""))
+        return load_model(path, embedder=getattr(resources.get("embedder"), "name", ""))
 
-    def _r2former(self) -> R2FormerHead:
-        """The R2AG head of the config. Prompt mode needs a backend that takes input embeddings and a checkpoint
-        trained for this LLM's hidden size; a backend without embeddings falls back to relevance mode (logged)."""
+    def _r2former(self, resources: dict[str, Any]) -> R2FormerHead | None:
+        """The R2AG head of the config (r2ag.enabled only). Prompt mode needs a backend that takes input
+        embeddings and a checkpoint trained for this LLM's hidden size; a backend without embeddings falls back
+        to relevance mode (logged)."""
         settings = self.config.r2ag
+        if not settings.enabled:
+            return None
+        llm = resources["llm"]
         prompting = settings.mode == "prompt"
-        if prompting and not hasattr(self.llm, "generate_with_embeddings"):
+        if prompting and not hasattr(llm, "generate_with_embeddings"):
             logger.warning("r2ag.mode prompt: the {} backend cannot take input embeddings; R2AG filters references "
                            "instead (relevance mode)", self.config.llm.backend)
             prompting = False
         path = resolve_path(settings.checkpoint)
-        checkpoint = load_checkpoint(path, settings.device, self.llm.hidden_size if prompting else None)
-        embedder = getattr(self.embedder, "name", "")
+        checkpoint = load_checkpoint(path, settings.device, llm.hidden_size if prompting else None)
+        embedder = getattr(resources["embedder"], "name", "")
         if checkpoint.embedder != embedder:
             raise R2FormerError(f"{path}: trained on {checkpoint.embedder} embeddings, but the embedder is {embedder}; "
                                 "retrain it with this embedder (tools/train_r2former.py)")
         if prompting:
-            self.llm.retrieval_placeholder()  # the token joins the vocabulary now, not inside a batch
+            llm.retrieval_placeholder()  # the token joins the vocabulary now, not inside a batch
         return R2FormerHead(checkpoint, settings.device, prompting)
+
+    # The resources by name, for tools and tests (None when no chosen stage needs one, or the config leaves it out).
+    llm = property(lambda self: self.resources.get("llm"))
+    embedder = property(lambda self: self.resources.get("embedder"))
+    pages = property(lambda self: self.resources.get("pages"))
+    kg = property(lambda self: self.resources.get("kg"))
+    reranker = property(lambda self: self.resources.get("reranker"))
+    r2former = property(lambda self: self.resources.get("r2former"))
+
+    def close(self) -> None:
+        """Stop the page workers (they also stop when the process exits)."""
+        if self.pages is not None:
+            self.pages.close()
+
+    def batch(self, size: int, prompts: PromptLibrary | None = None) -> Batch:
+        """What the stages of one batch share: this system's resources and a fresh batch deadline."""
+        return Batch.start(self.config, size, prompts or self.prompts, self.resources)
 
     def get_batch_size(self) -> int:
         return self.config.batch_size
@@ -113,15 +147,16 @@ class CragSystem:
     def batch_generate_answer(self, batch: Mapping[str, Any]) -> list[str]:
         """One answer per query, in input order; a query that fails answers "i don't know"."""
         states = unpack_batch(batch)
-        ctx = self.context(len(states))
+        shared = self.batch(len(states))
         try:
-            self.strategy.run(states, ctx)
-        except Exception as err:  # a strategy bug: every open query still gets a safe answer below
+            for stage in self.pipeline:
+                run_stage(stage, states, shared)
+        except Exception as err:  # a runner bug: every open query still gets a safe answer below
             logger.opt(exception=err).error("strategy {} failed: {}", self.config.strategy, err)
             for state in states:
                 if not state.done:
                     state.finish(IDK, f"strategy failed: {type(err).__name__}")
-        run_stage(self.answer_stage, states, ctx, always=True)
+        run_stage(self.answer_stage, states, shared, always=True)
         self.last_batch_trace = [{"interaction_id": s.interaction_id, "reason": s.done_reason,
                                   "stages": [asdict(r) for r in s.trace], "route": s.route, "steps": s.steps,
                                   "sub_queries": s.sub_queries} for s in states]

@@ -11,15 +11,20 @@ from loguru import logger
 from models.config import REPO_ROOT, load_config
 from models.system import CragSystem
 from tests.fakes import HashEmbedder, ScriptedLLM
+from utils.batch import make_batch
 from utils.kg_api import KGClient
 
 SAMPLE = REPO_ROOT / "data" / "crag_sample.jsonl"
 SHARED_CRAG = REPO_ROOT.parent / "shared" / "crag_sample" / "crag_public_sample_5.jsonl.bz2"
-BATCH_KEYS = ("interaction_id", "query", "search_results", "query_time")
 
 
 def to_batch(examples: list[dict[str, Any]]) -> dict[str, list[Any]]:
-    return {key: [e[key] for e in examples] for key in BATCH_KEYS}
+    return make_batch(examples)
+
+
+def stage_of(system: Any, name: str) -> Any:
+    """The pipeline's stage of that name (a test that runs one stage on its own)."""
+    return next(stage for stage in system.pipeline if stage.name == name)
 
 
 @pytest.fixture

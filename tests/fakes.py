@@ -5,42 +5,26 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from models.llm.base import Conversation, GenParams
+from models.prompting import PROMPT_DIR
 from utils.bag_embedder import BagOfWordsEmbedder
 from utils.kg_api import KGClient
 
 
 SEED_REPLY = "Thinking.\n===START===\n## Answer: paris\n## False Premise: no\n===END==="
-# How each prompt's system message starts, so that one scripted LLM can answer every stage differently.
-PROMPT_MARKERS = {
-    "reasoning": "You are an expert at answering questions from references",
-    "knowledge": "You answer questions from your own knowledge",
-    "calculator": "You write arithmetic",
-    "summariser": "Answer the question in as few words",
-    "attributes": "Classify questions",
-    "kg_entities": "You extract entities for knowledge-graph lookups",
-    "kg_functions": "You choose knowledge-graph API calls",
-    "hanrag_router": "You route questions",
-    "hanrag_relevance": "You judge whether a reference helps",
-    "hanrag_decompose": "You split a question into independent sub-questions",
-    "hanrag_refine": "You plan a chain of lookups",
-    "hanrag_check": "You decide whether the facts are enough",
-    "hanrag_aggregate": "You answer a question from facts found",
-    "dualrag_reason": "You reason step by step towards the answer",
-    "dualrag_entities": "You name the entities whose facts must be looked up",
-    "dualrag_summarise": "You write short notes about one entity",
-    "dualrag_answer": "You answer a question from gathered knowledge",
-    "pgcc": "You are an expert at answering questions from retrieved evidence",
-    "propositions": "You split a passage into propositions",
-}
 
 
 def prompt_name(conversation: Conversation) -> str:
-    system = conversation[0]["content"] if conversation and conversation[0]["role"] == "system" else ""
-    return next((name for name, marker in PROMPT_MARKERS.items() if system.startswith(marker)), "unknown")
+    """The name of the prompt file the conversation was rendered from, as the renderer tagged it (models.prompting
+    Messages); "unrendered" for a conversation built by hand."""
+    return getattr(conversation, "prompt", "unrendered")
 
 
 def by_prompt(**replies: Callable[[Conversation], str | None] | str | None) -> Callable[[Conversation], str | None]:
-    """A reply function that answers each prompt (by name) with its own reply (a string or a function)."""
+    """A reply function that answers each prompt (by name) with its own reply (a string or a function), and the
+    others with SEED_REPLY. A name that is no prompt file is refused, so a misspelt key cannot pass unnoticed."""
+    unknown = set(replies) - {path.stem for path in PROMPT_DIR.glob("*.yaml")}
+    if unknown:
+        raise ValueError(f"by_prompt: no prompt named {sorted(unknown)} in {PROMPT_DIR}")
 
     def reply(conversation: Conversation) -> str | None:
         chosen = replies.get(prompt_name(conversation), SEED_REPLY)

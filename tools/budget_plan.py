@@ -18,11 +18,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from models.config import MAX_BATCH_SIZE, ConfigError, SystemConfig, load_config  # noqa: E402
-from models.prompting import PromptError, PromptLibrary  # noqa: E402
+from models.config import MAX_BATCH_SIZE, ConfigError, SystemConfig, load_config
+from models.prompting import PromptError, PromptLibrary
+from models.stages import pipeline_stages
 
 CHARS_PER_TOKEN = 4
 QUERY_TOKENS = 40  # the question, its time and the section headers
@@ -51,34 +49,47 @@ def _tokens(chars: int) -> int:
 
 
 def llm_stages(config: SystemConfig, prompts: PromptLibrary | None = None) -> list[StagePlan]:
-    """The LLM calls a query can make under `config`, in pipeline order (the summariser as the worst case)."""
+    """The LLM calls a query can make under `config`, in the order of its strategy's stages (models/stages,
+    `strategies` in the config); the summariser is counted as the worst case of reasoning. Stages that make no
+    LLM call, and the multi-step ones whose number of calls depends on the question (hanrag, dualrag, multihop),
+    add nothing."""
     prompts = prompts or PromptLibrary(config.prompts)
 
     def template(name: str) -> int:
         return _tokens(len(prompts.get(name).path.read_text(encoding="utf-8"))) + QUERY_TOKENS
 
     kg_chars = config.kg.max_chars if config.task > 1 else 0
-    plans = []
-    if config.attributes.method == "icl":
+
+    def attributes() -> list[StagePlan]:
+        if config.attributes.method != "icl":
+            return []
         icl = config.attributes.icl
         demonstrations = icl.shots_per_class * 9 * 20  # 9 classes, about 20 tokens a demonstration
-        plans.append(StagePlan("attributes", template("attributes") + demonstrations, icl.max_tokens, icl.n))
-    if config.task > 1:
+        return [StagePlan("attributes", template("attributes") + demonstrations, icl.max_tokens, icl.n)]
+
+    def kg() -> list[StagePlan]:
         name = "kg_functions" if config.kg.method == "functions" else "kg_entities"
         extra = 38 * 25 if config.kg.method == "functions" else 0  # the endpoint list
-        plans.append(StagePlan("kg", template(name) + extra, config.kg.max_tokens, 1))
-    if config.knowledge.enabled:
-        plans.append(StagePlan("knowledge", template("knowledge"), config.knowledge.max_tokens, 1))
-    if config.calculator.enabled:
+        return [StagePlan("kg", template(name) + extra, config.kg.max_tokens, 1)]
+
+    def calculator() -> list[StagePlan]:
         calc = config.calculator
-        plans.append(StagePlan("calculator", template("calculator") + _tokens(calc.max_reference_chars + kg_chars),
-                               calc.max_tokens, calc.n))
-    reasoning = config.reasoning
-    evidence = reasoning.max_reference_chars + config.references.table_budget_chars + kg_chars
-    plans.append(StagePlan("reasoning", template("reasoning") + _tokens(evidence), reasoning.max_tokens, 1))
-    plans.append(StagePlan("summariser", template("summariser") + _tokens(reasoning.max_reference_chars),
-                           reasoning.summariser_max_tokens, 1))
-    return plans
+        return [StagePlan("calculator", template("calculator") + _tokens(calc.max_reference_chars + kg_chars),
+                          calc.max_tokens, calc.n)]
+
+    def reasoning() -> list[StagePlan]:
+        settings = config.reasoning
+        evidence = settings.max_reference_chars + config.references.table_budget_chars + kg_chars
+        return [StagePlan("reasoning", template("reasoning") + _tokens(evidence), settings.max_tokens, 1),
+                StagePlan("summariser", template("summariser") + _tokens(settings.max_reference_chars),
+                          settings.summariser_max_tokens, 1)]
+
+    def knowledge() -> list[StagePlan]:
+        return [StagePlan("knowledge", template("knowledge"), config.knowledge.max_tokens, 1)]
+
+    estimators = {"attributes": attributes, "kg": kg, "knowledge": knowledge, "calculator": calculator,
+                  "reasoning": reasoning}
+    return [plan for stage in pipeline_stages(config) for plan in estimators.get(stage.name, list)()]
 
 
 @dataclass(frozen=True)

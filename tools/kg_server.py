@@ -69,10 +69,9 @@ from loguru import logger
 from pydantic import BaseModel, ValidationError
 from rank_bm25 import BM25Okapi
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from utils.kg_api import ENDPOINTS
 
-from utils.kg_api import ENDPOINTS  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 DOMAINS = ("open", "movie", "finance", "music", "sports")
 FAULTS = ("__slow__", "__500__", "__503__", "__garbage__", "__wrongtype__")

@@ -16,13 +16,12 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from models.config import DOMAINS, DYNAMISM, ConfigError, EmbedderConfig, load_config
+from models.llm.base import BackendUnavailable
+from models.retrieval.embedder import Embedder
+from models.stages.attributes import SVMAttributes, read_labelled, svm_classifier
 
-from models.config import DOMAINS, DYNAMISM, ConfigError, EmbedderConfig, load_config  # noqa: E402
-from models.llm.base import BackendUnavailable  # noqa: E402
-from models.retrieval.embedder import Embedder  # noqa: E402
-from models.stages.attributes import SVMAttributes, read_labelled, svm_classifier  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 MIN_ROWS = 20
 
@@ -47,23 +46,20 @@ def accuracy(predicted: list[str | None], gold: list[str]) -> float:
 
 
 def icl_predictions(rows_train: list[dict], rows_test: list[dict], config_path: Path | None) -> list[tuple]:
-    from models.budget import Deadline
     from models.llm.base import create_llm
-    from models.prompting import PromptLibrary
     from models.stages.attributes import AttributesStage, demonstrations
-    from models.stages.base import StageContext
+    from models.stages.base import run_alone
     from models.state import QueryState
 
     config = load_config(config_path)
     config.attributes = replace(config.attributes, method="icl")
-    stage = AttributesStage(config.attributes, None)
+    stage = AttributesStage()
     stage.examples = demonstrations(rows_train, config.attributes.icl.shots_per_class, config.attributes.icl.seed)
     llm = create_llm(config.llm)
     states = [QueryState(i, str(i), row["query"], "", []) for i, row in enumerate(rows_test)]
     batch = config.batch_size
     for start in range(0, len(states), batch):
-        ctx = StageContext(config, llm, None, PromptLibrary(config.prompts), Deadline(3600), None)
-        stage.run(states[start:start + batch], ctx)
+        run_alone(stage, states[start:start + batch], config, {"llm": llm, "embedder": None})
     return [(s.domain, s.dynamism) for s in states]
 
 

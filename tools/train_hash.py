@@ -24,22 +24,20 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
+from loguru import logger
+
+from evaluation.data import DataError, alternative_answers, check_data_file, is_crag_format, read_examples
+from models.config import ConfigError, SystemConfig, load_config
+from models.llm.base import BackendUnavailable
+from models.retrieval.embedder import Embedder
+from models.retrieval.hash_index import HashIndex, HashModel, SearchSettings
+from models.stages.references import proposition_units
+from tools.train_r2former import reference_states
+from training.hash_training import ADSHSettings, initial_layer, pair_similarity, positive_recall, recall_at, train_adsh
+from utils.answers import contains_answer, is_invalid
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-import numpy as np  # noqa: E402
-from loguru import logger  # noqa: E402
-
-from evaluation.data import DataError, alternative_answers, check_data_file, is_crag_format, read_examples  # noqa: E402
-from models.config import ConfigError, SystemConfig, load_config  # noqa: E402
-from models.llm.base import BackendUnavailable  # noqa: E402
-from models.retrieval.embedder import Embedder  # noqa: E402
-from models.retrieval.hash_index import HashIndex, HashModel, SearchSettings  # noqa: E402
-from models.retrieval.hash_training import (ADSHSettings, initial_layer, pair_similarity, positive_recall,  # noqa: E402
-                                            recall_at, train_adsh)
-from models.stages.references import proposition_units  # noqa: E402
-from tools.train_r2former import reference_states  # noqa: E402
-from utils.answers import contains_answer, is_invalid  # noqa: E402
 
 MIN_QUERIES = 4
 

@@ -24,29 +24,27 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
+import torch
+from loguru import logger
+from tqdm import tqdm
+
+from evaluation.data import DataError, alternative_answers, check_data_file, is_crag_format, read_examples
+from models.config import ConfigError, SystemConfig, load_config, resolve_path
+from models.llm.base import BackendUnavailable
+from models.prompting import PromptError, PromptLibrary
+from models.retrieval.embedder import Embedder
+from models.retrieval.hash_index import load_model
+from models.retrieval.r2former import R2Former, R2FormerConfig, retrieval_features, save_checkpoint
+from models.stages.base import run_alone
+from models.stages.reasoning import END, START, place_embeddings, reasoning_conversation
+from models.stages.references import ReferencesStage, page_settings
+from models.state import QueryState, Reference
+from training.r2former_training import RankedList, TrainSettings, split, train
+from utils.answers import contains_answer, is_invalid
+from utils.pages import PageProcessor
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from loguru import logger  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-from evaluation.data import DataError, alternative_answers, check_data_file, is_crag_format, read_examples  # noqa: E402
-from models.budget import Deadline  # noqa: E402
-from models.config import ConfigError, SystemConfig, load_config, resolve_path  # noqa: E402
-from models.llm.base import BackendUnavailable  # noqa: E402
-from models.prompting import PromptError, PromptLibrary  # noqa: E402
-from models.retrieval.embedder import Embedder  # noqa: E402
-from models.retrieval.hash_index import load_model  # noqa: E402
-from models.retrieval.r2former import R2Former, R2FormerConfig, retrieval_features, save_checkpoint  # noqa: E402
-from models.retrieval.r2former_training import RankedList, TrainSettings, split, train  # noqa: E402
-from models.stages.base import StageContext  # noqa: E402
-from models.stages.reasoning import END, START, place_embeddings, reasoning_conversation  # noqa: E402
-from models.stages.references import ReferencesStage, page_settings  # noqa: E402
-from models.state import QueryState, Reference  # noqa: E402
-from utils.answers import contains_answer, is_invalid  # noqa: E402
-from utils.pages import PageProcessor  # noqa: E402
 
 MIN_LISTS = 4
 
@@ -67,13 +65,13 @@ def reference_states(examples: list[dict], config: SystemConfig, embedder: Embed
     pages = PageProcessor(page_settings(config.references), config.references.workers, None)
     hashing = config.references.retriever == "hash"
     hash_model = load_model(resolve_path(config.references.hash.model), embedder.name) if hashing else None
-    ctx = StageContext(config, None, embedder, None, Deadline(10 ** 9), pages, hash_model=hash_model)
+    resources = {"embedder": embedder, "pages": pages, "hash_model": hash_model, "reranker": None, "llm": None}
     try:
         for start in tqdm(range(0, len(examples), config.batch_size), desc="references", unit="batch"):
             chunk = examples[start:start + config.batch_size]
             states = [QueryState(i, e["interaction_id"], e["query"], e["query_time"],
                                  [p for p in e["search_results"] if isinstance(p, dict)]) for i, e in enumerate(chunk)]
-            ReferencesStage().run(states, ctx)
+            run_alone(ReferencesStage(), states, config, resources, seconds=10 ** 9)
             yield from zip(states, chunk)
     finally:
         pages.close()

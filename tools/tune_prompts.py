@@ -30,19 +30,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from evaluation.data import DataError, check_data_file, read_examples
+from evaluation.judge import judge_records
+from evaluation.report import score_records
+from models.config import ConfigError, SystemConfig, add_config_arguments, config_from_args
+from models.llm.base import BackendUnavailable
+from models.prompting import PromptError, PromptLibrary
+from models.stages.base import run_stage
+from models.state import Proposition, QueryState, Reference, StageRecord
+from models.system import CragSystem, unpack_batch
+from utils.batch import make_batch
+from utils.cache import JsonCache, cache_root, content_key
 
-from evaluation.data import DataError, check_data_file, read_examples  # noqa: E402
-from evaluation.judge import judge_records  # noqa: E402
-from evaluation.report import score_records  # noqa: E402
-from models.config import ConfigError, SystemConfig, load_config  # noqa: E402
-from models.llm.base import BackendUnavailable  # noqa: E402
-from models.prompting import PromptError, PromptLibrary  # noqa: E402
-from models.stages.base import run_stage  # noqa: E402
-from models.state import Proposition, QueryState, Reference, StageRecord  # noqa: E402
-from models.system import CragSystem, unpack_batch  # noqa: E402
-from utils.cache import JsonCache, cache_root, content_key  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 STAGE_CACHE_VERSION = "stages-1"
 
@@ -80,14 +80,14 @@ class Tuner:
     """Runs upstream stages once (cached) and downstream stages once per variant of `prompt`."""
 
     def __init__(self, system: CragSystem, prompt: str, cache: JsonCache) -> None:
-        stages = system.strategy.stages
-        split = next((i for i, s in enumerate(stages) if prompt in s.prompt_names), None)
+        stages = system.pipeline
+        split = next((i for i, s in enumerate(stages) if prompt in s.prompts), None)
         if split is None:
             raise ConfigError(f"--prompt {prompt!r}: no stage of strategy {system.config.strategy} uses it "
                               f"(stages: {[s.name for s in stages]})")
         self.system, self.prompt, self.cache = system, prompt, cache
         self.upstream, self.downstream = stages[:split], stages[split:]
-        texts = [system.prompts.get(n).path.read_text(encoding="utf-8") for s in self.upstream for n in s.prompt_names]
+        texts = [system.prompts.get(n).path.read_text(encoding="utf-8") for s in self.upstream for n in s.prompts]
         self._key_parts = ([s.name for s in self.upstream], texts)
 
     def upstream_states(self, examples: list[dict[str, Any]]) -> list[QueryState]:
@@ -97,11 +97,10 @@ class Tuner:
         batch_size = self.system.config.batch_size
         for start in range(0, len(missing), batch_size):
             chunk = missing[start:start + batch_size]
-            states = unpack_batch({k: [examples[i][k] for i in chunk] for k in
-                                   ("interaction_id", "query", "search_results", "query_time")})
-            ctx = self.system.context(len(states))
+            states = unpack_batch(make_batch([examples[i] for i in chunk]))
+            batch = self.system.batch(len(states))
             for stage in self.upstream:
-                run_stage(stage, states, ctx)
+                run_stage(stage, states, batch)
             for i, state in zip(chunk, states):
                 cached[i] = state_to_json(state)
                 self.cache.put(keys[i], cached[i])
@@ -115,10 +114,10 @@ class Tuner:
         batch_size = self.system.config.batch_size
         for start in range(0, len(states), batch_size):
             batch = [copy.deepcopy(s) for s in states[start:start + batch_size]]
-            ctx = self.system.context(len(batch), prompts)
+            shared = self.system.batch(len(batch), prompts)
             for stage in self.downstream:
-                run_stage(stage, batch, ctx)
-            run_stage(self.system.answer_stage, batch, ctx, always=True)
+                run_stage(stage, batch, shared)
+            run_stage(self.system.answer_stage, batch, shared, always=True)
             answers.extend(s.answer for s in batch)
         return answers
 
@@ -224,7 +223,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="a prompt file; give it once per variant; the first is the baseline")
     parser.add_argument("--grid", type=Path, default=None, help="a grid file of text alternatives (see above)")
     parser.add_argument("--data", type=Path, default=REPO / "data" / "crag_sample.jsonl")
-    parser.add_argument("--config", type=Path, default=None)
+    add_config_arguments(parser)
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--judge", default="rules", help="rules, local, or an OpenAI-compatible base URL")
     parser.add_argument("--judge-model", default=None)
@@ -246,7 +245,7 @@ def main(argv: list[str] | None = None, system: CragSystem | None = None) -> int
         missing = [v for v in args.variant if variant_path(v) is None]
         if missing:
             raise ConfigError(f"--variant {missing[0]}: no such prompt file")
-        system = system or CragSystem(load_config(args.config))
+        system = system or CragSystem(config_from_args(args))
         tuner = Tuner(system, args.prompt, JsonCache(cache_root(None) / "stages"))
         judge = build_judge(args.judge, args.judge_model)
         examples = list(read_examples(args.data, limit=args.limit))

@@ -25,6 +25,8 @@ from typing import Any
 import requests
 from loguru import logger
 
+from utils.deadline import Deadline
+
 KG_URL_ENV = "CRAG_MOCK_API_URL"
 DEFAULT_KG_URL = "http://localhost:8000"
 TRANSIENT_STATUS = frozenset({502, 503, 504})  # a proxy or a server starting: worth another try
@@ -167,8 +169,8 @@ class KGClient:
         logger.info("KG server at {} answers (HTTP {})", self.base_url, reply.status_code)
         return True
 
-    def call(self, name: str, args: dict[str, Any] | None = None, deadline: float | None = None) -> Any:
-        """The result of endpoint `name` with `args`, or None. `deadline`: a time.monotonic() value."""
+    def call(self, name: str, args: dict[str, Any] | None = None, deadline: Deadline | None = None) -> Any:
+        """The result of endpoint `name` with `args`, or None (nothing found, a failure, or `deadline` passed)."""
         args = args or {}
         endpoint = ENDPOINTS.get(name)
         if endpoint is None:
@@ -195,11 +197,11 @@ class KGClient:
             self._local.session = requests.Session()
         return self._local.session
 
-    def _post(self, endpoint: Endpoint, body: dict[str, Any], deadline: float | None) -> tuple[bool, Any]:
+    def _post(self, endpoint: Endpoint, body: dict[str, Any], deadline: Deadline | None) -> tuple[bool, Any]:
         """(True, result) for an answer of the server (None included: nothing found), (False, None) otherwise."""
         url = self.base_url + endpoint.path
         for attempt in range(self.retries + 1):
-            left = self.read_timeout_s if deadline is None else deadline - time.monotonic()
+            left = self.read_timeout_s if deadline is None else deadline.remaining()
             if left <= 0:
                 self._log(endpoint.name, "deadline", "no time left for the call")
                 return False, None
@@ -219,7 +221,7 @@ class KGClient:
                 kind, failure = "server error", f"HTTP {reply.status_code}"
             if attempt < self.retries:
                 pause = self.backoff_s * 2 ** attempt
-                if deadline is not None and time.monotonic() + pause >= deadline:
+                if deadline is not None and not deadline.can_afford(pause):
                     break
                 time.sleep(pause)
         self._log(endpoint.name, kind, f"{failure} after {attempt + 1} attempt(s) at {url}")
@@ -268,7 +270,7 @@ class KGClient:
 
 
 def _method(endpoint: Endpoint):
-    def call(self: KGClient, *args: Any, deadline: float | None = None, **kwargs: Any) -> Any:
+    def call(self: KGClient, *args: Any, deadline: Deadline | None = None, **kwargs: Any) -> Any:
         values = dict(zip((a.name for a in endpoint.args), args), **kwargs)
         return self.call(endpoint.name, values, deadline)
 

@@ -6,7 +6,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from models.budget import Deadline
+from utils.deadline import Deadline
 from models.config import LLMConfig
 
 Conversation = list[dict[str, str]]

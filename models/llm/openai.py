@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 from loguru import logger
 
-from models.budget import Deadline
+from utils.deadline import Deadline
 from models.config import OpenAIConfig
 from models.llm.base import LENGTH, STOP, BackendUnavailable, Conversation, GenParams, Sample, cut_at_stop
 

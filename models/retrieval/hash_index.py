@@ -2,7 +2,7 @@
 
 The query side is the embedder plus a trained hash layer (`HashModel`): relaxed to tanh(beta * (W x + b)) while
 training, sign() at inference with ties broken to +1. Database units (propositions) get codes from the same layer
-(or the codes ADSH learned for them, see hash_training.py). A search is a funnel:
+(or the codes ADSH learned for them, see training/hash_training.py). A search is a funnel:
 
 1. Hamming candidates: the radius widens until at least `alpha` units are found (the numpy engine keeps every unit
    at the final radius, ties included; the FAISS engines return the `alpha` nearest);

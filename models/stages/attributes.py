@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 from loguru import logger
 
-from models.config import DOMAINS, DYNAMISM, AttributesConfig, EmbedderConfig, resolve_path
-from models.llm.base import BackendUnavailable, GenParams
+from models.config import DOMAINS, DYNAMISM, EmbedderConfig, SystemConfig, resolve_path
+from models.llm.base import BackendUnavailable
 from models.retrieval.embedder import Embedder
-from models.stages.base import StageContext
+from models.stages.base import STAGES, Stage, StageContext
 from models.state import QueryState
 
 SVM_FORMAT = "crag-attributes-svm-1"
@@ -131,15 +131,28 @@ def demonstrations(rows: list[dict[str, str]], per_class: int, seed: int) -> lis
     return chosen
 
 
-class AttributesStage:
-    name = "attributes"
-    prompt_names = ("attributes",)
+@STAGES.register("attributes")
+class AttributesStage(Stage):
+    prompts = ("attributes",)
+    sections = ("attributes",)
+    writes = frozenset({"domain", "dynamism"})
+    needs = frozenset({"llm", "embedder"})
 
-    def __init__(self, config: AttributesConfig, embedder: Any) -> None:
-        self.config = config
+    def __init__(self) -> None:
         self.svm: SVMAttributes | None = None
-        self.svm_embedder = embedder
+        self.svm_embedder: Any = None
         self.examples: list[dict[str, str]] = []
+
+    @classmethod
+    def active(cls, config: SystemConfig) -> bool:
+        return config.attributes.method != "none"
+
+    def setup(self, system: SystemConfig, resources: dict[str, Any]) -> None:
+        """Load the SVM (and, when it was trained on other vectors, the embedder it needs) or the ICL
+        demonstrations."""
+        config = system.attributes
+        embedder = resources["embedder"]
+        self.svm_embedder = embedder
         if config.method == "svm":
             self.svm = SVMAttributes.load(resolve_path(config.svm_model))
             if getattr(embedder, "name", None) != self.svm.embedder:  # the SVM needs the vectors it was trained on
@@ -162,13 +175,13 @@ class AttributesStage:
             self._icl(states, ctx)
 
     def _icl(self, states: list[QueryState], ctx: StageContext) -> None:
-        settings = self.config.icl
-        prompt = ctx.prompts.get("attributes")
+        settings = ctx.settings.icl
+        prompt = ctx.prompt("attributes")
         conversations = [prompt.render(query=s.query, examples=self.examples, domains=list(DOMAINS),
                                        dynamism=list(DYNAMISM)) for s in states]
-        params = GenParams(max_tokens=settings.max_tokens, temperature=settings.temperature, n=settings.n,
-                           seed=settings.seed, deadline=ctx.work_deadline(self.name))
-        for state, samples in zip(states, ctx.llm.generate(conversations, params)):
+        outputs = ctx.generate(conversations, max_tokens=settings.max_tokens, temperature=settings.temperature,
+                               n=settings.n, seed=settings.seed)
+        for state, samples in zip(states, outputs):
             votes = [parse_icl(sample) for sample in samples]
             state.domain = vote([d for d, _ in votes if d], DOMAINS, prefer_last=False)
             state.dynamism = vote([y for _, y in votes if y], DYNAMISM, prefer_last=True)

@@ -1,57 +1,209 @@
-"""Stage protocol, the context stages share, and the runner that times, budgets and isolates them."""
+"""Stages: the base class and its declarations, the registry strategies name them from, the context one stage
+sees in a batch, and the runner that times, budgets and isolates them.
+
+A stage is one class in one file:
+
+    @STAGES.register("my_stage")
+    class MyStage(Stage):
+        prompts = ("my_prompt",)        # prompts/<name>.yaml it renders (checked at start-up)
+        sections = ("reasoning",)       # config sections it reads; ctx.settings is the first
+        reads = frozenset({"references"})   # QueryState fields some earlier stage must write
+        writes = frozenset({"knowledge"})   # QueryState fields it sets
+        needs = frozenset({"llm"})          # resources it uses (RESOURCES)
+
+        def run(self, states, ctx): ...
+
+and one name in a strategy (`strategies:` in the config). CragSystem builds only the resources the chosen
+stages need and refuses a pipeline in which a stage reads a field that no earlier stage writes.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, ClassVar
 
 from loguru import logger
 
-from models.budget import Deadline
-from models.config import SystemConfig
-from models.llm.base import LLM
-from models.prompting import PromptLibrary
-from models.retrieval.embedder import Embedder
-from models.retrieval.hash_index import HashModel
-from models.retrieval.r2former import R2FormerHead
-from models.retrieval.reranker import Reranker
-from models.state import QueryState, StageRecord
+from models.config import BudgetConfig, SystemConfig
+from models.llm.base import GenParams, Sample
+from models.prompting import Prompt, PromptLibrary
+from models.registry import Registry, RegistryError
+from models.state import BATCH_INPUTS, QueryState, StageRecord
 from utils.answers import IDK
-from utils.kg_api import KGClient
-from utils.pages import PageProcessor
+from utils.deadline import Deadline
+
+# What a stage may need, built once by CragSystem: the LLM backend, the sentence embedder, the page workers,
+# the KG client (tasks 2 and 3, when its server answered), the cross-encoder, the R2AG head, the hash layer.
+RESOURCES = ("llm", "embedder", "pages", "kg", "reranker", "r2former", "hash_model")
+_STATE_FIELDS = frozenset(f.name for f in dataclasses.fields(QueryState))
+
+
+class Stage:
+    """Base class of every stage; see the module docstring for the declarations."""
+
+    name: ClassVar[str] = ""
+    prompts: ClassVar[tuple[str, ...]] = ()
+    sections: ClassVar[tuple[str, ...]] = ()
+    reads: ClassVar[frozenset[str]] = frozenset()
+    writes: ClassVar[frozenset[str]] = frozenset()
+    needs: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def active(cls, config: SystemConfig) -> bool:
+        """Whether `config` switches this stage on; a strategy lists it either way (`knowledge.enabled: false`)."""
+        return True
+
+    def setup(self, config: SystemConfig, resources: dict[str, Any]) -> None:
+        """Start-up work (load a classifier, read demonstrations), once, before the first batch."""
+
+    def run(self, states: list[QueryState], ctx: StageContext) -> None:
+        """Read and write fields of the states still open."""
+        raise NotImplementedError
+
+
+class StageRegistry(Registry[Stage]):
+    """Stages by name; a registration whose declarations name no QueryState field, resource or config section is
+    refused at import, so a typo fails where it is written."""
+
+    def register(self, name: str):  # type: ignore[override]
+        add = super().register(name)
+
+        def check(cls: type[Stage]) -> type[Stage]:
+            if not (isinstance(cls, type) and issubclass(cls, Stage)):
+                return add(cls)  # refused there, with the base class named
+            unknown = (set(cls.reads) | set(cls.writes)) - _STATE_FIELDS
+            if unknown:
+                raise RegistryError(f"stage {name!r}: reads/writes name no QueryState field: {sorted(unknown)}")
+            if set(cls.needs) - set(RESOURCES):
+                unknown = set(cls.needs) - set(RESOURCES)
+                raise RegistryError(f"stage {name!r}: needs unknown resources {sorted(unknown)}; known: "
+                                    f"{', '.join(RESOURCES)}")
+            sections = {f.name for f in dataclasses.fields(SystemConfig)}
+            if set(cls.sections) - sections:
+                raise RegistryError(f"stage {name!r}: no config section {sorted(set(cls.sections) - sections)}")
+            cls.name = name
+            return add(cls)
+
+        return check
+
+
+STAGES = StageRegistry("stage", Stage)
+
+
+def check_flow(stages: Iterable[Stage]) -> None:
+    """Refuse a pipeline in which a stage reads a field that neither the grader's batch nor an earlier stage
+    writes."""
+    written = set(BATCH_INPUTS)
+    for stage in stages:
+        missing = set(stage.reads) - written
+        if missing:
+            raise RegistryError(f"stage {stage.name!r} reads {sorted(missing)}, which no earlier stage writes "
+                                f"(earlier: {sorted(written - BATCH_INPUTS) or 'none'}); put a stage that writes "
+                                "them before it, or switch it on")
+        written |= set(stage.writes)
 
 
 @dataclass
-class StageContext:
-    config: SystemConfig
-    llm: LLM
-    embedder: Embedder
-    prompts: PromptLibrary
-    deadline: Deadline
-    pages: PageProcessor
-    reranker: Reranker | None = None
-    r2former: R2FormerHead | None = None
-    kg: KGClient | None = None
-    hash_model: HashModel | None = None
+class Batch:
+    """What every stage of one batch shares: the batch deadline, the config, the prompts and the resources."""
 
-    def work_deadline(self, stage: str | None = None) -> Deadline:
-        """When a stage's work (an LLM call, page processing) must end: the batch deadline less the answer
-        reserve, and no later than the stage's `budget.stage_share` of the batch's seconds from now."""
-        deadline = self.deadline.reserve(self.config.budget.answer_reserve_s)
-        share = self.config.budget.stage_share.get(stage or "")
+    config: SystemConfig
+    deadline: Deadline
+    prompts: PromptLibrary
+    resources: dict[str, Any]
+
+    @classmethod
+    def start(cls, config: SystemConfig, size: int, prompts: PromptLibrary, resources: dict[str, Any]) -> Batch:
+        budget = config.budget
+        return cls(config, Deadline.for_batch(max(size, 1), budget.per_query_s, budget.safety_margin_s), prompts,
+                   resources)
+
+    def context(self, stage: Stage) -> StageContext:
+        return StageContext(stage, self.deadline, self.config.budget, self.prompts,
+                            {name: getattr(self.config, name) for name in stage.sections},
+                            {name: self.resources.get(name) for name in stage.needs})
+
+
+class StageContext:
+    """One stage's view of a batch: its settings and declared resources, its prompts, the deadline, and
+    `generate`, which sends a stage's conversations in one backend call within its share of the batch."""
+
+    def __init__(self, stage: Stage, deadline: Deadline, budget: BudgetConfig, prompts: PromptLibrary,
+                 sections: dict[str, Any], resources: dict[str, Any]) -> None:
+        self.stage = stage
+        self.deadline = deadline
+        self.budget = budget
+        self._prompts = prompts
+        self._sections = sections
+        self._resources = resources
+
+    @property
+    def settings(self) -> Any:
+        """The stage's first config section (None for a stage that declares none)."""
+        return next(iter(self._sections.values()), None)
+
+    def section(self, name: str) -> Any:
+        if name not in self._sections:
+            raise RegistryError(f"stage {self.stage.name!r} reads config section {name!r} without declaring it")
+        return self._sections[name]
+
+    def resource(self, name: str) -> Any:
+        """The resource, or None where the config leaves it out (no reranker, no KG server)."""
+        if name not in self._resources:
+            raise RegistryError(f"stage {self.stage.name!r} uses resource {name!r} without declaring it in `needs`")
+        return self._resources[name]
+
+    llm = property(lambda self: self.resource("llm"))
+    embedder = property(lambda self: self.resource("embedder"))
+    pages = property(lambda self: self.resource("pages"))
+    kg = property(lambda self: self.resource("kg"))
+    reranker = property(lambda self: self.resource("reranker"))
+    r2former = property(lambda self: self.resource("r2former"))
+    hash_model = property(lambda self: self.resource("hash_model"))
+
+    def prompt(self, name: str) -> Prompt:
+        if name not in self.stage.prompts:
+            raise RegistryError(f"stage {self.stage.name!r} renders prompt {name!r} without declaring it")
+        return self._prompts.get(name)
+
+    def work_deadline(self) -> Deadline:
+        """When this stage's work must end: the batch deadline less the answer reserve, and no later than the
+        stage's `budget.stage_share` of the batch's seconds from now."""
+        deadline = self.deadline.reserve(self.budget.answer_reserve_s)
+        share = self.budget.stage_share.get(self.stage.name)
         return deadline.capped(share * self.deadline.total) if share else deadline
 
+    def can_step(self) -> bool:
+        """Whether the deadline affords one more LLM step of a multi-step stage (the reasoning stage's minimum and
+        the answer reserve)."""
+        return self.deadline.can_afford(self.budget.stage_min_s.get("reasoning", 1.0) + self.budget.answer_reserve_s)
 
-class Stage(Protocol):
-    name: str
-    prompt_names: tuple[str, ...]
+    def generate(self, conversations: list, *, max_tokens: int, temperature: float = 0.0, n: int = 1,
+                 stop: list[str] | None = None, seed: int | None = None, deadline: Deadline | None = None,
+                 states: Iterable[QueryState] = ()) -> list[list[Sample]]:
+        """The samples of each conversation, in one backend call ending by `deadline` (default: the stage's work
+        deadline). Each distinct state in `states` counts one LLM step (multi-step stages pass them)."""
+        if not conversations:
+            return []
+        for state in {id(s): s for s in states}.values():
+            state.steps += 1
+        params = GenParams(max_tokens=max_tokens, temperature=temperature, n=n, stop=list(stop or []), seed=seed,
+                           deadline=deadline or self.work_deadline())
+        return self.llm.generate(conversations, params)
 
-    def run(self, states: list[QueryState], ctx: StageContext) -> None:
-        """Read and write fields of the (not yet done) states."""
+
+def run_alone(stage: Stage, states: list[QueryState], config: SystemConfig, resources: dict[str, Any],
+              seconds: float = 3600.0, prompts: PromptLibrary | None = None) -> None:
+    """Run one stage outside CragSystem (training tools, benchmarks, tests) in a batch of its own: these
+    resources, `seconds` to spend, errors raised."""
+    batch = Batch(config, Deadline(seconds), prompts or PromptLibrary(config.prompts), resources)
+    stage.run(states, batch.context(stage))
 
 
-def run_stage(stage: Stage, states: list[QueryState], ctx: StageContext, always: bool = False) -> None:
+def run_stage(stage: Stage, states: list[QueryState], batch: Batch, always: bool = False) -> None:
     """Run `stage` on the queries still open, if the deadline affords it; a crash answers them IDK.
 
     `always` runs it on every query whatever the deadline (the answer step).
@@ -59,9 +211,10 @@ def run_stage(stage: Stage, states: list[QueryState], ctx: StageContext, always:
     active = list(states) if always else [s for s in states if not s.done]
     if not active:
         return
-    needed = ctx.config.budget.stage_min_s.get(stage.name, 0.0) + ctx.config.budget.answer_reserve_s
-    if not always and not ctx.deadline.can_afford(needed):
-        note = f"{ctx.deadline.remaining():.2f} s left, needs {needed:.2f} s"
+    budget = batch.config.budget
+    needed = budget.stage_min_s.get(stage.name, 0.0) + budget.answer_reserve_s
+    if not always and not batch.deadline.can_afford(needed):
+        note = f"{batch.deadline.remaining():.2f} s left, needs {needed:.2f} s"
         logger.warning("stage {} skipped for {} queries: {}", stage.name, len(active), note)
         for state in active:
             state.trace.append(StageRecord(stage.name, "skipped", 0.0, note))
@@ -69,7 +222,7 @@ def run_stage(stage: Stage, states: list[QueryState], ctx: StageContext, always:
     started = time.perf_counter()
     status, note = "ok", ""
     try:
-        stage.run(active, ctx)
+        stage.run(active, batch.context(stage))
     except Exception as err:  # one stage's bug must not cost the batch its answers
         status, note = "failed", f"{type(err).__name__}: {err}"
         logger.opt(exception=err).error("stage {} failed for {}: {}", stage.name,

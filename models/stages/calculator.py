@@ -10,8 +10,8 @@ import re
 
 from loguru import logger
 
-from models.llm.base import GenParams
-from models.stages.base import StageContext
+from models.config import SystemConfig
+from models.stages.base import STAGES, Stage, StageContext
 from models.stages.reasoning import prompt_evidence
 from models.state import QueryState
 from utils.safe_eval import SafeEvalError, Value, safe_eval
@@ -77,19 +77,27 @@ def calculations(samples: list[str], max_results: int) -> list[str]:
     return results
 
 
-class CalculatorStage:
-    name = "calculator"
-    prompt_names = ("calculator",)
+@STAGES.register("calculator")
+class CalculatorStage(Stage):
+    prompts = ("calculator",)
+    sections = ("calculator",)
+    reads = frozenset({"references"})
+    writes = frozenset({"calculations"})
+    needs = frozenset({"llm"})
+
+    @classmethod
+    def active(cls, config: SystemConfig) -> bool:
+        return config.calculator.enabled
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
-        prompt = ctx.prompts.get("calculator")
-        settings = ctx.config.calculator
+        prompt = ctx.prompt("calculator")
+        settings = ctx.settings
         conversations = []
         for s in states:
             texts, tables = prompt_evidence(s, settings.max_reference_chars)
             conversations.append(prompt.render(query=s.query, query_time=s.query_time, references=texts,
                                                tables=tables, kg_references=s.kg_results))
-        params = GenParams(max_tokens=settings.max_tokens, temperature=settings.temperature, n=settings.n,
-                           deadline=ctx.work_deadline(self.name))
-        for state, samples in zip(states, ctx.llm.generate(conversations, params)):
+        outputs = ctx.generate(conversations, max_tokens=settings.max_tokens, temperature=settings.temperature,
+                               n=settings.n)
+        for state, samples in zip(states, outputs):
             state.calculations = calculations(samples, settings.max_results)

@@ -21,7 +21,6 @@ knowledge-graph results.
 from __future__ import annotations
 
 import re
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import date, timedelta
@@ -29,11 +28,11 @@ from typing import Any
 
 from loguru import logger
 
-from models.config import DOMAINS, KGConfig
-from models.llm.base import GenParams
-from models.stages.base import StageContext
+from models.config import DOMAINS, KGConfig, SystemConfig
 from models.stages import kg_rows as rows_
+from models.stages.base import STAGES, Stage, StageContext
 from models.state import QueryState
+from utils.deadline import Deadline
 from utils.kg_api import ENDPOINTS, KGClient
 from utils.llm_json import parse_llm_json
 from utils.names import MATCH, best_matches, fold, name_score
@@ -105,7 +104,7 @@ class Lookup:
     """The calls of one query, made through the client before the deadline, and the rows their results give."""
 
     client: KGClient
-    deadline: float
+    deadline: Deadline
     until: date | None
     settings: KGConfig
     query: str = ""
@@ -115,7 +114,7 @@ class Lookup:
 
     def get(self, name: str, **args: Any) -> Any:
         """The result of one call, or None (no time left, nothing found, a failure)."""
-        if time.monotonic() >= self.deadline:
+        if self.deadline.expired():
             return None
         self.calls += 1
         return self.client.call(name, args, self.deadline)
@@ -402,31 +401,38 @@ def read_calls(output: str, max_calls: int) -> tuple[list[tuple[str, dict[str, A
     return accepted, refused
 
 
-class KGStage:
-    name = "kg"
-    prompt_names = ("kg_entities", "kg_functions")
+@STAGES.register("kg")
+class KGStage(Stage):
+    """Tasks 2 and 3; CragSystem leaves it out when no KG server answered at start-up."""
+
+    prompts = ("kg_entities", "kg_functions")
+    sections = ("kg",)
+    writes = frozenset({"kg_results"})
+    needs = frozenset({"llm", "kg"})
+
+    @classmethod
+    def active(cls, config: SystemConfig) -> bool:
+        return config.task > 1
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
         if ctx.kg is None:
             raise RuntimeError("kg stage without a KG client (task 1 never calls the KG)")
-        settings = ctx.config.kg
-        work = ctx.work_deadline(self.name)
-        params = GenParams(max_tokens=settings.max_tokens, temperature=0.0, n=1, deadline=work)
+        settings = ctx.settings
+        work = ctx.work_deadline()
         if settings.method == "functions":
-            prompt = ctx.prompts.get("kg_functions")
+            prompt = ctx.prompt("kg_functions")
             functions = [f"{e.signature()}: {e.doc}" for e in ENDPOINTS.values()]
             conversations = [prompt.render(query=s.query, query_time=s.query_time, functions=functions,
                                            max_calls=settings.max_calls) for s in states]
         else:
-            prompt = ctx.prompts.get("kg_entities")
+            prompt = ctx.prompt("kg_entities")
             conversations = [prompt.render(query=s.query, query_time=s.query_time, domain=s.domain) for s in states]
-        outputs = ctx.llm.generate(conversations, params)
-        deadline = time.monotonic() + work.remaining()
+        outputs = ctx.generate(conversations, max_tokens=settings.max_tokens, deadline=work)
         jobs = []
         for state, samples in zip(states, outputs):
             output = samples[0] if samples else ""
             today = query_date(state.query_time)
-            kg = Lookup(ctx.kg, deadline, today, settings, state.query, rows_.named_dates(state.query, today))
+            kg = Lookup(ctx.kg, work, today, settings, state.query, rows_.named_dates(state.query, today))
             if settings.method == "functions":
                 calls, refused = read_calls(output, settings.max_calls)
                 if refused:

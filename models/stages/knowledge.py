@@ -6,24 +6,31 @@ from another agent"; an output without an answer leaves nothing.
 
 from __future__ import annotations
 
-from models.llm.base import GenParams
-from models.stages.base import StageContext
+from models.config import SystemConfig
+from models.stages.base import STAGES, Stage, StageContext
 from models.stages.reasoning import END, parse_whole
 from models.state import QueryState
 from utils.answers import INVALID
 
 
-class KnowledgeStage:
-    name = "knowledge"
-    prompt_names = ("knowledge",)
+@STAGES.register("knowledge")
+class KnowledgeStage(Stage):
+    prompts = ("knowledge",)
+    sections = ("knowledge",)
+    writes = frozenset({"knowledge"})
+    needs = frozenset({"llm"})
+
+    @classmethod
+    def active(cls, config: SystemConfig) -> bool:
+        return config.knowledge.enabled
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
-        prompt = ctx.prompts.get("knowledge")
-        settings = ctx.config.knowledge
+        prompt = ctx.prompt("knowledge")
+        settings = ctx.settings
         conversations = [prompt.render(query=s.query, query_time=s.query_time) for s in states]
-        params = GenParams(max_tokens=settings.max_tokens, temperature=settings.temperature, n=1, stop=[END],
-                           deadline=ctx.work_deadline(self.name))
-        for state, samples in zip(states, ctx.llm.generate(conversations, params)):
+        outputs = ctx.generate(conversations, max_tokens=settings.max_tokens, temperature=settings.temperature,
+                               stop=[END])
+        for state, samples in zip(states, outputs):
             parsed = parse_whole(samples[0]) if samples else None
             if parsed is not None:
                 state.knowledge = INVALID if parsed.false_premise else parsed.answer

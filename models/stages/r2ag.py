@@ -13,7 +13,8 @@ import numpy as np
 from loguru import logger
 
 from models.retrieval.r2former import retrieval_features
-from models.stages.base import StageContext
+from models.config import SystemConfig
+from models.stages.base import STAGES, Stage, StageContext
 from models.state import QueryState
 
 
@@ -25,12 +26,19 @@ def relevance_order(probabilities: np.ndarray, threshold: float, min_keep: int) 
     return order[:max(passing, min(min_keep, len(order)))]
 
 
-class R2AGStage:
-    name = "r2ag"
-    prompt_names: tuple[str, ...] = ()
+@STAGES.register("r2ag")
+class R2AGStage(Stage):
+    sections = ("r2ag",)
+    reads = frozenset({"references", "reference_vectors", "query_vector"})
+    writes = frozenset({"references", "reference_vectors", "retrieval_features"})
+    needs = frozenset({"r2former"})
+
+    @classmethod
+    def active(cls, config: SystemConfig) -> bool:
+        return config.r2ag.enabled
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
-        head, settings = ctx.r2former, ctx.config.r2ag
+        head, settings = ctx.r2former, ctx.settings
         if head is None:
             raise RuntimeError("r2ag stage without an R2-Former head")
         scored = [s for s in states if s.references and s.reference_vectors is not None

@@ -10,8 +10,8 @@ import numpy as np
 from loguru import logger
 
 from models.llm.base import Conversation, GenParams, cut_short
-from models.prompting import Prompt
-from models.stages.base import StageContext
+from models.prompting import Messages, Prompt
+from models.stages.base import STAGES, Stage, StageContext
 from models.state import QueryState, Reference
 from utils.answers import IDK, INVALID
 
@@ -108,8 +108,8 @@ def place_embeddings(conversation: Conversation, vectors: np.ndarray, placeholde
         order.append(int(match.group(1)))
         return placeholder
 
-    placed = [dict(message, content=_MARKER_RE.sub(swap, message["content"].replace(placeholder, "")))
-              for message in conversation]
+    placed = Messages([dict(message, content=_MARKER_RE.sub(swap, message["content"].replace(placeholder, "")))
+                       for message in conversation], getattr(conversation, "prompt", ""))
     return placed, vectors[order].reshape(len(order), vectors.shape[-1])
 
 
@@ -120,27 +120,31 @@ def first_line(output: str) -> str:
     return re.sub(r"^(?:\[\d+\]\s*)+", "", line).strip()
 
 
-class ReasoningStage:
-    name = "reasoning"
-    prompt_names = ("reasoning", "summariser")
+@STAGES.register("reasoning")
+class ReasoningStage(Stage):
+    prompts = ("reasoning", "summariser")
+    sections = ("reasoning",)
+    reads = frozenset({"references"})
+    writes = frozenset({"answer", "llm_output"})
+    needs = frozenset({"llm", "r2former"})
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
-        prompt = ctx.prompts.get("reasoning")
-        settings = ctx.config.reasoning
+        prompt = ctx.prompt("reasoning")
+        settings = ctx.settings
         prompting = ctx.r2former is not None and ctx.r2former.prompting
         vectors = self._retrieval_embeddings(states, ctx) if prompting else [None] * len(states)
         conversations = [reasoning_conversation(prompt, s, settings.max_reference_chars,
                                                 0 if rows is None else len(rows)) for s, rows in zip(states, vectors)]
-        deadline = ctx.work_deadline(self.name)
-        params = GenParams(max_tokens=settings.max_tokens, temperature=settings.temperature, n=1, stop=[END],
-                           deadline=deadline)
         if prompting:
+            params = GenParams(max_tokens=settings.max_tokens, temperature=settings.temperature, n=1, stop=[END],
+                               deadline=ctx.work_deadline())
             placeholder = ctx.llm.retrieval_placeholder()
             placed = [place_embeddings(c, rows if rows is not None else np.zeros((0, ctx.llm.hidden_size)),
                                        placeholder) for c, rows in zip(conversations, vectors)]
             outputs = ctx.llm.generate_with_embeddings([c for c, _ in placed], [e for _, e in placed], params)
         else:
-            outputs = ctx.llm.generate(conversations, params)
+            outputs = ctx.generate(conversations, max_tokens=settings.max_tokens, temperature=settings.temperature,
+                                   stop=[END])
         unparsed: list[QueryState] = []
         for state, samples in zip(states, outputs):
             if not samples or not samples[0].strip():
@@ -168,20 +172,20 @@ class ReasoningStage:
     @staticmethod
     def _summarise(states: list[QueryState], ctx: StageContext) -> None:
         """The backup summariser, for the queries whose reasoning output had no answer to parse."""
-        deadline = ctx.work_deadline("reasoning")
+        deadline = ctx.work_deadline()
         if deadline.expired():
             for state in states:
                 state.finish(IDK, "reasoning output unparsable and no time left for the summariser")
             return
         logger.info("reasoning output unparsable for {}; backup summariser answers",
                     [s.interaction_id for s in states])
-        prompt = ctx.prompts.get("summariser")
-        settings = ctx.config.reasoning
+        prompt = ctx.prompt("summariser")
+        settings = ctx.settings
         conversations = [prompt.render(query=s.query, query_time=s.query_time,
                                        references=prompt_evidence(s, settings.max_reference_chars)[0])
                          for s in states]
-        params = GenParams(max_tokens=settings.summariser_max_tokens, temperature=0.0, n=1, deadline=deadline)
-        for state, samples in zip(states, ctx.llm.generate(conversations, params)):
+        outputs = ctx.generate(conversations, max_tokens=settings.summariser_max_tokens, deadline=deadline)
+        for state, samples in zip(states, outputs):
             answer = first_line(samples[0]) if samples else ""
             if answer and (reason := cut_short(samples[0], answer)):
                 state.finish(IDK, f"the summariser's generation was cut short ({reason})")

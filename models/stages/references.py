@@ -21,10 +21,9 @@ import numpy as np
 from loguru import logger
 
 from models.config import HashConfig, ReferencesConfig
-from models.llm.base import GenParams
 from models.retrieval.dense import best_first, select
 from models.retrieval.hash_index import HashIndex, HashIndexError, HashModel, SearchSettings
-from models.stages.base import StageContext
+from models.stages.base import STAGES, Stage, StageContext
 from models.state import Proposition, QueryState, Reference
 from utils.chunking import sentence_units
 from utils.pages import PageSettings, ProcessedPage
@@ -103,17 +102,16 @@ def rewrite_as_propositions(per_query: list[list[Reference]], scores: list[np.nd
                             ) -> list[dict[int, list[str]]]:
     """LLM propositions for the `llm_chunks` best chunks (by cosine) of each query, in one backend call. A failed
     call leaves every chunk to the sentence splitter, with the reason logged."""
-    settings = ctx.config.references.hash
+    settings = ctx.settings.hash
     picked = [[i for i in best_first(query_scores) if refs[i].kind != "table"][:settings.llm_chunks]
               for refs, query_scores in zip(per_query, scores)]
-    prompt = ctx.prompts.get("propositions")
+    prompt = ctx.prompt("propositions")
     conversations = [prompt.render(page_name=refs[i].page_name, text=refs[i].text)
                      for refs, chosen in zip(per_query, picked) for i in chosen]
     if not conversations:
         return [{} for _ in per_query]
-    params = GenParams(max_tokens=settings.llm_max_tokens, deadline=ctx.work_deadline("references"))
     try:
-        outputs = iter(ctx.llm.generate(conversations, params))
+        outputs = iter(ctx.generate(conversations, max_tokens=settings.llm_max_tokens))
     except Exception as err:  # the retriever still works on sentences: never fail the batch for this
         logger.opt(exception=err).warning("proposition extraction failed, chunks are split into sentences: {}", err)
         return [{} for _ in per_query]
@@ -133,13 +131,17 @@ def hash_pool(model: HashModel | None, config: HashConfig, query: np.ndarray, un
                 [h.unit for h in hits])
 
 
-class ReferencesStage:
-    name = "references"
-    prompt_names = ("propositions",)  # used only with references.hash.units: llm
+@STAGES.register("references")
+class ReferencesStage(Stage):
+    prompts = ("propositions",)  # used only with references.hash.units: llm
+    sections = ("references",)
+    writes = frozenset({"references", "reference_vectors", "query_vector", "candidates", "candidate_vectors",
+                        "propositions"})
+    needs = frozenset({"pages", "embedder", "reranker", "hash_model", "llm"})
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
-        settings = ctx.config.references
-        timeout = min(settings.timeout_s, ctx.work_deadline(self.name).remaining())
+        settings = ctx.settings
+        timeout = min(settings.timeout_s, ctx.work_deadline().remaining())
         flat = [(page.get("page_result"), _field(page, "page_name")) for s in states for page in s.pages]
         processed = ctx.pages.process(flat, timeout)
         per_query: list[list[Reference]] = []

@@ -8,11 +8,11 @@ import pytest
 
 from models.config import REPO_ROOT, load_config
 from models.retrieval.hash_index import HashIndex, HashModel, SearchSettings
-from models.retrieval.hash_training import initial_layer
 from models.system import CragSystem
 from tests.conftest import to_batch
 from tools.train_hash import main as train_main
 from tools.train_r2former import main as r2former_main
+from training.hash_training import initial_layer
 
 SAMPLE = REPO_ROOT / "data" / "crag_sample.jsonl"
 

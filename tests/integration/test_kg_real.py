@@ -11,6 +11,7 @@ from models.config import REPO_ROOT
 from tests.conftest import to_batch
 from tests.fakes import HashEmbedder, ScriptedLLM, by_prompt
 from tests.integration.conftest import _free_port  # a port nothing listens on once it returns
+from utils.deadline import Deadline
 from utils.kg_api import ENDPOINTS, KGClient
 
 # One call per endpoint, with arguments the fixtures in data/kg know.
@@ -95,7 +96,7 @@ def test_a_slow_reply_hits_the_read_timeout(kg_server, caplog_loguru):
     assert client.open_get_entity("__slow__") is None
     assert time.monotonic() - started < 2.5  # two attempts of 0.5 s, not the server's 3 s
     assert client.requests_sent == 2
-    assert client.open_get_entity("__slow__", deadline=time.monotonic() + 0.3) is None
+    assert client.open_get_entity("__slow__", deadline=Deadline(0.3)) is None
     assert caplog_loguru.text.count("open_get_entity (timeout)") == 1  # logged once
 
 

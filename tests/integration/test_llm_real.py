@@ -1,6 +1,6 @@
 """The hf backend on the embedded SmolLM2, and the openai backend against a real `transformers serve`."""
 
-from models.budget import Deadline
+from utils.deadline import Deadline
 from models.config import OpenAIConfig
 from models.llm.base import DEADLINE, LENGTH, GenParams, cut_short
 from models.llm.openai import OpenAIBackend

@@ -1,7 +1,10 @@
-from models.budget import Deadline
-from models.stages.base import StageContext, run_stage
+from models.prompting import PromptLibrary
+from models.stages.base import Batch, Stage, run_stage
+from models.stages.calculator import CalculatorStage
+from models.stages.reasoning import ReasoningStage
 from models.state import QueryState
 from tests.fakes import HashEmbedder, ScriptedLLM
+from utils.deadline import Deadline
 
 
 class Clock:
@@ -23,9 +26,8 @@ def test_deadline_counts_down_and_reserves():
     assert deadline.expired() and deadline.remaining() == 0.0
 
 
-class Recorder:
+class Recorder(Stage):
     name = "reasoning"
-    prompt_names = ()
 
     def __init__(self, fail: bool = False) -> None:
         self.fail = fail
@@ -44,7 +46,7 @@ def _states(n: int) -> list[QueryState]:
 
 
 def _ctx(cpu_config, deadline):
-    return StageContext(cpu_config, ScriptedLLM(), HashEmbedder(), None, deadline, None)
+    return Batch(cpu_config, deadline, PromptLibrary(), {"llm": ScriptedLLM(), "embedder": HashEmbedder()})
 
 
 def test_stage_skipped_when_deadline_cannot_afford_it(cpu_config):
@@ -81,9 +83,10 @@ def test_always_stage_runs_even_when_expired(cpu_config):
 def test_optional_stages_work_at_most_their_share_of_the_batch(cpu_config):
     clock = Clock()
     deadline = Deadline(100.0, clock)
-    ctx = _ctx(cpu_config, deadline)
+    batch = _ctx(cpu_config, deadline)
     cpu_config.budget.stage_share = {"calculator": 0.25}
-    assert ctx.work_deadline("calculator").remaining() == 25.0
-    assert ctx.work_deadline("reasoning").remaining() == 100.0 - cpu_config.budget.answer_reserve_s
+    calculator, reasoning = batch.context(CalculatorStage()), batch.context(ReasoningStage())
+    assert calculator.work_deadline().remaining() == 25.0
+    assert reasoning.work_deadline().remaining() == 100.0 - cpu_config.budget.answer_reserve_s
     clock.now += 90.0  # near the end, the batch deadline comes first
-    assert ctx.work_deadline("calculator").remaining() == 10.0 - cpu_config.budget.answer_reserve_s
+    assert calculator.work_deadline().remaining() == 10.0 - cpu_config.budget.answer_reserve_s

@@ -14,7 +14,7 @@ def test_shipped_configs_load():
 
 def test_unknown_key_names_key_and_file(tmp_path):
     path = write(tmp_path / "c.yaml", "batch_size: 2\nbatchsize: 3\n")
-    with pytest.raises(ConfigError, match=r"c\.yaml: unknown key 'batchsize'"):
+    with pytest.raises(ConfigError, match=r"c\.yaml: unknown key 'batchsize'; did you mean 'batch_size'\?"):
         load_config(path)
 
 
@@ -38,11 +38,17 @@ def test_crag_config_env_selects_file(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("batch_size: 17\n", "batch_size must be in 1..16"),
-    ("batch_size: 0\n", "batch_size must be in 1..16"),
+    ("batch_size: 17\n", "'batch_size' must be in 1..16, got 17"),
+    ("batch_size: 0\n", "'batch_size' must be in 1..16, got 0"),
     ("batch_size: two\n", "'batch_size' must be int"),
     ("batch_size: true\n", "'batch_size' must be int"),
-    ("llm:\n  backend: llamacpp\n", "llm.backend 'llamacpp' is not one of"),
+    ("llm:\n  backend: llamacpp\n", "'llm.backend' is 'llamacpp'; one of \\['hf', 'openai', 'vllm'\\]"),
+    ("kg:\n  method: function\n", "'kg.method' is 'function'; did you mean 'functions'\\?"),
+    ("task: 4\n", "'task' is 4; one of"),
+    ("attributes:\n  dynamic_classes: [realtime]\n", "'attributes.dynamic_classes\\[0\\]' is 'realtime'; did you mean"),
+    ("r2ag:\n  threshold: 1.5\n", "'r2ag.threshold' must be in 0..1, got 1.5"),
+    ("kg:\n  retries: -1\n", "'kg.retries' must be at least 0, got -1"),
+    ("strategy: hybird\n", "strategy 'hybird' is not in strategies; did you mean 'hybrid'\\?"),
     ("references: 3\n", "'references' must be a mapping"),
     ("- a\n- b\n", "top level must be a mapping"),
     ("a: [\n", "not valid YAML"),
@@ -56,3 +62,30 @@ def test_int_accepted_for_float_and_missing_file_named(tmp_path):
     assert load_config(write(tmp_path / "c.yaml", "budget:\n  per_query_s: 20\n")).budget.per_query_s == 20.0
     with pytest.raises(ConfigError, match="nope.yaml: config file not found"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_overlays_and_sets_merge_key_by_key_after_the_file(tmp_path):
+    base = write(tmp_path / "base.yaml", "batch_size: 2\nkg:\n  method: rules\n  max_calls: 3\n")
+    overlay = write(tmp_path / "functions.yaml", "kg:\n  method: functions\n")
+    config = load_config(base, overlays=[overlay], sets=["kg.max_calls=9", "references.use_snippets=false"])
+    assert (config.batch_size, config.kg.method, config.kg.max_calls) == (2, "functions", 9)
+    assert config.references.use_snippets is False and config.source.endswith("--set references.use_snippets")
+    with pytest.raises(ConfigError, match="--set 'kg.max_calls': write KEY=VALUE"):
+        load_config(base, sets=["kg.max_calls"])
+    with pytest.raises(ConfigError, match=r"unknown key 'kg\.max_call'; did you mean 'max_calls'\?"):
+        load_config(base, sets=["kg.max_call=2"])
+
+
+def test_strategies_add_to_the_defaults_and_splice_yaml_aliases(tmp_path):
+    text = ("strategy: mine\nstrategies:\n  base: &base [attributes, references]\n"
+            "  mine: [*base, reasoning]\n")
+    config = load_config(write(tmp_path / "c.yaml", text))
+    assert config.strategies["mine"] == ["attributes", "references", "reasoning"]
+    assert config.strategies["hybrid"] == SystemConfig().strategies["hybrid"]  # the defaults stay
+
+
+@pytest.mark.parametrize("overlay", sorted((REPO_ROOT / "configs" / "overlays").glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_overlays_load_over_both_configs(overlay):
+    for base in ("cpu.yaml", "t4x4-llama3-70b-gptq.yaml"):
+        config = load_config(REPO_ROOT / "configs" / base, [overlay])
+        assert config.source.endswith(overlay.name) and config != load_config(REPO_ROOT / "configs" / base)

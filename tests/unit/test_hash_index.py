@@ -7,12 +7,12 @@ import pytest
 from models.config import ConfigError, load_config
 from models.retrieval.hash_index import (HashIndex, HashIndexError, HashModel, SearchSettings, asymmetric_scores,
                                          hamming, pack, sign_bits, within_widening_radius)
-from models.retrieval.hash_training import (ADSHSettings, beta_at, initial_layer, neighbour_similarity,
-                                            pair_similarity, recall_at, train_adsh, update_codes)
 from models.stages.references import read_propositions
 from models.state import QueryState, Reference
 from tests.conftest import to_batch
 from tests.fakes import HashEmbedder, ScriptedLLM, by_prompt
+from training.hash_training import (ADSHSettings, beta_at, initial_layer, neighbour_similarity, pair_similarity,
+                                    recall_at, train_adsh, update_codes)
 from utils.chunking import sentence_units
 
 
@@ -296,10 +296,10 @@ def test_config_needs_a_model_and_a_known_engine(tmp_path):
     with pytest.raises(ConfigError, match="references.hash.model"):
         load_config(path)
     path.write_text("references:\n  hash:\n    engine: annoy\n")
-    with pytest.raises(ConfigError, match="references.hash.engine 'annoy'"):
+    with pytest.raises(ConfigError, match="'references.hash.engine' is 'annoy'"):
         load_config(path)
     path.write_text("references:\n  retriever: sparse\n")
-    with pytest.raises(ConfigError, match="references.retriever 'sparse'"):
+    with pytest.raises(ConfigError, match="'references.retriever' is 'sparse'; one of"):
         load_config(path)
 
 
@@ -324,7 +324,7 @@ def test_hybrid_with_the_hash_index_answers_through_pgcc(make_system, hash_confi
         return "===START===\n## Answer: christopher nolan\n## False Premise: no\n===END===" if (
             "directed by Christopher Nolan" in user.split("### Source documents")[0]) else "## Answer: i don't know"
 
-    llm = ScriptedLLM(by_prompt(pgcc=pgcc))
+    llm = ScriptedLLM(by_prompt(reasoning=pgcc))  # the reasoning prompt, from the PGCC file
     system = make_system(llm)
     assert system.batch_generate_answer(to_batch(sample_examples[:1])) == ["christopher nolan"]
     user = llm.calls[0][0][0][1]["content"]
@@ -344,17 +344,15 @@ def test_hash_retrieval_fills_propositions_from_chosen_references(hash_config, s
 
 
 def run_references(config, llm, example):
-    from models.budget import Deadline
-    from models.prompting import PromptLibrary
-    from models.stages.base import StageContext
+    from models.stages.base import run_alone
     from models.stages.references import ReferencesStage, page_settings
     from utils.pages import PageProcessor
 
     model = HashIndex.load(config.references.hash.model).model
     state = QueryState(0, "q0", example["query"], example["query_time"], example["search_results"])
     processor = PageProcessor(page_settings(config.references), workers=1)
-    ctx = StageContext(config, llm, HashEmbedder(), PromptLibrary(), Deadline(60), processor, hash_model=model)
-    ReferencesStage().run([state], ctx)
+    resources = {"llm": llm, "embedder": HashEmbedder(), "pages": processor, "hash_model": model}
+    run_alone(ReferencesStage(), [state], config, resources, seconds=60)
     return state
 
 

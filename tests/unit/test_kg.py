@@ -279,15 +279,15 @@ def test_unreadable_extraction_means_no_lookup_for_that_query_only(make_system, 
 def test_task_1_never_calls_the_kg(make_system, cpu_config, sample_examples):
     llm = ScriptedLLM()
     system = kg_system(make_system, cpu_config, llm, None, task=1)
-    assert "kg" not in [stage.name for stage in system.strategy.stages] and system.kg is None
+    assert "kg" not in [stage.name for stage in system.pipeline] and system.kg is None
     system.batch_generate_answer(to_batch(sample_examples[:1]))
     assert all(prompt_name(c[0]) != "kg_entities" for c, _ in llm.calls)
 
 
 def test_config_checks_task_and_method(tmp_path):
-    with pytest.raises(ConfigError, match="task must be 1, 2 or 3"):
+    with pytest.raises(ConfigError, match="'task' is 4; one of"):
         load_config(write(tmp_path / "a.yaml", "task: 4"))
-    with pytest.raises(ConfigError, match="kg.method 'magic'"):
+    with pytest.raises(ConfigError, match="'kg.method' is 'magic'; one of"):
         load_config(write(tmp_path / "b.yaml", "kg: {method: magic}"))
 
 

@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from models.budget import Deadline
+from utils.deadline import Deadline
 from models.config import LLMConfig, OpenAIConfig, VLLMConfig
 from models.llm.base import LENGTH, BackendUnavailable, GenParams, create_llm, cut_at_stop, cut_short
 from models.llm.openai import OpenAIBackend

@@ -5,13 +5,14 @@ import re
 
 import pytest
 
-from models.budget import Deadline
 from models.retrieval.local import LocalRetriever, Request
+from models.stages.base import run_stage
+from models.stages.dualrag import link_entity, read_entities, read_reasoning
+from models.stages.hanrag import read_route
 from models.state import QueryState, Reference
-from models.strategies.dualrag import link_entity, read_entities, read_reasoning
-from models.strategies.hanrag import HANRAGStage, read_route
-from tests.conftest import to_batch
+from tests.conftest import stage_of, to_batch
 from tests.fakes import HashEmbedder, ScriptedLLM, by_prompt, prompt_name
+from utils.deadline import Deadline
 
 LENNON = "who was born first, john lennon or paul mccartney?"
 
@@ -166,10 +167,10 @@ def test_the_deadline_cuts_the_loop_and_answers_with_what_is_known(make_system, 
     system = system_for(make_system, cpu_config, "hanrag", llm, hanrag__max_steps=10)
     states = [QueryState(0, "q0", sample_examples[4]["query"], sample_examples[4]["query_time"],
                          sample_examples[4]["search_results"])]
-    ctx = system.context(1)
-    ctx.deadline = Deadline(75.0, clock=clock)  # room for the router and about one refine-answer-check round
-    system.strategy.stages[0].run(states, ctx)  # references
-    HANRAGStage().run(states, ctx)
+    batch = system.batch(1)
+    batch.deadline = Deadline(75.0, clock=clock)  # room for the router and about one refine-answer-check round
+    run_stage(stage_of(system, "references"), states, batch)
+    run_stage(stage_of(system, "hanrag"), states, batch)
     state = states[0]
     assert state.sub_queries == ["q1?"]  # one round of the ten allowed fit
     assert state.done and state.answer == "i don't know" and "no time left" in state.done_reason
@@ -300,18 +301,16 @@ def test_the_report_shows_steps_by_question_type(tmp_path):
 
 
 def test_dualrag_answers_with_what_it_knows_when_the_deadline_nears(make_system, cpu_config, sample_examples):
-    from models.strategies.dualrag import DualRAGStage
-
     clock = TickingClock()
     llm = dualrag_llm(rounds=99)
     inner = llm.reply
     llm.reply = lambda conversation: (setattr(clock, "now", clock.now + 10.0), inner(conversation))[1]
     system = system_for(make_system, cpu_config, "dualrag", llm, dualrag__max_iter=10)
     states = [QueryState(0, "q0", LENNON, "03/10/2024", example(sample_examples, LENNON)["search_results"])]
-    ctx = system.context(1)
-    system.strategy.stages[0].run(states, ctx)  # references, before the clock starts
-    ctx.deadline = Deadline(45.0, clock=clock)  # reason, entities, two summaries; then the answer must fit
-    DualRAGStage().run(states, ctx)
+    batch = system.batch(1)
+    run_stage(stage_of(system, "references"), states, batch)  # before the clock starts
+    batch.deadline = Deadline(45.0, clock=clock)  # reason, entities, two summaries; then the answer must fit
+    run_stage(stage_of(system, "dualrag"), states, batch)
     assert len(calls_of(llm, "dualrag_entities")) == 1 and states[0].done
     assert states[0].answer == "i don't know" and "no time left" in states[0].done_reason
 
@@ -332,7 +331,7 @@ def test_states_from_the_tuning_cache_are_searchable_again(make_system, cpu_conf
 
     system = make_system(ScriptedLLM())
     (state,) = [QueryState(0, "q0", LENNON, "", example(sample_examples, LENNON)["search_results"])]
-    system.strategy.stages[0].run([state], system.context(1))  # references: candidates and their vectors
+    run_stage(stage_of(system, "references"), [state], system.batch(1))  # candidates and their vectors
     restored = state_from_json(json.loads(json.dumps(state_to_json(state))), state.pages)
     assert restored.candidate_vectors is None and len(restored.candidates) == len(state.candidates) > 0
     retriever = LocalRetriever(system.embedder)

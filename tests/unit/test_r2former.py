@@ -14,7 +14,7 @@ from models.stages.reasoning import fit_references, place_embeddings
 from models.state import QueryState, Reference
 from tests.conftest import to_batch, write
 from tests.fakes import ScriptedLLM
-from models.retrieval.r2former_training import TrainSettings, evaluate, split, synthetic_lists, train
+from training.r2former_training import TrainSettings, evaluate, split, synthetic_lists, train
 
 PLACEHOLDER = "<|retrieval|>"
 
@@ -147,7 +147,7 @@ def test_place_embeddings_follows_the_markers_in_prompt_order():
 def test_config_checks_r2ag(tmp_path):
     with pytest.raises(ConfigError, match="r2ag.checkpoint"):
         load_config(write(tmp_path / "a.yaml", "r2ag: {enabled: true}"))
-    with pytest.raises(ConfigError, match="r2ag.mode 'soft'"):
+    with pytest.raises(ConfigError, match="'r2ag.mode' is 'soft'; one of"):
         load_config(write(tmp_path / "b.yaml", "r2ag: {mode: soft}"))
 
 
@@ -186,7 +186,7 @@ class EmbeddingLLM(ScriptedLLM):
 def seen_by_reasoning(system, counts: list[int] | None = None) -> list[QueryState]:
     """The states as the reasoning stage receives them; `counts` gets how many references each had before r2ag."""
     states: list[QueryState] = []
-    stages = {stage.name: stage for stage in system.strategy.stages}
+    stages = {stage.name: stage for stage in system.pipeline}
     reasoning, r2ag = stages["reasoning"].run, stages["r2ag"].run
     stages["reasoning"].run = lambda batch, ctx: (states.extend(batch), reasoning(batch, ctx))[1]
     if counts is not None:
@@ -268,10 +268,10 @@ def test_a_checkpoint_of_another_embedder_is_refused(make_system, cpu_config, tr
 
 
 def test_references_without_embeddings_are_left_as_ranked(trained_checkpoints, cpu_config, caplog_loguru):
+    from models.stages.base import run_alone
     from models.stages.r2ag import R2AGStage
-    from types import SimpleNamespace
 
     state = QueryState(0, "q0", "who?", "", [], [Reference("a", "chunk"), Reference("b", "chunk")])
-    ctx = SimpleNamespace(config=cpu_config, r2former=R2FormerHead(load_checkpoint(trained_checkpoints["qdm"])))
-    R2AGStage().run([state], ctx)
+    head = R2FormerHead(load_checkpoint(trained_checkpoints["qdm"]))
+    run_alone(R2AGStage(), [state], cpu_config, {"r2former": head}, seconds=60)
     assert [r.text for r in state.references] == ["a", "b"] and "carry no embeddings" in caplog_loguru.text

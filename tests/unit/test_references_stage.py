@@ -5,9 +5,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from models.budget import Deadline
 from models.retrieval.dense import select
-from models.stages.base import StageContext
+from models.stages.base import run_alone
 from models.stages.references import ReferencesStage, page_settings
 from models.state import QueryState, Reference
 from tests.fakes import HashEmbedder, ScriptedLLM
@@ -26,8 +25,8 @@ def page(html, name="Calendar 2024", url="https://example.org/cal", modified="20
 
 def run(states, config, reranker=None):
     processor = PageProcessor(page_settings(config.references), workers=1)
-    ctx = StageContext(config, ScriptedLLM(), HashEmbedder(), None, Deadline(60), processor, reranker)
-    ReferencesStage().run(states, ctx)
+    resources = {"llm": ScriptedLLM(), "embedder": HashEmbedder(), "pages": processor, "reranker": reranker}
+    run_alone(ReferencesStage(), states, config, resources, seconds=60)
     return states
 
 

@@ -208,7 +208,7 @@ def test_svm_trains_saves_loads_and_predicts_in_the_pipeline(make_system, sample
     cpu_config.attributes.svm_model = str(path)
     system = make_system(ScriptedLLM())
     system.batch_generate_answer(to_batch(sample_examples[:2]))
-    assert system.strategy.stages[0].name == "attributes"
+    assert system.pipeline[0].name == "attributes"
     assert all(r["status"] == "ok" for r in system.last_batch_trace[0]["stages"])
 
 

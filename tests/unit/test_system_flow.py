@@ -167,7 +167,7 @@ def test_a_dynamic_query_the_kg_answers_is_attempted(make_system, sample_example
     _kg_config(cpu_config)
     system = make_system(ScriptedLLM(by_prompt(**KG_REPLIES)), kg=RecordingKG(NVDA))
     assert system.batch_generate_answer(to_batch(sample_examples[5:6])) == ["887"]
-    assert _stages(system)[0][:5] == ["attributes", "references", "kg", "precheck", "evidence"]
+    assert _stages(system)[0][:5] == ["attributes", "kg", "precheck", "references", "evidence"]
 
 
 def test_a_dynamic_query_with_nothing_from_the_kg_is_idk_before_the_llm(make_system, sample_examples, cpu_config):
@@ -177,6 +177,7 @@ def test_a_dynamic_query_with_nothing_from_the_kg_is_idk_before_the_llm(make_sys
     assert system.batch_generate_answer(to_batch(sample_examples[5:6])) == ["i don't know"]
     assert "predicted real-time" in system.last_batch_trace[0]["reason"]
     assert not prompts_sent(llm, "reasoning")
+    assert _stages(system)[0] == ["attributes", "kg", "precheck", "answer"]  # no page processing either
 
 
 def test_without_pages_the_kg_still_answers(make_system, sample_examples, cpu_config):

@@ -15,13 +15,11 @@ query answers from what it knows.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-from models.config import SystemConfig
 from models.retrieval.local import LocalRetriever, Request
-from models.stages.base import StageContext
+from models.stages.base import STAGES, Stage, StageContext
+from models.stages.steps import finish, step
 from models.state import QueryState
-from models.strategies.base import StagedStrategy, can_step, finish, generate, retrieval_stages
 from utils.answers import IDK
 from utils.llm_json import parse_llm_json
 
@@ -64,39 +62,43 @@ def read_entities(output: str, known: list[str], max_entities: int, max_keywords
     return found[:max_entities]
 
 
-class DualRAGStage:
-    name = "dualrag"
-    prompt_names = ("dualrag_reason", "dualrag_entities", "dualrag_summarise", "dualrag_answer")
+@STAGES.register("dualrag")
+class DualRAGStage(Stage):
+    prompts = ("dualrag_reason", "dualrag_entities", "dualrag_summarise", "dualrag_answer")
+    sections = ("dualrag",)
+    reads = frozenset({"candidates"})
+    writes = frozenset({"route", "sub_queries", "steps", "answer"})
+    needs = frozenset({"llm", "embedder"})
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
         self.answer(states, ctx)
 
     def answer(self, states: list[QueryState], ctx: StageContext) -> None:
         """Reason, retrieve and answer for every state (the hybrid strategy's hand-off calls this too)."""
-        settings = ctx.config.dualrag
+        settings = ctx.section("dualrag")
         retriever = LocalRetriever(ctx.embedder)
         progress = {id(s): Progress() for s in states}
         active, retrieved = list(states), []
         for state in states:
             state.route = state.route or "dualrag"
         for _ in range(settings.max_iter):
-            if not active or not can_step(ctx):
+            if not active or not ctx.can_step():
                 break
             needing = self._reason(active, progress, ctx)
-            if not needing or not can_step(ctx):
+            if not needing or not ctx.can_step():
                 active = retrieved = []
                 break
             active = retrieved = self._retrieve(needing, progress, ctx, retriever)
-        if retrieved and can_step(ctx):
+        if retrieved and ctx.can_step():
             self._reason(retrieved, progress, ctx)  # the final reasoning step after the last retrieval
         self._answer(states, progress, ctx)
 
     def _reason(self, states: list[QueryState], progress: dict[int, Progress], ctx: StageContext) -> list[QueryState]:
         """One reasoning step for each state; the ones that need retrieval."""
-        prompt = ctx.prompts.get("dualrag_reason")
-        outputs = generate(ctx, [prompt.render(query=s.query, query_time=s.query_time, outline=progress[id(s)].outline,
-                                               thoughts=progress[id(s)].thoughts) for s in states],
-                           ctx.config.dualrag.max_tokens, states)
+        prompt = ctx.prompt("dualrag_reason")
+        outputs = step(ctx, [prompt.render(query=s.query, query_time=s.query_time, outline=progress[id(s)].outline,
+                                           thoughts=progress[id(s)].thoughts) for s in states],
+                       ctx.section("dualrag").max_tokens, states)
         needing = []
         for state, output in zip(states, outputs):
             thought, need = read_reasoning(output)
@@ -109,11 +111,11 @@ class DualRAGStage:
     def _retrieve(self, states: list[QueryState], progress: dict[int, Progress], ctx: StageContext,
                   retriever: LocalRetriever) -> list[QueryState]:
         """Entities, retrieval per keyword and summaries for each state; the states that got new notes."""
-        settings = ctx.config.dualrag
-        prompt = ctx.prompts.get("dualrag_entities")
-        outputs = generate(ctx, [prompt.render(query=s.query, thought=(progress[id(s)].thoughts or [s.query])[-1],
-                                               known_entities=list(progress[id(s)].outline)) for s in states],
-                           settings.max_tokens, states)
+        settings = ctx.section("dualrag")
+        prompt = ctx.prompt("dualrag_entities")
+        outputs = step(ctx, [prompt.render(query=s.query, thought=(progress[id(s)].thoughts or [s.query])[-1],
+                                           known_entities=list(progress[id(s)].outline)) for s in states],
+                       settings.max_tokens, states)
         requests: list[tuple[QueryState, str, Request]] = []
         for state, output in zip(states, outputs):
             for entity, keywords in read_entities(output, list(progress[id(state)].outline), settings.max_entities,
@@ -131,11 +133,11 @@ class DualRAGStage:
                     seen.add(ref.text)
                     texts.append(ref.text)
         groups = [group for group in new.values() if group[2]]
-        if not groups or not can_step(ctx):
+        if not groups or not ctx.can_step():
             return []
-        summarise = ctx.prompts.get("dualrag_summarise")
-        outputs = generate(ctx, [summarise.render(query=s.query, entity=e, references=texts) for s, e, texts in groups],
-                           settings.summary_max_tokens, [s for s, _, _ in groups])
+        summarise = ctx.prompt("dualrag_summarise")
+        outputs = step(ctx, [summarise.render(query=s.query, entity=e, references=texts) for s, e, texts in groups],
+                       settings.summary_max_tokens, [s for s, _, _ in groups])
         updated: dict[int, QueryState] = {}
         for (state, entity, _), output in zip(groups, outputs):
             note = " ".join(output.split())
@@ -146,20 +148,14 @@ class DualRAGStage:
         return list(updated.values())
 
     def _answer(self, states: list[QueryState], progress: dict[int, Progress], ctx: StageContext) -> None:
-        if not can_step(ctx):
+        if not ctx.can_step():
             for state in states:
                 state.finish(IDK, "dualrag: no time left for the answer")
             return
-        prompt = ctx.prompts.get("dualrag_answer")
-        outputs = generate(ctx, [prompt.render(query=s.query, query_time=s.query_time, outline=progress[id(s)].outline,
-                                               thoughts=progress[id(s)].thoughts) for s in states],
-                           ctx.config.dualrag.answer_max_tokens, states)
+        prompt = ctx.prompt("dualrag_answer")
+        outputs = step(ctx, [prompt.render(query=s.query, query_time=s.query_time, outline=progress[id(s)].outline,
+                                           thoughts=progress[id(s)].thoughts) for s in states],
+                       ctx.section("dualrag").answer_max_tokens, states)
         for state, output in zip(states, outputs):
             finish(state, output, "dualrag")
 
-
-class DualRAGStrategy(StagedStrategy):
-    """attributes -> references -> (R2AG) -> (KG) -> pre-check and evidence check -> DualRAG."""
-
-    def __init__(self, config: SystemConfig, embedder: Any, kg: bool = False) -> None:
-        self.stages = [*retrieval_stages(config, embedder, kg), DualRAGStage()]

@@ -1,4 +1,4 @@
-"""Deadline: the wall-clock end of one batch, shared by every stage so that none overruns it."""
+"""Deadline: the wall-clock end of one batch, shared by every stage and backend so that none overruns it."""
 
 from __future__ import annotations
 

@@ -15,16 +15,14 @@ known. Each query's route, LLM steps and sub-questions go into its trace.
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from loguru import logger
 
-from models.config import SystemConfig
 from models.retrieval.local import LocalRetriever, Request
-from models.stages.base import StageContext
+from models.stages.base import STAGES, Stage, StageContext
 from models.stages.reasoning import parse_structured, reasoning_conversation
+from models.stages.steps import finish, step
 from models.state import QueryState, Reference
-from models.strategies.base import StagedStrategy, can_step, finish, generate, retrieval_stages
 from utils.answers import IDK, INVALID
 from utils.llm_json import parse_llm_json
 
@@ -42,17 +40,21 @@ def read_route(output: str) -> str:
 
 
 def route(states: list[QueryState], ctx: StageContext) -> None:
-    prompt = ctx.prompts.get("hanrag_router")
-    outputs = generate(ctx, [prompt.render(query=s.query, query_time=s.query_time) for s in states],
-                       ctx.config.hanrag.max_tokens, states)
+    prompt = ctx.prompt("hanrag_router")
+    outputs = step(ctx, [prompt.render(query=s.query, query_time=s.query_time) for s in states],
+                   ctx.section("hanrag").max_tokens, states)
     for state, output in zip(states, outputs):
         state.route = read_route(output)
 
 
-class HANRAGStage:
-    name = "hanrag"
-    prompt_names = ("hanrag_router", "hanrag_relevance", "hanrag_decompose", "hanrag_refine", "hanrag_check",
-                    "hanrag_aggregate", "knowledge", "reasoning")
+@STAGES.register("hanrag")
+class HANRAGStage(Stage):
+    prompts = ("hanrag_router", "hanrag_relevance", "hanrag_decompose", "hanrag_refine", "hanrag_check",
+               "hanrag_aggregate", "knowledge", "reasoning")
+    sections = ("hanrag", "reasoning")
+    reads = frozenset({"candidates"})
+    writes = frozenset({"route", "sub_queries", "steps", "answer"})
+    needs = frozenset({"llm", "embedder"})
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
         route(states, ctx)
@@ -68,11 +70,11 @@ class HANRAGStage:
         self._complex(by_route["complex"], ctx, retriever)
 
     def _straightforward(self, states: list[QueryState], ctx: StageContext) -> None:
-        if not states or not can_step(ctx):
+        if not states or not ctx.can_step():
             return
-        prompt = ctx.prompts.get("knowledge")
-        outputs = generate(ctx, [prompt.render(query=s.query, query_time=s.query_time) for s in states],
-                           ctx.config.hanrag.answer_max_tokens, states)
+        prompt = ctx.prompt("knowledge")
+        outputs = step(ctx, [prompt.render(query=s.query, query_time=s.query_time) for s in states],
+                       ctx.section("hanrag").answer_max_tokens, states)
         for state, output in zip(states, outputs):
             finish(state, output, "hanrag straightforward")
 
@@ -84,13 +86,13 @@ class HANRAGStage:
                 finish(state, output, "hanrag single-step")
 
     def _compound(self, states: list[QueryState], ctx: StageContext, retriever: LocalRetriever) -> None:
-        if not states or not can_step(ctx):
+        if not states or not ctx.can_step():
             return
-        settings = ctx.config.hanrag
-        prompt = ctx.prompts.get("hanrag_decompose")
-        outputs = generate(ctx, [prompt.render(query=s.query, query_time=s.query_time,
-                                               max_sub_queries=settings.max_sub_queries) for s in states],
-                           settings.max_tokens, states)
+        settings = ctx.section("hanrag")
+        prompt = ctx.prompt("hanrag_decompose")
+        outputs = step(ctx, [prompt.render(query=s.query, query_time=s.query_time,
+                                           max_sub_queries=settings.max_sub_queries) for s in states],
+                       settings.max_tokens, states)
         for state, output in zip(states, outputs):
             subs = [q.strip() for q in parse_llm_json(output, list) or [] if isinstance(q, str) and q.strip()]
             state.sub_queries = subs[:settings.max_sub_queries] or [state.query]
@@ -101,15 +103,15 @@ class HANRAGStage:
         self._aggregate(states, facts, ctx, "hanrag compound")
 
     def _complex(self, states: list[QueryState], ctx: StageContext, retriever: LocalRetriever) -> None:
-        settings = ctx.config.hanrag
+        settings = ctx.section("hanrag")
         facts: dict[int, list[dict[str, str]]] = {id(s): [] for s in states}
         active = list(states)
         for _ in range(settings.max_steps):
-            if not active or not can_step(ctx):
+            if not active or not ctx.can_step():
                 break
-            refine = ctx.prompts.get("hanrag_refine")
-            outputs = generate(ctx, [refine.render(query=s.query, query_time=s.query_time, facts=facts[id(s)])
-                                     for s in active], settings.max_tokens, active)
+            refine = ctx.prompt("hanrag_refine")
+            outputs = step(ctx, [refine.render(query=s.query, query_time=s.query_time, facts=facts[id(s)])
+                                 for s in active], settings.max_tokens, active)
             asked = []
             for state, output in zip(active, outputs):
                 question = next_question(output)
@@ -121,11 +123,11 @@ class HANRAGStage:
             for (state, question), (answer, _) in zip(asked, self.anrag(asked, ctx, retriever)):
                 facts[id(state)].append({"question": question, "answer": answer or IDK})
             active = [state for state, _ in asked]
-            if not can_step(ctx):
+            if not ctx.can_step():
                 break
-            check = ctx.prompts.get("hanrag_check")
-            outputs = generate(ctx, [check.render(query=s.query, facts=facts[id(s)]) for s in active],
-                               settings.max_tokens, active)
+            check = ctx.prompt("hanrag_check")
+            outputs = step(ctx, [check.render(query=s.query, facts=facts[id(s)]) for s in active],
+                           settings.max_tokens, active)
             # malformed JSON reads as "answerable": no more retrieval for that query
             active = [s for s, out in zip(active, outputs)
                       if (parse_llm_json(out, dict) or {}).get("answerable") is False]
@@ -140,13 +142,13 @@ class HANRAGStage:
                 state.finish(IDK, f"{how}: no sub-question answered")
         if not known:
             return
-        if not can_step(ctx):
+        if not ctx.can_step():
             for state in known:
                 state.finish(IDK, f"{how}: no time left to aggregate")
             return
-        prompt = ctx.prompts.get("hanrag_aggregate")
-        outputs = generate(ctx, [prompt.render(query=s.query, query_time=s.query_time, facts=facts[id(s)])
-                                 for s in known], ctx.config.hanrag.answer_max_tokens, known)
+        prompt = ctx.prompt("hanrag_aggregate")
+        outputs = step(ctx, [prompt.render(query=s.query, query_time=s.query_time, facts=facts[id(s)])
+                             for s in known], ctx.section("hanrag").answer_max_tokens, known)
         for state, output in zip(known, outputs):
             finish(state, output, how)
 
@@ -155,26 +157,26 @@ class HANRAGStage:
               ) -> list[tuple[str | None, str | None]]:
         """ANRAG for (query, question) pairs: (the short answer or None, the raw answer output or None), in order.
         A question with no relevant reference gets (None, None) without an answer call."""
-        settings = ctx.config.hanrag
-        if not items or not can_step(ctx):
+        settings = ctx.section("hanrag")
+        if not items or not ctx.can_step():
             return [(None, None)] * len(items)
         hits = retriever.search([Request(s, q) for s, q in items], settings.top_k)
         pairs = [(i, ref) for i, refs in enumerate(hits) for ref in refs]
-        judge = ctx.prompts.get("hanrag_relevance")
-        verdicts = generate(ctx, [judge.render(question=items[i][1], reference=ref.text[:1500]) for i, ref in pairs],
-                            8, [s for s, _ in items])
+        judge = ctx.prompt("hanrag_relevance")
+        verdicts = step(ctx, [judge.render(question=items[i][1], reference=ref.text[:1500]) for i, ref in pairs],
+                        8, [s for s, _ in items])
         relevant: dict[int, list[Reference]] = {}
         for (i, ref), verdict in zip(pairs, verdicts):
             if re.match(r"\W*yes\b", verdict.lower()):
                 relevant.setdefault(i, []).append(ref)
         answerable = [i for i in range(len(items)) if relevant.get(i)]
         results: list[tuple[str | None, str | None]] = [(None, None)] * len(items)
-        if not answerable or not can_step(ctx):
+        if not answerable or not ctx.can_step():
             return results
-        prompt = ctx.prompts.get("reasoning")
+        prompt = ctx.prompt("reasoning")
         conversations = [reasoning_conversation(prompt, sub_state(items[i][0], items[i][1], relevant[i]),
-                                                ctx.config.reasoning.max_reference_chars) for i in answerable]
-        outputs = generate(ctx, conversations, settings.answer_max_tokens, [items[i][0] for i in answerable])
+                                                ctx.section("reasoning").max_reference_chars) for i in answerable]
+        outputs = step(ctx, conversations, settings.answer_max_tokens, [items[i][0] for i in answerable])
         for i, output in zip(answerable, outputs):
             parsed = parse_structured(output)
             results[i] = (None if parsed is None else INVALID if parsed.false_premise else parsed.answer, output)
@@ -195,9 +197,3 @@ def sub_state(state: QueryState, question: str, references: list[Reference]) -> 
     """A stand-in query for the reasoning prompt: the sub-question, with the references judged relevant."""
     return QueryState(state.index, state.interaction_id, question, state.query_time, [], references=references)
 
-
-class HANRAGStrategy(StagedStrategy):
-    """attributes -> references -> (R2AG) -> (KG) -> pre-check and evidence check -> HANRAG."""
-
-    def __init__(self, config: SystemConfig, embedder: Any, kg: bool = False) -> None:
-        self.stages = [*retrieval_stages(config, embedder, kg), HANRAGStage()]

@@ -1,0 +1,37 @@
+"""multihop: the seed strategy's hand-off to a multi-hop method (`multihop: hanrag` or `dualrag`).
+
+HANRAG's router reads every query; the ones it calls compound or complex are answered by the chosen method,
+and the others go on through the strategy's next stages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from models.config import SystemConfig
+from models.stages.base import STAGES, Stage, StageContext
+from models.stages.dualrag import DualRAGStage
+from models.stages.hanrag import MULTI_HOP, HANRAGStage, route
+from models.state import QueryState
+
+
+@STAGES.register("multihop")
+class MultiHopHandoff(Stage):
+    prompts = tuple(dict.fromkeys((*HANRAGStage.prompts, *DualRAGStage.prompts)))
+    sections = ("hanrag", "dualrag", "reasoning")
+    reads = frozenset({"candidates"})
+    writes = frozenset({"route", "sub_queries", "steps", "answer"})
+    needs = frozenset({"llm", "embedder"})
+
+    @classmethod
+    def active(cls, config: SystemConfig) -> bool:
+        return config.multihop != "none"
+
+    def setup(self, config: SystemConfig, resources: dict[str, Any]) -> None:
+        self.target = HANRAGStage() if config.multihop == "hanrag" else DualRAGStage()
+
+    def run(self, states: list[QueryState], ctx: StageContext) -> None:
+        route(states, ctx)
+        chosen = [s for s in states if s.route in MULTI_HOP]
+        if chosen:
+            self.target.answer(chosen, ctx)

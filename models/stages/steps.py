@@ -1,0 +1,26 @@
+"""What the multi-step stages (HANRAG, DualRAG) share: one counted LLM step, and the answer from its output."""
+
+from __future__ import annotations
+
+from models.llm.base import cut_short
+from models.stages.base import StageContext
+from models.stages.reasoning import parse_structured
+from models.state import QueryState
+from utils.answers import IDK, INVALID
+
+
+def step(ctx: StageContext, conversations: list, max_tokens: int, states: list[QueryState]) -> list[str]:
+    """One greedy backend call, one LLM step for each distinct state; each conversation's reply ("" when none)."""
+    outputs = ctx.generate(conversations, max_tokens=max_tokens, states=states)
+    return [samples[0] if samples else "" for samples in outputs]
+
+
+def finish(state: QueryState, output: str, how: str) -> None:
+    """Fix the answer from a seed-format output; no answer in it is "i don't know"."""
+    parsed = parse_structured(output)
+    if parsed is not None and (reason := cut_short(output, parsed.answer)):
+        state.finish(IDK, f"{how}: generation cut short ({reason})")
+    elif parsed is None:
+        state.finish(IDK, f"{how}: no answer in the output")
+    else:
+        state.finish(INVALID if parsed.false_premise else parsed.answer, f"{how}, {state.steps} steps")

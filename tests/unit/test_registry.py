@@ -1,0 +1,175 @@
+"""Stages by name: the registry, strategies as lists in config, declared reads, writes, prompts and resources."""
+
+import pytest
+
+from models.config import ConfigError
+from models.registry import Registry, RegistryError
+from models.stages import STAGES, Stage, StageContext
+from models.state import QueryState
+from tests.conftest import to_batch, write
+from tests.fakes import SEED_REPLY, ScriptedLLM, prompt_name
+from utils.answers import IDK
+
+
+# The README's example ("Extending"): a stage added by this module, named in a strategy by the config alone.
+@STAGES.register("support_check")
+class SupportCheck(Stage):
+    """Answers the references do not support become "i don't know": a wrong answer costs a point."""
+
+    prompts = ("support_check",)
+    reads = frozenset({"answer", "references"})
+    writes = frozenset({"answer"})
+    needs = frozenset({"llm"})
+
+    def run(self, states: list[QueryState], ctx: StageContext) -> None:
+        answered = [s for s in states if s.answer and s.answer != IDK]
+        prompt = ctx.prompt("support_check")
+        conversations = [prompt.render(question=s.query, answer=s.answer, references=[r.text for r in s.references])
+                         for s in answered]
+        for state, samples in zip(answered, ctx.generate(conversations, max_tokens=4)):
+            if not samples or not samples[0].strip().lower().startswith("yes"):
+                state.finish(IDK, "support_check: the references do not support the answer")
+
+
+PROMPT = """variables: [question, answer, references]
+system: Answer yes or no.
+user: |
+  {% for text in references %}{{ text }}
+  {% endfor %}Do these references support "{{ answer }}" as the answer to "{{ question }}"?
+"""
+
+
+def plugin_config(cpu_config, tmp_path, reply_to_check: str):
+    """cpu_config with the support check after reasoning, through config keys only."""
+    cpu_config.stage_modules = [__name__]
+    cpu_config.strategies["checked"] = ["references", "reasoning", "support_check"]
+    cpu_config.strategy = "checked"
+    cpu_config.prompts = {"support_check": str(write(tmp_path / "support_check.yaml", PROMPT))}
+    return ScriptedLLM(lambda c: reply_to_check if prompt_name(c) == "support_check" else SEED_REPLY)
+
+
+@pytest.mark.parametrize("reply, answer", [("yes", "paris"), ("no", "i don't know")])
+def test_a_stage_from_a_test_module_runs_where_the_config_puts_it(make_system, cpu_config, tmp_path,
+                                                                 sample_examples, reply, answer):
+    llm = plugin_config(cpu_config, tmp_path, reply)
+    system = make_system(llm)
+    assert [stage.name for stage in system.pipeline] == ["references", "reasoning", "support_check"]
+    assert system.batch_generate_answer(to_batch(sample_examples[:1])) == [answer]
+    trace = system.last_batch_trace[0]
+    assert [r["stage"] for r in trace["stages"]] == ["references", "reasoning", "support_check", "answer"]
+    assert [prompt_name(c) for convs, _ in llm.calls for c in convs] == ["reasoning", "support_check"]
+    check = llm.calls[1][0][0][1]["content"]
+    assert 'support "paris" as the answer' in check and sample_examples[0]["query"] in check
+
+
+def test_an_unknown_stage_in_a_strategy_names_the_entry_and_the_closest_stage(make_system, cpu_config):
+    cpu_config.strategies["mine"] = ["references", "reasonng"]
+    cpu_config.strategy = "mine"
+    with pytest.raises(ConfigError, match=r"strategies\.mine\[1\]: unknown stage 'reasonng'; did you mean "
+                                          r"'reasoning'\?"):
+        make_system()
+
+
+def test_a_stage_reading_what_no_earlier_stage_writes_is_refused(make_system, cpu_config):
+    cpu_config.strategies["mine"] = ["reasoning", "references"]
+    cpu_config.strategy = "mine"
+    with pytest.raises(ConfigError, match=r"stage 'reasoning' reads \['references'\], which no earlier stage "
+                                          r"writes"):
+        make_system()
+
+
+def test_a_switched_off_stage_leaves_the_list_and_the_check_sees_it(make_system, cpu_config):
+    cpu_config.strategies["mine"] = ["references", "r2ag", "reasoning"]  # r2ag.enabled is false
+    cpu_config.strategy = "mine"
+    assert [stage.name for stage in make_system().pipeline] == ["references", "reasoning"]
+
+
+@STAGES.register("stamp")
+class Stamp(Stage):
+    """Needs nothing: every query is answered "stamped"."""
+
+    writes = frozenset({"answer"})
+
+    def run(self, states, ctx):
+        for state in states:
+            state.answer = "stamped"
+
+
+def test_only_the_resources_the_stages_declare_are_built(make_system, cpu_config, sample_examples):
+    cpu_config.task = 2  # the kg stage would need a server: this strategy has none, so nothing probes one
+    cpu_config.kg.base_url = "http://127.0.0.1:9"
+    cpu_config.stage_modules = [__name__]
+    cpu_config.strategies["mine"] = ["stamp"]
+    cpu_config.strategy = "mine"
+    system = make_system()
+    assert system.batch_generate_answer(to_batch(sample_examples[:2])) == ["stamped", "stamped"]
+    assert system.resources == {}  # not even the LLM and embedder the fixture offers
+    assert system.pages is None and system.kg is None and system.llm is None
+
+
+def test_a_stage_module_that_does_not_import_is_named(make_system, cpu_config):
+    cpu_config.stage_modules = ["my_stages.nowhere"]
+    with pytest.raises(ConfigError, match="stage_modules: cannot import 'my_stages.nowhere'"):
+        make_system()
+
+
+def test_budget_keys_must_name_stages(make_system, cpu_config):
+    cpu_config.budget.stage_min_s["reasonig"] = 1.0
+    with pytest.raises(ConfigError, match=r"budget\.stage_min_s\.reasonig: no such stage; did you mean "
+                                          r"'reasoning'\?"):
+        make_system()
+
+
+class Sneaky(Stage):
+    """Uses what it did not declare."""
+
+    def __init__(self, use: str) -> None:
+        self.use = use
+
+    def run(self, states, ctx):
+        if self.use == "prompt":
+            ctx.prompt("reasoning")
+        elif self.use == "resource":
+            ctx.llm.generate([], None)
+        else:
+            ctx.section("kg")
+
+
+@pytest.mark.parametrize("use, message", [
+    ("prompt", "renders prompt 'reasoning' without declaring it"),
+    ("resource", "uses resource 'llm' without declaring it in `needs`"),
+    ("section", "reads config section 'kg' without declaring it"),
+])
+def test_undeclared_prompts_resources_and_sections_fail_the_stage(make_system, sample_examples, use, message):
+    from models.stages.base import run_stage
+
+    system = make_system()
+    states = [QueryState(0, "q0", "who?", "", [])]
+    stage = Sneaky(use)
+    stage.name = "sneaky"
+    run_stage(stage, states, system.batch(1))
+    assert states[0].answer == IDK and message in states[0].trace[-1].note
+
+
+def test_registrations_are_checked_where_they_are_written():
+    with pytest.raises(RegistryError, match="reads/writes name no QueryState field: \\['refs'\\]"):
+        STAGES.register("bad_fields")(type("Bad", (Stage,), {"reads": frozenset({"refs"})}))
+    with pytest.raises(RegistryError, match="needs unknown resources \\['gpu'\\]"):
+        STAGES.register("bad_needs")(type("Bad", (Stage,), {"needs": frozenset({"gpu"})}))
+    with pytest.raises(RegistryError, match="no config section \\['reasonning'\\]"):
+        STAGES.register("bad_section")(type("Bad", (Stage,), {"sections": ("reasonning",)}))
+    with pytest.raises(RegistryError, match="stage 'reasoning' is already registered by "
+                                            "models.stages.reasoning.ReasoningStage"):
+        STAGES.register("reasoning")(type("Other", (Stage,), {}))
+    with pytest.raises(RegistryError, match="is not a subclass of Stage"):
+        STAGES.register("plain")(object)
+    assert "bad_fields" not in STAGES and "plain" not in STAGES
+
+
+def test_a_registry_suggests_the_closest_name_on_a_miss():
+    registry = Registry("widget", object)
+    registry.register("reranker")(type("R", (), {}))
+    with pytest.raises(RegistryError, match="unknown widget 'rerankr'; did you mean 'reranker'\\?"):
+        registry.get("rerankr")
+    with pytest.raises(RegistryError, match="unknown widget 'zzz'; known: reranker"):
+        registry.get("zzz")

@@ -1,0 +1,1 @@
+"""Command-line tools (console scripts crag-*, see pyproject.toml); runnable as `python tools/NAME.py` too."""
