@@ -21,6 +21,7 @@ from loguru import logger
 from tqdm import tqdm
 
 from evaluation import manifest
+from evaluation.attribution import attribute_records, page_texts
 from evaluation.data import (QUESTION_TYPES, DataError, ReadStats, Selection, check_data_file, parse_choices,
                              parse_shard, read_examples)
 from evaluation.judge import UNJUDGED, LLMJudge, judge_records
@@ -182,6 +183,16 @@ def kg_for_run(config: SystemConfig, serve: bool) -> Iterator[SystemConfig]:
             yield replace(config, kg=replace(config.kg, base_url=url))
 
 
+def attribute_misses(records: list[dict], run_manifest: dict | None, data: Path, config: SystemConfig) -> None:
+    """Error attribution of the wrong and "i don't know" answers, over the run's own data file (a rejudge or merge
+    whose --data is not the file the run read gets none, said once)."""
+    expected = (run_manifest or {}).get("answers", {}).get("data", {}).get("sha256")
+    if expected and expected != manifest.file_hash(data):
+        print(f"no error attribution: {data} is not the data file of this run (pass the run's file with --data)")
+        return
+    attribute_records(records, lambda ids: page_texts(data, ids, config.references))
+
+
 def run(config: SystemConfig, args: argparse.Namespace, stats: ReadStats, selection: Selection,
         predictions: Path) -> list[dict]:
     """The model over the selected examples, in a child process so that a batch over its limit can be stopped."""
@@ -297,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     judge_records(records, judge)
+    attribute_misses(records, run_manifest, args.data, config)
     summary = score_records(records)
     summary["judge"] = judge.name if judge else "rules"
     if run_manifest is not None:  # the judge of this report, and when it was written

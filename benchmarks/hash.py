@@ -50,10 +50,10 @@ from benchmarks.pages import recall as answer_recall
 from models.config import load_config
 from models.retrieval.embedder import Embedder
 from models.retrieval.hash_index import HashIndex, HashModel, SearchSettings
-from models.stages.references import page_settings, proposition_units
+from models.stages.references import proposition_units
 from models.state import Reference
 from training.hash_training import ADSHSettings, initial_layer, neighbour_similarity, positive_recall, train_adsh
-from utils.pages import PageProcessor, process_html
+from utils.pages import PageProcessor, PageSettings, process_html
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "crag_sample" / "crag_public_sample_5.jsonl.bz2"
@@ -70,7 +70,7 @@ def real_vectors() -> np.ndarray:
     """Proposition embeddings of the real pages (the shared CRAG sample, else data/)."""
     config = load_config()
     examples = read_examples(SHARED if SHARED.is_file() else DATA)
-    settings = page_settings(config.references)
+    settings = PageSettings.from_config(config.references)
     refs = []
     for example in examples:
         for page in example["search_results"]:
@@ -210,7 +210,7 @@ def pipeline_recall(real: np.ndarray, bits: int, seed: int) -> None:
         "data": read_examples(DATA)}
     for name, examples in sets.items():
         counts = {}
-        processor = PageProcessor(page_settings(config.references), workers=1)  # caches pages in memory
+        processor = PageProcessor(PageSettings.from_config(config.references), workers=1)  # caches pages in memory
         processor.process([(p["page_result"], p["page_name"]) for e in examples for p in e["search_results"]], 600)
         for label, chosen, layer in (("dense", config, None), ("hash", hashed, model)):
             started = time.perf_counter()

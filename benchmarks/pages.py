@@ -33,7 +33,7 @@ from evaluation.data import alternative_answers
 from models.config import load_config
 from models.retrieval.embedder import Embedder
 from models.stages.base import run_alone
-from models.stages.references import ReferencesStage, page_settings
+from models.stages.references import ReferencesStage
 from models.state import QueryState
 from utils.answers import contains_answer, normalize_text
 from utils.chunking import seed_chunks, split_sentences
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     config = load_config(REPO / "configs" / "cpu.yaml")
-    settings = page_settings(config.references)
+    settings = PageSettings.from_config(config.references)
     sets = {"data": load(DATA)}
     if SHARED.exists():
         sets["real"] = load(SHARED)

@@ -7,6 +7,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from evaluation.attribution import CLASSES, attribution_table
 from evaluation.metrics import MIN_FOR_INTERVAL, RESAMPLES, Scores, intervals, latency
 
 BREAKDOWNS = ("domain", "question_type", "static_or_dynamic", "popularity")
@@ -50,12 +51,14 @@ def score_records(records: list[dict[str, Any]]) -> dict[str, Any]:
             if stage.get("status") == "ok":
                 per_stage[stage["stage"]].append(float(stage.get("seconds", 0.0)) / size)
     organisers = records and all("organisers_verdict" in r for r in records)
+    attributed = any(r.get("attribution") for r in records)
     return {
         **_by_breakdown(records, "verdict"),
         "judged_by": dict(Counter(r.get("judged_by", "rules") for r in records)),
         **({"organisers": {**_by_breakdown(records, "organisers_verdict"),
                            "judged_by": dict(Counter(r["organisers_judged_by"] for r in records))}}
            if organisers else {}),
+        **({"attribution": attribution_table(records)} if attributed else {}),
         "cut_by_grader": sum(bool(r.get("cut_by_grader")) for r in records),
         "timed_out": sum(bool(r.get("timed_out")) for r in records),
         "latency_s": {"per_query": latency(per_query), "per_stage": {k: latency(v) for k, v in per_stage.items()}},
@@ -111,12 +114,22 @@ def format_table(summary: dict[str, Any]) -> str:
     if theirs:
         lines.append("org.: the organisers' rules (gold answer only, their \"i don't know\" and \"invalid\" rules; "
                      "unjudged where they would ask their LLM judge and ours gave no verdict)")
+    if summary.get("attribution"):
+        lines.append("where the misses were lost (wrong and \"i don't know\" answers; evaluation/attribution.py):")
+        lines.extend(_attribution_rows(summary["attribution"], "  {:<14}" + "{:>15}" * len(CLASSES)))
     if summary.get("cut_by_grader"):
         lines.append(f"answers the grader cuts at 75 Llama-2 tokens: {summary['cut_by_grader']}")
     if summary.get("steps_by_question_type"):
         lines.append("multi-hop steps by question type (mean / max LLM calls per query):")
         lines.extend(f"  {k:<22}{v['mean']:>6.1f} / {v['max']}" for k, v in summary["steps_by_question_type"].items())
     return "\n".join(lines)
+
+
+def _attribution_rows(table: dict[str, dict[str, int]], row: str, rule: str | None = None) -> list[str]:
+    """The header (and `rule` under it) and one line per group, overall first, each formatted by `row`."""
+    groups = ["overall", *sorted(g for g in table if g != "overall")]
+    return [row.format("", *CLASSES), *([rule] if rule else []),
+            *(row.format(g, *(table[g][c] for c in CLASSES)) for g in groups)]
 
 
 def format_markdown(summary: dict[str, Any], title: str) -> str:
@@ -144,6 +157,11 @@ def format_markdown(summary: dict[str, Any], title: str) -> str:
         for section, rows in _sections(theirs):
             lines += [*table(rows, section[3:]), ""]
         lines += ["Judged by: " + ", ".join(f"{k}: {v}" for k, v in theirs["judged_by"].items()), ""]
+    if summary.get("attribution"):
+        lines += ["## Where the misses were lost", "", "Wrong and \"i don't know\" answers by the first place the gold "
+                  "answer went missing (evaluation/attribution.py defines each class).", "",
+                  *_attribution_rows(summary["attribution"], "| {} |" + " {} |" * len(CLASSES),
+                                     "|---|" + "---|" * len(CLASSES)), ""]
     lines += [f"Answers the grader cuts at 75 Llama-2 tokens: {summary.get('cut_by_grader', 0)}", ""]
     lines += [f"Queries in batches over the time limit (answered \"i don't know\"): {summary['timed_out']}", ""]
     lat = summary["latency_s"]

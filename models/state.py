@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +67,7 @@ class QueryState:
     dynamism: str | None = None       # attributes: static, slow-changing, fast-changing, real-time
     knowledge: str | None = None      # the knowledge extractor's answer ("an answer from another agent")
     kg_results: list[str] = field(default_factory=list)  # the KG module's results, one rendered call per line
+    kg_calls: list[dict[str, Any]] = field(default_factory=list)  # {"call", "args", "answered"}, in order made
     calculations: list[str] = field(default_factory=list)  # "expression = value", from the calculator
     # Multi-hop strategies: the route taken, the LLM steps used and the sub-queries asked.
     route: str | None = None
@@ -76,6 +78,20 @@ class QueryState:
     done: bool = False
     done_reason: str = ""
     trace: list[StageRecord] = field(default_factory=list)
+
+    def record(self) -> dict[str, Any]:
+        """What the query went through, for the run folder's per-question record: the reason for its answer,
+        each stage's status and seconds, the predicted attributes, the references chosen for the prompt (best
+        first; the prompt takes them while they fit), the KG calls and results, the calculator's lines, the
+        knowledge extractor's answer and the multi-hop route."""
+        return {"interaction_id": self.interaction_id, "reason": self.done_reason,
+                "stages": [dataclasses.asdict(r) for r in self.trace],
+                "predicted": {"domain": self.domain, "dynamism": self.dynamism},
+                "references": [{"page": r.page_name, "url": r.page_url, "kind": r.kind, "score": round(r.score, 4),
+                                "relevance": r.relevance, "text": r.text} for r in self.references],
+                "kg_calls": self.kg_calls, "kg_results": self.kg_results, "calculations": self.calculations,
+                "knowledge": self.knowledge, "route": self.route, "steps": self.steps,
+                "sub_queries": self.sub_queries}
 
     def finish(self, answer: str, reason: str) -> None:
         """Fix the answer now; later LLM stages leave this query alone."""

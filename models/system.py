@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict
 from typing import Any
 
 from loguru import logger
@@ -19,13 +18,12 @@ from models.retrieval.reranker import Reranker
 from models.stages import Stage, pipeline_stages
 from models.stages.answer import AnswerStage
 from models.stages.base import RESOURCES, Batch, check_flow, run_stage
-from models.stages.references import page_settings
 from models.state import QueryState
 from utils.answers import IDK
 from utils.batch import BATCH_FIELDS
 from utils.cache import cache_root
 from utils.kg_api import KGClient
-from utils.pages import PageProcessor
+from utils.pages import PageProcessor, PageSettings
 
 
 # Pages first: its workers fork before any model loads, so they copy no model or GPU state.
@@ -74,7 +72,7 @@ class CragSystem:
 
     def _pages(self, resources: dict[str, Any]) -> PageProcessor:
         refs = self.config.references
-        return PageProcessor(page_settings(refs), refs.workers,
+        return PageProcessor(PageSettings.from_config(refs), refs.workers,
                              cache_root(refs.cache_dir) / "pages" if refs.cache else None)
 
     def _llm(self, resources: dict[str, Any]) -> LLM:
@@ -157,9 +155,7 @@ class CragSystem:
                 if not state.done:
                     state.finish(IDK, f"strategy failed: {type(err).__name__}")
         run_stage(self.answer_stage, states, shared, always=True)
-        self.last_batch_trace = [{"interaction_id": s.interaction_id, "reason": s.done_reason,
-                                  "stages": [asdict(r) for r in s.trace], "route": s.route, "steps": s.steps,
-                                  "sub_queries": s.sub_queries} for s in states]
+        self.last_batch_trace = [state.record() for state in states]
         for state in states:
             if state.done_reason:
                 logger.info("{} answered '{}': {}", state.interaction_id, state.answer, state.done_reason)

@@ -38,11 +38,11 @@ from models.retrieval.hash_index import load_model
 from models.retrieval.r2former import R2Former, R2FormerConfig, retrieval_features, save_checkpoint
 from models.stages.base import run_alone
 from models.stages.reasoning import END, START, place_embeddings, reasoning_conversation
-from models.stages.references import ReferencesStage, page_settings
+from models.stages.references import ReferencesStage
 from models.state import QueryState, Reference
 from training.r2former_training import RankedList, TrainSettings, split, train
 from utils.answers import contains_answer, is_invalid
-from utils.pages import PageProcessor
+from utils.pages import PageProcessor, PageSettings
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -62,7 +62,7 @@ def reference_states(examples: list[dict], config: SystemConfig, embedder: Embed
     refs = config.references
     config = dataclasses.replace(config, references=dataclasses.replace(
         refs, hash=dataclasses.replace(refs.hash, units="sentence")))
-    pages = PageProcessor(page_settings(config.references), config.references.workers, None)
+    pages = PageProcessor(PageSettings.from_config(config.references), config.references.workers, None)
     hashing = config.references.retriever == "hash"
     hash_model = load_model(resolve_path(config.references.hash.model), embedder.name) if hashing else None
     resources = {"embedder": embedder, "pages": pages, "hash_model": hash_model, "reranker": None, "llm": None}

@@ -13,8 +13,9 @@ import multiprocessing
 import multiprocessing.pool
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import trafilatura
 from loguru import logger
@@ -38,6 +39,11 @@ class PageSettings:
 
     def fingerprint(self) -> str:
         return repr(sorted(asdict(self).items()))
+
+    @classmethod
+    def from_config(cls, config: Any) -> PageSettings:
+        """The page-processing fields of a references config (any object with these attributes)."""
+        return cls(**{f.name: getattr(config, f.name) for f in fields(cls)})
 
 
 @dataclass

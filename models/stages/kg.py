@@ -110,14 +110,19 @@ class Lookup:
     query: str = ""
     dates: set[str] = field(default_factory=set)
     rows: list[rows_.Row] = field(default_factory=list)
-    calls: int = 0
+    made: list[dict[str, Any]] = field(default_factory=list)  # {"call", "args", "answered"} per call sent
+
+    @property
+    def calls(self) -> int:
+        return len(self.made)
 
     def get(self, name: str, **args: Any) -> Any:
         """The result of one call, or None (no time left, nothing found, a failure)."""
         if self.deadline.expired():
             return None
-        self.calls += 1
-        return self.client.call(name, args, self.deadline)
+        result = self.client.call(name, args, self.deadline)
+        self.made.append({"call": name, "args": args, "answered": result not in (None, "", [], {})})
+        return result
 
     def show(self, name: str, **args: Any) -> Any:
         """Call `name` and add the rows of its result."""
@@ -407,7 +412,7 @@ class KGStage(Stage):
 
     prompts = ("kg_entities", "kg_functions")
     sections = ("kg",)
-    writes = frozenset({"kg_results"})
+    writes = frozenset({"kg_results", "kg_calls"})
     needs = frozenset({"llm", "kg"})
 
     @classmethod
@@ -452,5 +457,6 @@ class KGStage(Stage):
                 logger.opt(exception=error).error("{}: KG lookup failed: {}", state.interaction_id, error)
             ranked = rows_.rank(kg.rows, state.query, kg.dates)
             state.kg_results = rows_.fit(ranked, settings.max_chars)
+            state.kg_calls = kg.made
             logger.debug("{}: {} KG calls, {} of {} rows kept", state.interaction_id, kg.calls,
                          len(state.kg_results), len(kg.rows))

@@ -14,24 +14,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 from loguru import logger
 
-from models.config import HashConfig, ReferencesConfig
+from models.config import HashConfig
 from models.retrieval.dense import best_first, select
 from models.retrieval.hash_index import HashIndex, HashIndexError, HashModel, SearchSettings
 from models.stages.base import STAGES, Stage, StageContext
 from models.state import Proposition, QueryState, Reference
 from utils.chunking import sentence_units
-from utils.pages import PageSettings, ProcessedPage
-
-
-def page_settings(config: ReferencesConfig) -> PageSettings:
-    """The page-processing fields of the references config (PageSettings names them)."""
-    return PageSettings(**{f.name: getattr(config, f.name) for f in fields(PageSettings)})
+from utils.pages import ProcessedPage
 
 
 def _field(page: Mapping[str, Any], key: str) -> str:

@@ -345,12 +345,12 @@ def test_hash_retrieval_fills_propositions_from_chosen_references(hash_config, s
 
 def run_references(config, llm, example):
     from models.stages.base import run_alone
-    from models.stages.references import ReferencesStage, page_settings
-    from utils.pages import PageProcessor
+    from models.stages.references import ReferencesStage
+    from utils.pages import PageProcessor, PageSettings
 
     model = HashIndex.load(config.references.hash.model).model
     state = QueryState(0, "q0", example["query"], example["query_time"], example["search_results"])
-    processor = PageProcessor(page_settings(config.references), workers=1)
+    processor = PageProcessor(PageSettings.from_config(config.references), workers=1)
     resources = {"llm": llm, "embedder": HashEmbedder(), "pages": processor, "hash_model": model}
     run_alone(ReferencesStage(), [state], config, resources, seconds=60)
     return state

@@ -7,10 +7,10 @@ from hypothesis import strategies as st
 
 from models.retrieval.dense import select
 from models.stages.base import run_alone
-from models.stages.references import ReferencesStage, page_settings
+from models.stages.references import ReferencesStage
 from models.state import QueryState, Reference
 from tests.fakes import HashEmbedder, ScriptedLLM
-from utils.pages import PageProcessor
+from utils.pages import PageProcessor, PageSettings
 
 CALENDAR = ("<p>2024 has 366 days because it is a leap year.</p><p>Every month has a name.</p>"
             "<table><tr><th>Month</th><th>Days</th></tr><tr><td>February</td><td>29</td></tr>"
@@ -24,7 +24,7 @@ def page(html, name="Calendar 2024", url="https://example.org/cal", modified="20
 
 
 def run(states, config, reranker=None):
-    processor = PageProcessor(page_settings(config.references), workers=1)
+    processor = PageProcessor(PageSettings.from_config(config.references), workers=1)
     resources = {"llm": ScriptedLLM(), "embedder": HashEmbedder(), "pages": processor, "reranker": reranker}
     run_alone(ReferencesStage(), states, config, resources, seconds=60)
     return states

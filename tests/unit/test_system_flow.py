@@ -197,3 +197,38 @@ def test_no_kg_server_means_no_kg_stage(make_system, cpu_config, sample_examples
     system.batch_generate_answer(to_batch(sample_examples[:1]))
     assert system.kg is None and "kg" not in _stages(system)[0]
     assert "no KG server answers" in caplog_loguru.text and "the kg stage is off" in caplog_loguru.text
+
+
+def test_each_query_leaves_a_record_of_what_it_went_through(make_system, sample_examples, cpu_config, tmp_path):
+    from evaluation.runner import load_predictions, run_model
+
+    _kg_config(cpu_config, dynamic_idk=False)
+    cpu_config.calculator.enabled = True
+    replies = dict(KG_REPLIES, calculator="```python\n887 - 880  # change since the open\n```")
+    system = make_system(ScriptedLLM(by_prompt(**replies)), kg=RecordingKG(NVDA))
+    path = tmp_path / "predictions.jsonl"
+    run_model(system, iter(sample_examples[5:6]), path, per_query_s=None)
+    (record,) = load_predictions(path).values()  # read back from the file, as a user would
+    trace = record["trace"]
+    assert record["prediction"] == "887" and trace["predicted"] == {"domain": "finance", "dynamism": "real-time"}
+    assert [s["stage"] for s in trace["stages"]] == ["attributes", "kg", "references", "evidence", "calculator",
+                                                     "reasoning", "answer"]  # dynamic_idk off: no precheck
+    assert all(s["status"] == "ok" and s["seconds"] >= 0 for s in trace["stages"])
+    calls = {(c["call"], c["args"].get("query") or c["args"].get("ticker_name"), c["answered"])
+             for c in trace["kg_calls"]}
+    assert ("finance_get_price_history", "NVDA", True) in calls
+    assert any("887" in line for line in trace["kg_results"])
+    assert trace["calculations"] == ["887 - 880 = 7  (change since the open)"]
+    pages = {page["page_name"] for page in sample_examples[5]["search_results"]}
+    assert trace["references"] and all(r["page"] in pages and r["text"] for r in trace["references"])
+    scores = [r["score"] for r in trace["references"] if r["kind"] != "table"]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_an_idk_record_says_why(make_system, sample_examples, cpu_config, tmp_path):
+    _kg_config(cpu_config)
+    system = make_system(ScriptedLLM(by_prompt(**KG_REPLIES)), kg=RecordingKG({}))
+    system.batch_generate_answer(to_batch(sample_examples[5:6]))
+    (record,) = system.last_batch_trace
+    assert record["reason"].startswith("predicted real-time") and record["references"] == []
+    assert record["kg_calls"] and not any(c["answered"] for c in record["kg_calls"])
