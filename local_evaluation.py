@@ -1,7 +1,8 @@
 """Run UserModel over CRAG data, judge the predictions (rules, then an optional LLM judge), write the report.
 
 Commands (the first word): run (the default) resumes an interrupted run; rejudge judges a run folder again without
-the model; merge combines shard folders; calibrate shows how often a judge agrees with a person (data/judge/).
+the model; merge combines shard folders; calibrate shows how often a judge agrees with a person (data/judge/);
+compare A B gives run B's score difference from run A with a paired interval and the questions that flipped.
 Judges: "rules" (exact match to a gold answer, else wrong), "local" (the embedded SmolLM2 through the hf
 backend), or the base URL of an OpenAI-compatible server with --judge-model.
 """
@@ -40,7 +41,8 @@ DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "crag_sample.jsonl"
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, usage="local_evaluation.py [run|rejudge|merge] [options]; "
-                                     "local_evaluation.py calibrate [--judge ...]")
+                                     "local_evaluation.py calibrate [--judge ...]; "
+                                     "local_evaluation.py compare A B [--judge ...]")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="CRAG .jsonl or .jsonl.bz2 file")
     add_config_arguments(parser)
     parser.add_argument("--out", type=Path, default=None, help="run folder (default: runs/<data>__<config>)")
@@ -242,7 +244,44 @@ def calibrate_main(argv: list[str]) -> int:
     return 0
 
 
-# The commands, as the first word: run (the default), rejudge and merge share run's flags; calibrate has its own.
+def compare_main(argv: list[str]) -> int:
+    """`local_evaluation.py compare A B`: run B against run A on the questions both answered (same data file):
+    the score difference with a paired bootstrap interval and the questions that flipped."""
+    from evaluation.compare import compare_records, format_comparison, write_comparison
+
+    parser = argparse.ArgumentParser(prog="local_evaluation.py compare", description=compare_main.__doc__)
+    parser.add_argument("a", type=Path, help="run folder A (the baseline)")
+    parser.add_argument("b", type=Path, help="run folder B")
+    parser.add_argument("--judge", default="rules", help="rules, local, or an OpenAI-compatible base URL")
+    parser.add_argument("--judge-model", default=None, help="model name for a URL judge")
+    parser.add_argument("--out", type=Path, default=None, help="where compare.json goes (default: folder B)")
+    parser.add_argument("--show", type=int, default=10, help="flipped questions printed per kind")
+    args = parser.parse_args(argv)
+    try:
+        runs = []
+        for folder in (args.a, args.b):
+            predictions = folder / "predictions.jsonl"
+            if not predictions.exists():
+                raise EvaluationError(f"{predictions} does not exist; give run folders of local_evaluation.py")
+            runs.append((list(load_predictions(predictions).values()), manifest.load(folder)))
+        data = [(m or {}).get("answers", {}).get("data", {}) for _, m in runs]
+        if all(data) and data[0].get("sha256") != data[1].get("sha256"):
+            raise EvaluationError(f"{args.a} ran on {data[0].get('name')} and {args.b} on {data[1].get('name')} "
+                                  "(different data files): compare runs of the same questions")
+        judge = build_judge(args.judge, args.judge_model)
+    except (ConfigError, EvaluationError, BackendUnavailable, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for records, _ in runs:
+        judge_records(records, judge)
+    result = compare_records(runs[0][0], runs[1][0])
+    print(format_comparison(result, str(args.a), str(args.b), args.show))
+    print(f"comparison: {write_comparison(result, args.out or args.b, str(args.a), str(args.b))}")
+    return 0
+
+
+# The commands, as the first word: run (the default), rejudge and merge share run's flags; calibrate and compare
+# have their own.
 COMMANDS = {"run": [], "rejudge": ["--rejudge"], "merge": ["--merge"]}
 
 
@@ -250,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["calibrate"]:
         return calibrate_main(argv[1:])
+    if argv[:1] == ["compare"]:
+        return compare_main(argv[1:])
     if argv[:1] and argv[0] in COMMANDS:
         argv = COMMANDS[argv[0]] + argv[1:]
     args = parse_args(argv)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluation.data import DataError, check_data_file, read_examples
+from evaluation.compare import compare_records, format_comparison
 from evaluation.judge import judge_records
 from evaluation.report import score_records
 from models.config import ConfigError, SystemConfig, add_config_arguments, config_from_args
@@ -251,25 +252,32 @@ def main(argv: list[str] | None = None, system: CragSystem | None = None) -> int
         examples = list(read_examples(args.data, limit=args.limit))
         states = tuner.upstream_states(examples)
         rows: dict[str, dict[str, Any]] = {}
+        judged: dict[str, list[dict[str, Any]]] = {}
         for variant in args.variant:
             answers = tuner.variant_answers(states, str(variant_path(variant)))
-            records = [dict({k: e.get(k) for k in ("query", "answer", "alt_answers", "domain", "question_type",
-                                                   "static_or_dynamic", "popularity")}, prediction=a)
-                       for e, a in zip(examples, answers)]
+            records = [dict({k: e.get(k) for k in ("interaction_id", "query", "answer", "alt_answers", "domain",
+                                                   "question_type", "static_or_dynamic", "popularity")},
+                            prediction=a) for e, a in zip(examples, answers)]
             judge_records(records, judge)
             summary = score_records(records)
             summary.pop("latency_s")
-            rows[Path(variant).name if Path(variant).name not in rows else variant] = summary
+            name = Path(variant).name if Path(variant).name not in rows else variant
+            rows[name], judged[name] = summary, records
     except (ConfigError, DataError, BackendUnavailable, PromptError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     table = compare(rows)
+    first = next(iter(judged))  # each variant against the first, as local_evaluation.py compare reads two runs
+    comparisons = {name: compare_records(judged[first], records) for name, records in judged.items() if name != first}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "tuning.json").write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+    (args.out / "tuning.json").write_text(json.dumps({"variants": rows, "against_first": comparisons}, indent=2)
+                                          + "\n", encoding="utf-8")
     (args.out / "tuning.md").write_text(f"# Variants of prompt '{args.prompt}' on {args.data.name}\n\n{table}",
                                         encoding="utf-8")
     plot(rows, args.out / "tuning.png")
     print(table)
+    for name, result in comparisons.items():
+        print(format_comparison(result, first, name, show=3))
     print(f"written: {args.out / 'tuning.md'}, tuning.json, tuning.png")
     return 0
 

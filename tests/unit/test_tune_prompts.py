@@ -34,11 +34,14 @@ def test_variants_share_cached_upstream_results(make_system, cpu_config, tmp_pat
     batches = 3  # the first 12 questions, batch size 4
     assert calls_of(llm, "knowledge") == batches and calls_of(llm, "calculator") == batches
     assert calls_of(llm, "reasoning") == 2 * batches  # once per variant
-    rows = json.loads((tmp_path / "out" / "tuning.json").read_text())
+    saved = json.loads((tmp_path / "out" / "tuning.json").read_text())
+    rows = saved["variants"]
     assert rows["reasoning.yaml"]["overall"]["accuracy"] == 0.0
     assert rows["reasoning_nolan.yaml"]["overall"]["accuracy"] == 1 / 12  # the inception question
     table = capsys.readouterr().out
     assert "| reasoning_nolan.yaml | overall | 12 | -0.833 | +0.167 |" in table  # one wrong answer made right
+    (flip,) = saved["against_first"]["reasoning_nolan.yaml"]["flipped"]["wrong -> correct"]  # compare's reading
+    assert (flip["a"], flip["b"]) == ("paris", "christopher nolan") and "wrong -> correct: 1" in table
     assert (tmp_path / "out" / "tuning.png").stat().st_size > 1000
 
     assert main(args, system=system) == 0  # a second run: upstream comes from the cache
@@ -66,7 +69,7 @@ def test_grid_makes_every_combination(make_system, cpu_config, tmp_path, monkeyp
     assert main(["--grid", str(grid), "--data", str(SAMPLE), "--out", str(tmp_path / "out")], system=make_system(llm)) == 0
     variants = sorted((tmp_path / "out" / "variants").glob("*.yaml"))
     assert len(variants) == 3 * 2  # (base, 2 alternatives) x (base, 1 alternative)
-    rows = json.loads((tmp_path / "out" / "tuning.json").read_text())
+    rows = json.loads((tmp_path / "out" / "tuning.json").read_text())["variants"]
     assert len(rows) == 6 and rows["reasoning_v0.yaml"]["overall"]["accuracy"] == 0.0
     assert sum(r["overall"]["accuracy"] > 0 for r in rows.values()) == 2  # the two combinations with VARIANT-B
 

@@ -1,0 +1,93 @@
+"""Two runs on the same questions: the score difference with a paired bootstrap interval, and what flipped.
+
+Each question scores +1 (correct), 0 ("i don't know") or -1 (wrong) in each run; the difference of the two
+scores is the mean of the per-question differences, and its interval resamples questions with both their
+verdicts (a paired bootstrap), so it is much narrower than two separate intervals would suggest. Unjudged
+predictions in either run leave the question out of the difference (counted).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.stats import bootstrap
+
+from evaluation.judge import CORRECT, MISS, UNJUDGED, WRONG
+from evaluation.metrics import MIN_FOR_INTERVAL, RESAMPLES
+
+POINTS = {CORRECT: 1, MISS: 0, WRONG: -1}
+# How a question moved from run A to run B, by its two verdicts.
+FLIPS = {(CORRECT, WRONG): "correct -> wrong", (WRONG, CORRECT): "wrong -> correct",
+         (CORRECT, MISS): "answer -> i don't know", (WRONG, MISS): "answer -> i don't know",
+         (MISS, CORRECT): "i don't know -> answer", (MISS, WRONG): "i don't know -> answer"}
+
+
+def paired_difference(a: list[str], b: list[str], seed: int = 0) -> dict[str, Any]:
+    """Score of B minus score of A over the questions judged in both, with its paired bootstrap 95% interval
+    (None under MIN_FOR_INTERVAL questions)."""
+    pairs = [(POINTS[x], POINTS[y]) for x, y in zip(a, b) if x != UNJUDGED and y != UNJUDGED]
+    differences = np.array([y - x for x, y in pairs], dtype=float)
+    result: dict[str, Any] = {"questions": len(pairs), "unjudged_left_out": len(a) - len(pairs),
+                              "score_a": float(np.mean([x for x, _ in pairs])) if pairs else 0.0,
+                              "score_b": float(np.mean([y for _, y in pairs])) if pairs else 0.0,
+                              "difference": float(differences.mean()) if pairs else 0.0, "ci95": None}
+    if len(pairs) >= MIN_FOR_INTERVAL:
+        if not differences.any():  # every question scored the same: the interval is the point
+            result["ci95"] = [0.0, 0.0]
+        else:
+            found = bootstrap((differences,), np.mean, vectorized=True, method="percentile", n_resamples=RESAMPLES,
+                              random_state=np.random.default_rng(seed))
+            result["ci95"] = [float(found.confidence_interval.low), float(found.confidence_interval.high)]
+    return result
+
+
+def compare_records(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, Any]:
+    """Judged records of two runs (each has "verdict"), matched by interaction_id: the paired difference over
+    the questions both answered, the flipped questions by kind, and the questions only one run has."""
+    by_id = {r["interaction_id"]: r for r in b}
+    common = [(r, by_id[r["interaction_id"]]) for r in a if r["interaction_id"] in by_id]
+    flipped: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for ra, rb in common:
+        kind = FLIPS.get((ra["verdict"], rb["verdict"]))
+        if kind:
+            flipped[kind].append({"interaction_id": ra["interaction_id"], "query": ra.get("query"),
+                                  "answer": ra.get("answer"), "a": ra.get("prediction"), "b": rb.get("prediction"),
+                                  "verdicts": [ra["verdict"], rb["verdict"]]})
+    only_a = len(a) - len(common)
+    return {**paired_difference([ra["verdict"] for ra, _ in common], [rb["verdict"] for _, rb in common]),
+            "flipped": {kind: flipped[kind] for kind in dict.fromkeys(FLIPS.values()) if flipped[kind]},
+            "only_in_a": only_a, "only_in_b": len(b) - len(common)}
+
+
+def format_comparison(result: dict[str, Any], name_a: str, name_b: str, show: int = 10) -> str:
+    ci = result["ci95"]
+    interval = f"[{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else f"n<{MIN_FOR_INTERVAL}"
+    verdict = ("" if not ci else " (the interval holds 0: no difference shown)" if ci[0] <= 0 <= ci[1]
+               else " (the interval excludes 0)")
+    lines = [f"A: {name_a}\nB: {name_b}",
+             f"{result['questions']} questions judged in both: score A {result['score_a']:.3f}, "
+             f"B {result['score_b']:.3f}, B - A {result['difference']:+.3f}, paired 95% CI {interval}{verdict}"]
+    if result["unjudged_left_out"]:
+        lines.append(f"left out: {result['unjudged_left_out']} questions unjudged in A or B")
+    if result["only_in_a"] or result["only_in_b"]:
+        lines.append(f"not compared: {result['only_in_a']} questions only in A, {result['only_in_b']} only in B")
+    for kind, rows in result["flipped"].items():
+        lines.append(f"{kind}: {len(rows)}")
+        for row in rows[:show]:
+            lines.append(f"  {row['interaction_id'][:8]}  {str(row['query'])[:60]!r}  gold {str(row['answer'])[:30]!r}"
+                         f"\n      A: {str(row['a'])[:70]!r}\n      B: {str(row['b'])[:70]!r}")
+        if len(rows) > show:
+            lines.append(f"  ... {len(rows) - show} more in compare.json")
+    return "\n".join(lines)
+
+
+def write_comparison(result: dict[str, Any], out_dir: Path, name_a: str, name_b: str) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "compare.json"
+    path.write_text(json.dumps({"a": name_a, "b": name_b, **result}, indent=2, ensure_ascii=False),
+                    encoding="utf-8")
+    return path

@@ -1,0 +1,72 @@
+"""compare A B: the paired difference of two runs and the questions that flipped."""
+
+import json
+
+import local_evaluation
+from evaluation import manifest
+from evaluation.compare import compare_records, paired_difference
+from evaluation.data import Selection
+from models.config import REPO_ROOT, load_config
+from tests.conftest import SAMPLE, write
+
+
+def verdict_records(verdicts, prefix="q"):
+    return [{"interaction_id": f"{prefix}{i}", "query": f"question {i}?", "answer": "gold", "prediction": v,
+             "verdict": v} for i, v in enumerate(verdicts)]
+
+
+def test_one_flip_in_100_is_no_difference_and_30_are_one():
+    base = ["correct"] * 50 + ["wrong"] * 25 + ["miss"] * 25
+    one = list(base)
+    one[60] = "correct"  # one wrong answer now right
+    result = compare_records(verdict_records(base), verdict_records(one))
+    low, high = result["ci95"]
+    assert result["difference"] == 0.02 and low <= 0 <= high
+    assert [row["interaction_id"] for row in result["flipped"]["wrong -> correct"]] == ["q60"]
+    thirty = list(base)
+    thirty[50:80] = ["correct"] * 30  # 25 wrong and 5 "i don't know" now right
+    result = compare_records(verdict_records(base), verdict_records(thirty))
+    assert result["ci95"][0] > 0 and len(result["flipped"]["wrong -> correct"]) == 25
+    assert len(result["flipped"]["i don't know -> answer"]) == 5
+
+
+def test_unjudged_and_unmatched_questions_are_left_out_and_counted():
+    a = verdict_records(["correct", "unjudged", "wrong"])
+    b = verdict_records(["correct", "correct", "wrong", "miss"])
+    result = compare_records(a, b)
+    assert (result["questions"], result["unjudged_left_out"], result["only_in_b"]) == (2, 1, 1)
+    assert result["ci95"] is None and paired_difference(["miss"] * 12, ["miss"] * 12)["ci95"] == [0.0, 0.0]
+
+
+def run_folder(path, predictions):
+    path.mkdir(parents=True)
+    examples = [json.loads(line) for line in SAMPLE.read_text().splitlines()]
+    lines = [{"interaction_id": e["interaction_id"], "query": e["query"], "answer": e["answer"], "alt_answers": [],
+              "domain": e["domain"], "prediction": p} for e, p in zip(examples, predictions)]
+    write(path / "predictions.jsonl", "".join(json.dumps(line) + "\n" for line in lines))
+    answers = manifest.answer_inputs(load_config(REPO_ROOT / "configs" / "cpu.yaml"), SAMPLE, 30.0, False)
+    manifest.write(path, manifest.build(answers, Selection(), {"spec": "rules"}))
+    return examples
+
+
+def test_the_compare_command_lists_the_flip_side_by_side(tmp_path, capsys):
+    examples = run_folder(tmp_path / "a", ["i don't know"] * 13)
+    run_folder(tmp_path / "b", [examples[0]["answer"]] + ["i don't know"] * 12)
+    assert local_evaluation.main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "i don't know -> answer: 1" in out and examples[0]["interaction_id"][:8] in out
+    assert f"B: {examples[0]['answer']!r}" in out and "B - A +0.077" in out
+    saved = json.loads((tmp_path / "b" / "compare.json").read_text())
+    assert saved["flipped"]["i don't know -> answer"][0]["b"] == examples[0]["answer"]
+
+
+def test_compare_refuses_runs_of_different_data_and_missing_folders(tmp_path, capsys):
+    run_folder(tmp_path / "a", ["i don't know"] * 13)
+    run_folder(tmp_path / "b", ["i don't know"] * 13)
+    data = manifest.load(tmp_path / "b")
+    data["answers"]["data"]["sha256"] = "0" * 64
+    manifest.write(tmp_path / "b", data)
+    assert local_evaluation.main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 2
+    assert "different data files" in capsys.readouterr().err
+    assert local_evaluation.main(["compare", str(tmp_path / "a"), str(tmp_path / "nope")]) == 2
+    assert "does not exist" in capsys.readouterr().err
