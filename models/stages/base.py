@@ -77,13 +77,11 @@ class StageRegistry(Registry[Stage]):
             unknown = (set(cls.reads) | set(cls.writes)) - _STATE_FIELDS
             if unknown:
                 raise RegistryError(f"stage {name!r}: reads/writes name no QueryState field: {sorted(unknown)}")
-            if set(cls.needs) - set(RESOURCES):
-                unknown = set(cls.needs) - set(RESOURCES)
+            if unknown := set(cls.needs) - set(RESOURCES):
                 raise RegistryError(f"stage {name!r}: needs unknown resources {sorted(unknown)}; known: "
                                     f"{', '.join(RESOURCES)}")
-            sections = {f.name for f in dataclasses.fields(SystemConfig)}
-            if set(cls.sections) - sections:
-                raise RegistryError(f"stage {name!r}: no config section {sorted(set(cls.sections) - sections)}")
+            if unknown := set(cls.sections) - {f.name for f in dataclasses.fields(SystemConfig)}:
+                raise RegistryError(f"stage {name!r}: no config section {sorted(unknown)}")
             cls.name = name
             return add(cls)
 

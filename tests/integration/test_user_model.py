@@ -42,7 +42,7 @@ def test_answers_a_batch_from_data(user_model, sample_examples):
     answers = user_model.batch_generate_answer(to_batch(examples))
     assert len(answers) == len(examples) and all(isinstance(a, str) and a for a in answers)
     assert all(grader_cut(a) == a for a in answers)  # the grader's 75-token cut changes nothing
-    gathered = ["attributes", "references", "kg", "precheck", "evidence"]  # the pre-check after the KG (task 2)
+    gathered = ["attributes", "kg", "precheck", "references", "evidence"]  # the pre-check after the KG (task 2)
     for trace in user_model.last_batch_trace:
         stages = [r["stage"] for r in trace["stages"]]
         assert all(r["status"] == "ok" for r in trace["stages"])
