@@ -28,7 +28,7 @@ from evaluation.data import (QUESTION_TYPES, DataError, ReadStats, Selection, ch
 from evaluation.judge import UNJUDGED, LLMJudge, judge_records
 from evaluation.kg_server import KGServerError, fixture_kg
 from evaluation.report import format_table, score_records, write_report
-from evaluation.runner import EvaluationError, load_predictions, run_model
+from evaluation.runner import EvaluationError, load_predictions, run_model, save_judgements
 from evaluation.worker import ModelWorker, WorkerError
 from models.config import (DOMAINS, DYNAMISM, ConfigError, HFConfig, OpenAIConfig, SystemConfig,
                            add_config_arguments, config_from_args, config_label)
@@ -191,6 +191,8 @@ def attribute_misses(records: list[dict], run_manifest: dict | None, data: Path,
     expected = (run_manifest or {}).get("answers", {}).get("data", {}).get("sha256")
     if expected and expected != manifest.file_hash(data):
         print(f"no error attribution: {data} is not the data file of this run (pass the run's file with --data)")
+        for record in records:
+            record.pop("attribution", None)
         return
     attribute_records(records, lambda ids: page_texts(data, ids, config.references))
 
@@ -350,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     judge_records(records, judge)
     attribute_misses(records, run_manifest, args.data, config)
+    save_judgements(predictions, records)  # each question's record now holds its verdicts too
     summary = score_records(records)
     summary["judge"] = judge.name if judge else "rules"
     if run_manifest is not None:  # the judge of this report, and when it was written

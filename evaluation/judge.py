@@ -196,6 +196,8 @@ def judge_records(records: list[dict[str, Any]], llm_judge: LLMJudge | None) -> 
     read as "i don't know"). Both columns' LLM questions go to the judge in one call, each distinct once."""
     for record in records:  # a null or non-string prediction is read as "i don't know", and counted
         record["null_prediction"] = not isinstance(record.get("prediction"), str)
+        record.pop("judge_reason", None)  # an earlier judge's reasons, from the record file, do not carry over
+        record.pop("organisers_judge_reason", None)
     ours = [Item(str(r.get("query") or ""), str(r.get("answer") or ""),
                  tuple(str(a) for a in r.get("alt_answers") or []), "" if r["null_prediction"] else r["prediction"])
             for r in records]

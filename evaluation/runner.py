@@ -47,6 +47,19 @@ def load_predictions(path: Path) -> dict[str, dict[str, Any]]:
     return records
 
 
+def save_judgements(path: Path, judged: list[dict[str, Any]]) -> None:
+    """Write the judged records (verdicts, the judge's reasons, attribution) over their lines of `path`; the
+    lines of other questions stay as they are. The file is replaced at once, so a crash leaves the old one."""
+    updates = {r["interaction_id"]: r for r in judged}
+    temporary = path.with_name(path.name + ".tmp")
+    with temporary.open("w", encoding="utf-8") as out:
+        for interaction_id, record in load_predictions(path).items():
+            out.write(json.dumps(updates.get(interaction_id, record), ensure_ascii=False) + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(temporary, path)
+
+
 def _batch_size(model: Any) -> int:
     size = model.get_batch_size()
     if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= MAX_BATCH_SIZE:

@@ -90,6 +90,14 @@ def test_a_rejudged_run_reports_where_its_misses_were_lost(tmp_path, capsys):
     assert sum(table["overall"].values()) == 4 and table["overall"]["declined"] == 0
     assert "where the misses were lost" in capsys.readouterr().out
     assert "## Where the misses were lost" in (out / "report.md").read_text()
+    saved = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert [r["verdict"] for r in saved] == ["miss"] * 4 and all(r["attribution"] in table["overall"] for r in saved)
+    assert all(r["trace"] == {"references": [], "kg_results": [], "stages": []} for r in saved)  # the record kept
+    one_domain = saved[0]["domain"]
+    assert local_evaluation.main(["rejudge", "--data", str(SAMPLE), "--out", str(out), "--config", str(config_file),
+                                  "--domain", one_domain]) == 0
+    again = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert again == saved  # the other domains' lines are left as they were, this domain's judged the same
     other = write(tmp_path / "other.jsonl", SAMPLE.read_text().splitlines()[0] + "\n")
     assert local_evaluation.main(["rejudge", "--data", str(other), "--out", str(out)]) == 0
     assert "no error attribution" in capsys.readouterr().out

@@ -305,11 +305,13 @@ def test_a_resume_with_a_changed_prompt_file_is_refused(tmp_path, capsys):
 
 def test_a_resume_with_only_a_new_judge_rejudges_and_keeps_the_predictions(tmp_path, capsys):
     out = _run_folder(tmp_path / "run", load_config(REPO_ROOT / "configs" / "cpu.yaml"), judge="local")
-    before = (out / "predictions.jsonl").read_bytes()
+    before = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     assert local_evaluation.main(["--data", str(SAMPLE), "--config", str(REPO_ROOT / "configs" / "cpu.yaml"),
                                   "--out", str(out), "--limit", "2", "--judge", "rules"]) == 0
     assert "UserModel ready" not in capsys.readouterr().err  # every answer was there: no model loaded
-    assert (out / "predictions.jsonl").read_bytes() == before
+    after = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert [{k: r[k] for k in b} for r, b in zip(after, before)] == before  # the predictions are kept...
+    assert [r["verdict"] for r in after] == ["correct", "correct"] and all(r["judged_by"] == "rules" for r in after)
     written = manifest.load(out)
     assert written["judge"]["spec"] == "rules" and written["finished"] and written["judge"]["prompt_sha256"]
     assert json.loads((out / "report.json").read_text())["overall"]["total"] == 2
