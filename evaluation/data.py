@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import bz2
-import difflib
 import glob
 import io
 import json
@@ -18,6 +17,7 @@ from typing import Any, BinaryIO
 from loguru import logger
 
 from utils.batch import BATCH_FIELDS
+from utils.names import closest
 
 
 class DataError(ValueError):
@@ -60,8 +60,8 @@ def parse_choices(flag: str, text: str, allowed: tuple[str, ...]) -> frozenset[s
     """The comma-separated values of `flag`; ValueError naming a value CRAG does not have, with the closest one."""
     values = frozenset(v.strip() for v in text.split(",") if v.strip())
     for value in sorted(values - set(allowed)):
-        close = difflib.get_close_matches(value, allowed, n=1)
-        hint = f"did you mean {close[0]!r}?" if close else f"use one of {', '.join(allowed)}"
+        close = closest(value, allowed)
+        hint = f"did you mean {close!r}?" if close else f"use one of {', '.join(allowed)}"
         raise ValueError(f"{flag} {value!r} is not a CRAG value: {hint}")
     return values
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import difflib
 import os
 import types
 import typing
@@ -15,6 +14,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+
+from utils.names import closest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "cpu.yaml"
@@ -366,8 +367,8 @@ class SystemConfig:
 def did_you_mean(name: str, choices: typing.Iterable[str]) -> str:
     """"; did you mean 'x'?" for the closest choice, else "; one of [...]"."""
     choices = [str(c) for c in choices]
-    close = difflib.get_close_matches(str(name), choices, n=1)
-    return f"; did you mean {close[0]!r}?" if close else f"; one of {choices}"
+    close = closest(name, choices)
+    return f"; did you mean {close!r}?" if close else f"; one of {choices}"
 
 
 def resolve_path(path: str) -> Path:
@@ -392,15 +393,20 @@ def config_from_args(args: argparse.Namespace) -> SystemConfig:
 
 def config_label(args: argparse.Namespace) -> str:
     """A short name for the config the arguments chose: the file's stem, the overlays' stems, "set" for --set."""
-    first = Path(args.config or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG).stem
+    first = config_path(args.config).stem
     return "+".join([first, *(Path(o).stem for o in args.overlay), *(["set"] if args.sets else [])])
+
+
+def config_path(path: str | os.PathLike | None = None) -> Path:
+    """`path`, else $CRAG_CONFIG, else configs/cpu.yaml."""
+    return Path(path or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
 
 
 def load_config(path: str | os.PathLike | None = None, overlays: Sequence[str | os.PathLike] = (),
                 sets: Sequence[str] = ()) -> SystemConfig:
     """Load `path` (else $CRAG_CONFIG, else configs/cpu.yaml), then each overlay file in order (a partial config
     merged key by key), then each `--set` assignment ("kg.method=functions", the value read as YAML)."""
-    chosen = Path(path or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
+    chosen = config_path(path)
     data = _read_yaml(chosen, f"set {CONFIG_ENV} or --config to an existing YAML file")
     source = str(chosen)
     for overlay in overlays:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
+
+from utils.names import closest
 
 T = TypeVar("T")
 
@@ -43,8 +44,8 @@ class Registry(Generic[T]):
 
     def suggestion(self, name: str) -> str:
         """'; did you mean 'x'?' for the closest registered name, else the list of names."""
-        close = difflib.get_close_matches(name, self._entries, n=1)
-        return f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(sorted(self._entries))}"
+        close = closest(name, self._entries)
+        return f"; did you mean {close!r}?" if close else f"; known: {', '.join(sorted(self._entries))}"
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries

@@ -7,24 +7,22 @@ from typing import Any
 
 from loguru import logger
 
-from models.config import ConfigError, SystemConfig, load_config, resolve_path
+from models.config import SystemConfig, load_config, resolve_path
 from models.llm.base import LLM, create_llm
 from models.prompting import PromptLibrary
-from models.registry import RegistryError
 from models.retrieval.embedder import Embedder
 from models.retrieval.hash_index import HashModel, load_model
 from models.retrieval.r2former import R2FormerError, R2FormerHead, load_checkpoint
 from models.retrieval.reranker import Reranker
 from models.stages import Stage, pipeline_stages
 from models.stages.answer import AnswerStage
-from models.stages.base import RESOURCES, Batch, check_flow, run_stage
+from models.stages.base import RESOURCES, Batch, run_stage
 from models.state import QueryState
 from utils.answers import IDK
 from utils.batch import BATCH_FIELDS
 from utils.cache import cache_root
 from utils.kg_api import KGClient
 from utils.pages import PageProcessor, PageSettings
-
 
 # Pages first: its workers fork before any model loads, so they copy no model or GPU state.
 BUILD_ORDER = ("pages", "llm", "embedder", "reranker", "kg", "hash_model", "r2former")
@@ -41,18 +39,14 @@ class CragSystem:
         self.config = config or load_config()
         self.prompts = PromptLibrary(self.config.prompts)
         classes = pipeline_stages(self.config)
+        for name in {name for cls in classes for name in cls.prompts}:  # a broken prompt file fails before any
+            self.prompts.get(name)                                      # model loads, not in the first batch
         needed = {name for cls in [*classes, AnswerStage] for name in cls.needs}
         self.resources = self._resources(needed, {"llm": llm, "embedder": embedder, "kg": kg})
         if "kg" in needed and self.resources.get("kg") is None:  # no server answered: no KG stage, no KG call
-            classes = [cls for cls in classes if "kg" not in cls.needs]
+            classes = pipeline_stages(self.config, missing=frozenset({"kg"}))
         self.pipeline: list[Stage] = [cls() for cls in classes]
-        try:
-            check_flow(self.pipeline)
-        except RegistryError as err:
-            raise ConfigError(f"{self.config.source}: strategy {self.config.strategy!r}: {err}") from err
         for stage in self.pipeline:
-            for name in stage.prompts:  # a broken prompt file fails here, not in the first batch
-                self.prompts.get(name)
             stage.setup(self.config, {name: self.resources.get(name) for name in stage.needs})
         self.answer_stage = AnswerStage()
         self.last_batch_trace: list[dict[str, Any]] = []

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 import unicodedata
 from collections.abc import Iterable
@@ -47,3 +48,10 @@ def best_matches(wanted: str, names: Iterable[str], ignore: frozenset[str] = fro
     good = sorted((s for s in scored if s[0] >= threshold), key=lambda s: (-s[0], s[1]))
     exact = [name for score, _, name in good if score == 1.0]
     return exact or [name for _, _, name in good[:limit]]
+
+
+def closest(typed: str, choices: Iterable[str]) -> str | None:
+    """The choice a mistyped name most likely meant (difflib's ratio, at least 0.6), for "did you mean" hints;
+    None when none is close."""
+    found = difflib.get_close_matches(str(typed), [str(c) for c in choices], n=1)
+    return found[0] if found else None

@@ -8,7 +8,7 @@ import pkgutil
 
 from models.config import ConfigError, SystemConfig, did_you_mean
 from models.registry import RegistryError
-from models.stages.base import STAGES, Stage, StageContext
+from models.stages.base import STAGES, Stage, StageContext, check_flow
 
 __all__ = ["STAGES", "Stage", "StageContext", "pipeline_stages"]
 
@@ -16,9 +16,10 @@ for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
     importlib.import_module(f"{__name__}.{_module}")
 
 
-def pipeline_stages(config: SystemConfig) -> list[type[Stage]]:
-    """The stage classes of the config's strategy, in order, less those its switches turn off. An unknown name
-    is a ConfigError naming the list entry and the closest stage name."""
+def pipeline_stages(config: SystemConfig, missing: frozenset[str] = frozenset()) -> list[type[Stage]]:
+    """The stage classes of the config's strategy, in order, less those its switches turn off and those that need
+    a resource in `missing` (no KG server answered). A ConfigError names an unknown stage (with the closest
+    name), a budget key that names no stage, or a stage that reads what no earlier stage writes."""
     for module in config.stage_modules:
         try:
             importlib.import_module(module)
@@ -30,11 +31,15 @@ def pipeline_stages(config: SystemConfig) -> list[type[Stage]]:
             cls = STAGES.get(name)
         except RegistryError as err:
             raise ConfigError(f"{config.source}: strategies.{config.strategy}[{index}]: {err}") from err
-        if cls.active(config):
+        if cls.active(config) and not cls.needs & missing:
             classes.append(cls)
     for table in ("stage_min_s", "stage_share"):
         for name in getattr(config.budget, table):
             if name not in STAGES:
                 raise ConfigError(f"{config.source}: budget.{table}.{name}: no such stage"
                                   f"{did_you_mean(name, STAGES)}")
+    try:
+        check_flow(classes)
+    except RegistryError as err:
+        raise ConfigError(f"{config.source}: strategy {config.strategy!r}: {err}") from err
     return classes

@@ -91,7 +91,7 @@ class StageRegistry(Registry[Stage]):
 STAGES = StageRegistry("stage", Stage)
 
 
-def check_flow(stages: Iterable[Stage]) -> None:
+def check_flow(stages: Iterable[Stage | type[Stage]]) -> None:
     """Refuse a pipeline in which a stage reads a field that neither the grader's batch nor an earlier stage
     writes."""
     written = set(BATCH_INPUTS)

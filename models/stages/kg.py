@@ -121,13 +121,13 @@ class Lookup:
         if self.deadline.expired():
             return None
         result = self.client.call(name, args, self.deadline)
-        self.made.append({"call": name, "args": args, "answered": result not in (None, "", [], {})})
+        self.made.append({"call": name, "args": args, "answered": rows_.present(result)})
         return result
 
     def show(self, name: str, **args: Any) -> Any:
         """Call `name` and add the rows of its result."""
         result = self.get(name, **args)
-        if result not in (None, "", [], {}):
+        if rows_.present(result):
             self.add(self.render(name, args, result))
         return result
 

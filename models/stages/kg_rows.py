@@ -37,6 +37,11 @@ class Row:
     order: int  # where it came among the query's rows: ties in relevance keep this order
 
 
+
+def present(value: object) -> bool:
+    """Whether a KG value says something: not None, "", [] or {}."""
+    return value not in (None, "", [], {})
+
 def named_dates(text: str, today: date | None) -> set[str]:
     """The ISO dates a question names: "2024-01-16", "jan 16 2024", "16th of january", "march 2, 2024"; a day
     without a year takes the year of `today`."""
@@ -85,9 +90,9 @@ def value(item: Any) -> str:
     if isinstance(item, float):
         return str(int(item)) if item.is_integer() and abs(item) < 1e18 else f"{item:.4f}".rstrip("0").rstrip(".")
     if isinstance(item, dict):
-        return "; ".join(f"{k}: {value(v)}" for k, v in item.items() if v not in (None, "", [], {}))
+        return "; ".join(f"{k}: {value(v)}" for k, v in item.items() if present(v))
     if isinstance(item, list):
-        return ", ".join(value(v) for v in item if v not in (None, "", [], {}))
+        return ", ".join(value(v) for v in item if present(v))
     return str(item)
 
 
@@ -146,7 +151,7 @@ def entity_rows(name: str, entity: dict[str, Any]) -> list[str]:
     rows = [f"{name}: {entity['summary_text']}"] if entity.get("summary_text") else []
     structured = entity.get("summary_structured") or {}
     return rows + [f"{name} {label(k)}: {value(v)}" for k, v in structured.items()
-                   if v not in (None, "", [], {}) and k != "name"]
+                   if present(v) and k != "name"]
 
 
 def dated_rows(label: str, history: dict[str, Any], until: date | None, keep: int, dates: set[str]) -> list[str]:

@@ -62,19 +62,14 @@ def test_a_stage_from_a_test_module_runs_where_the_config_puts_it(make_system, c
     assert 'support "paris" as the answer' in check and sample_examples[0]["query"] in check
 
 
-def test_an_unknown_stage_in_a_strategy_names_the_entry_and_the_closest_stage(make_system, cpu_config):
-    cpu_config.strategies["mine"] = ["references", "reasonng"]
+@pytest.mark.parametrize("stages, message", [
+    (["references", "reasonng"], r"strategies\.mine\[1\]: unknown stage 'reasonng'; did you mean 'reasoning'\?"),
+    (["reasoning", "references"], r"stage 'reasoning' reads \['references'\], which no earlier stage writes"),
+], ids=["unknown name", "read before written"])
+def test_a_strategy_that_cannot_run_is_refused_at_start_up(make_system, cpu_config, stages, message):
+    cpu_config.strategies["mine"] = stages
     cpu_config.strategy = "mine"
-    with pytest.raises(ConfigError, match=r"strategies\.mine\[1\]: unknown stage 'reasonng'; did you mean "
-                                          r"'reasoning'\?"):
-        make_system()
-
-
-def test_a_stage_reading_what_no_earlier_stage_writes_is_refused(make_system, cpu_config):
-    cpu_config.strategies["mine"] = ["reasoning", "references"]
-    cpu_config.strategy = "mine"
-    with pytest.raises(ConfigError, match=r"stage 'reasoning' reads \['references'\], which no earlier stage "
-                                          r"writes"):
+    with pytest.raises(ConfigError, match=message):
         make_system()
 
 
