@@ -1,8 +1,10 @@
 """Run UserModel over CRAG data, judge the predictions (rules, then an optional LLM judge), write the report.
 
-Commands (the first word): run (the default) resumes an interrupted run; rejudge judges a run folder again without
-the model; merge combines shard folders; calibrate shows how often a judge agrees with a person (data/judge/);
-compare A B gives run B's score difference from run A with a paired interval and the questions that flipped.
+Commands (the first word; `local_evaluation.py COMMAND --help` lists its flags): run (the default) answers the
+selected questions, resuming an interrupted run; rejudge judges a run folder again without the model; merge
+combines shard folders; calibrate shows how often a judge agrees with a person (data/judge/); compare A B gives
+run B's score difference from run A with a paired interval and the questions that flipped. run, rejudge, merge
+and compare take the same selection flags (--domain, --question-type, --static-or-dynamic, --split).
 Judges: "rules" (exact match to a gold answer, else wrong), "local" (the embedded SmolLM2 through the hf
 backend), or the base URL of an OpenAI-compatible server with --judge-model.
 """
@@ -39,40 +41,96 @@ from utils.cache import JsonCache, cache_root
 DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "crag_sample.jsonl"
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, usage="local_evaluation.py [run|rejudge|merge] [options]; "
-                                     "local_evaluation.py calibrate [--judge ...]; "
-                                     "local_evaluation.py compare A B [--judge ...]")
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="CRAG .jsonl or .jsonl.bz2 file")
-    add_config_arguments(parser)
-    parser.add_argument("--out", type=Path, default=None, help="run folder (default: runs/<data>__<config>)")
-    parser.add_argument("--limit", type=int, default=None, help="only the first N examples (of the shard)")
-    parser.add_argument("--domain", default="", help="only these domains, comma-separated (e.g. finance,music)")
-    parser.add_argument("--question-type", default="", help="only these question types, comma-separated")
-    parser.add_argument("--static-or-dynamic", default="",
-                        help="only these dynamism classes, comma-separated (static, slow-changing, ...)")
-    parser.add_argument("--split", type=int, default=None, help="only examples with this CRAG split value (0 or 1)")
-    parser.add_argument("--shard", default="1/1",
-                        help="i/n: run the i-th of n equal parts (into <out>/shard-i-of-n); merge with --merge")
-    parser.add_argument("--merge", action="store_true",
-                        help="(the merge command) combine <out>/shard-*-of-n/predictions.jsonl into <out> and judge")
-    parser.add_argument("--restart", action="store_true", help="discard earlier predictions of this run folder")
-    parser.add_argument("--force-resume", action="store_true",
-                        help="resume although the setup differs from the run folder's manifest.json (mixes answers)")
-    parser.add_argument("--time-limit", type=float, default=30.0,
-                        help="seconds per query; a batch over batch size x this is timed out (0: no limit)")
-    parser.add_argument("--judge", default="rules",
-                        help="rules, local, or an OpenAI-compatible base URL such as http://127.0.0.1:8001/v1")
-    parser.add_argument("--judge-model", default=None, help="model name for a URL judge")
-    parser.add_argument("--max-unjudged", type=int, default=0,
-                        help="exit 1 (after writing the report) when more predictions than this stay unjudged")
-    parser.add_argument("--rejudge", action="store_true",
-                        help="(the rejudge command) judge the run folder's predictions again; no model is loaded")
-    parser.add_argument("--serve-kg", action="store_true",
-                        help="tasks 2/3: start the fixture KG server (tools/kg_server.py over data/kg) for this run "
-                             "and point the model at it; without it the model uses kg.base_url or $CRAG_MOCK_API_URL")
-    parser.add_argument("--log-level", default="WARNING", help="loguru level for the model's logs")
-    return parser.parse_args(argv)
+COMMANDS = ("run", "rejudge", "merge", "calibrate", "compare")
+RUN_HELP = "answer the selected questions (resuming the run folder), judge them, write the report (the default)"
+
+
+def selection_flags() -> argparse.ArgumentParser:
+    """The question filters, the same in run, rejudge, merge and compare."""
+    flags = argparse.ArgumentParser(add_help=False)
+    group = flags.add_argument_group("selection (CRAG's names; a misspelling or an empty selection exits 2)")
+    group.add_argument("--domain", default="", help="only these domains, comma-separated (e.g. finance,music)")
+    group.add_argument("--question-type", default="", help="only these question types, comma-separated")
+    group.add_argument("--static-or-dynamic", default="",
+                       help="only these dynamism classes, comma-separated (static, slow-changing, ...)")
+    group.add_argument("--split", type=int, default=None, help="only examples with this CRAG split value (0 or 1)")
+    return flags
+
+
+def judge_flags() -> argparse.ArgumentParser:
+    flags = argparse.ArgumentParser(add_help=False)
+    group = flags.add_argument_group("judge")
+    group.add_argument("--judge", default="rules",
+                       help="rules, local, or an OpenAI-compatible base URL such as http://127.0.0.1:8001/v1")
+    group.add_argument("--judge-model", default=None, help="model name for a URL judge")
+    return flags
+
+
+def run_folder_flags() -> argparse.ArgumentParser:
+    """What run, rejudge and merge share: the data, the config (it names the default run folder), the folder,
+    the judge and the bound on unjudged answers."""
+    flags = argparse.ArgumentParser(add_help=False, parents=[selection_flags(), judge_flags()])
+    flags.add_argument("--data", type=Path, default=DEFAULT_DATA, help="CRAG .jsonl or .jsonl.bz2 file")
+    add_config_arguments(flags)
+    flags.add_argument("--out", type=Path, default=None, help="run folder (default: runs/<data>__<config>)")
+    flags.add_argument("--max-unjudged", type=int, default=0,
+                       help="exit 1 (after writing the report) when more predictions than this stay unjudged")
+    return flags
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="local_evaluation.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    run_parser = commands.add_parser("run", parents=[run_folder_flags()], help=RUN_HELP, description=RUN_HELP)
+    run_parser.add_argument("--limit", type=int, default=None, help="only the first N examples (of the shard)")
+    run_parser.add_argument("--shard", default="1/1",
+                            help="i/n: run the i-th of n equal parts (into <out>/shard-i-of-n); then `merge`")
+    run_parser.add_argument("--restart", action="store_true", help="discard earlier predictions of this run folder")
+    run_parser.add_argument("--force-resume", action="store_true",
+                            help="resume although the setup differs from the run folder's manifest.json (mixes "
+                                 "answers)")
+    run_parser.add_argument("--time-limit", type=float, default=30.0,
+                            help="seconds per query; a batch over batch size x this is timed out (0: no limit)")
+    run_parser.add_argument("--serve-kg", action="store_true",
+                            help="tasks 2/3: start the fixture KG server (tools/kg_server.py over data/kg) for this "
+                                 "run and point the model at it; without it the model uses kg.base_url or "
+                                 "$CRAG_MOCK_API_URL")
+    run_parser.add_argument("--log-level", default="WARNING", help="loguru level for the model's logs")
+    commands.add_parser("rejudge", parents=[run_folder_flags()],
+                        help="judge a run folder's predictions again (another judge, a new prompt); no model loads")
+    commands.add_parser("merge", parents=[run_folder_flags()],
+                        help="combine <out>/shard-i-of-n/predictions.jsonl into <out>, judge and report")
+    calibrate_parser = commands.add_parser(
+        "calibrate", parents=[judge_flags()], help="how often a judge agrees with a person (data/judge/)",
+        description="The judge's agreement with a person on the calibration set, by kind, and its confusion matrix.")
+    calibrate_parser.add_argument("--set", type=Path, default=None, help="calibration triples (.jsonl)")
+    compare_parser = commands.add_parser(
+        "compare", parents=[selection_flags(), judge_flags()], help="run B against run A on the same questions",
+        description="Run B against run A on the questions both answered (same data file): the score difference "
+                    "with a paired bootstrap interval, and the questions that flipped.")
+    compare_parser.add_argument("a", type=Path, help="run folder A (the baseline)")
+    compare_parser.add_argument("b", type=Path, help="run folder B")
+    compare_parser.add_argument("--out", type=Path, default=None, help="where compare.json goes (default: folder B)")
+    compare_parser.add_argument("--show", type=int, default=10, help="flipped questions printed per kind")
+    return parser
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command and its flags; `run` where the first word names no command (`local_evaluation.py --limit 5`)."""
+    for old, command in (("--rejudge", "rejudge"), ("--merge", "merge")):
+        if old in argv:
+            build_parser().error(f"{old} is a command now: local_evaluation.py {command} [options]")
+    if not argv or (argv[0] not in COMMANDS and argv[0] not in ("-h", "--help")):
+        argv = ["run", *argv]
+    return build_parser().parse_args(argv)
+
+
+def selection_of(args: argparse.Namespace, shard: tuple[int, int] = (1, 1), limit: int | None = None) -> Selection:
+    """The Selection the filter flags name (ValueError with a did-you-mean for a name CRAG does not have)."""
+    return Selection(parse_choices("--domain", args.domain, DOMAINS),
+                     parse_choices("--question-type", args.question_type, QUESTION_TYPES), args.split,
+                     shard[0], shard[1], limit, parse_choices("--static-or-dynamic", args.static_or_dynamic, DYNAMISM))
 
 
 def check_judge(spec: str, model_name: str | None) -> None:
@@ -132,21 +190,21 @@ def merge_shards(out_dir: Path, predictions: Path) -> list[dict]:
     folders = sorted(out_dir.glob("shard-*-of-*"), key=lambda p: [int(n) for n in re.findall(r"\d+", p.name)])
     counts = {re.fullmatch(r"shard-(\d+)-of-(\d+)", f.name).group(2) for f in folders}
     if not folders or len(counts) != 1:
-        raise EvaluationError(f"--merge: {out_dir} needs shard-i-of-n folders of one n (found {[f.name for f in folders]})")
+        raise EvaluationError(f"merge: {out_dir} needs shard-i-of-n folders of one n (found {[f.name for f in folders]})")
     count = int(counts.pop())
     missing = [i for i in range(1, count + 1) if not (out_dir / f"shard-{i}-of-{count}" / "predictions.jsonl").exists()]
     if missing:
-        raise EvaluationError(f"--merge: shards {missing} of {count} have no predictions.jsonl under {out_dir}")
+        raise EvaluationError(f"merge: shards {missing} of {count} have no predictions.jsonl under {out_dir}")
     manifests = {i: manifest.load(out_dir / f"shard-{i}-of-{count}") for i in range(1, count + 1)}
     unchecked = [i for i, m in manifests.items() if m is None]
     if unchecked:
-        print(f"--merge: shards {unchecked} of {count} have no manifest.json; their setup is not checked",
+        print(f"merge: shards {unchecked} of {count} have no manifest.json; their setup is not checked",
               file=sys.stderr)
     first = next((m for m in manifests.values() if m is not None), None)
     for i, shard in manifests.items():
         changed = manifest.differences(first.get("answers"), shard.get("answers")) if first and shard else []
         if changed:
-            raise EvaluationError(f"--merge: shard {i} of {count} was run with another setup than the others "
+            raise EvaluationError(f"merge: shard {i} of {count} was run with another setup than the others "
                                   f"({'; '.join(changed[:3])}); re-run it with the same config, prompts and data")
     records: dict[str, dict] = {}
     for i in range(1, count + 1):
@@ -227,17 +285,12 @@ class LazyWorker:
             self._worker.close()
 
 
-def calibrate_main(argv: list[str]) -> int:
-    """`local_evaluation.py calibrate --judge ...`: the judge's agreement with a person on the calibration set."""
+def calibrate_command(args: argparse.Namespace) -> int:
+    """`calibrate`: the judge's agreement with a person on the calibration set."""
     from evaluation.calibration import CALIBRATION_SET, calibrate, format_calibration, load_set
 
-    parser = argparse.ArgumentParser(prog="local_evaluation.py calibrate", description=calibrate_main.__doc__)
-    parser.add_argument("--judge", default="rules", help="rules, local, or an OpenAI-compatible base URL")
-    parser.add_argument("--judge-model", default=None, help="model name for a URL judge")
-    parser.add_argument("--set", type=Path, default=CALIBRATION_SET, help="calibration triples (.jsonl)")
-    args = parser.parse_args(argv)
     try:
-        rows = load_set(args.set)
+        rows = load_set(args.set or CALIBRATION_SET)
         judge = build_judge(args.judge, args.judge_model)
     except (ConfigError, BackendUnavailable, OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -246,26 +299,22 @@ def calibrate_main(argv: list[str]) -> int:
     return 0
 
 
-def compare_main(argv: list[str]) -> int:
-    """`local_evaluation.py compare A B`: run B against run A on the questions both answered (same data file):
-    the score difference with a paired bootstrap interval and the questions that flipped."""
+def compare_command(args: argparse.Namespace) -> int:
+    """`compare A B`: run B against run A on the selected questions both answered (same data file)."""
     from evaluation.compare import compare_records, format_comparison, write_comparison
 
-    parser = argparse.ArgumentParser(prog="local_evaluation.py compare", description=compare_main.__doc__)
-    parser.add_argument("a", type=Path, help="run folder A (the baseline)")
-    parser.add_argument("b", type=Path, help="run folder B")
-    parser.add_argument("--judge", default="rules", help="rules, local, or an OpenAI-compatible base URL")
-    parser.add_argument("--judge-model", default=None, help="model name for a URL judge")
-    parser.add_argument("--out", type=Path, default=None, help="where compare.json goes (default: folder B)")
-    parser.add_argument("--show", type=int, default=10, help="flipped questions printed per kind")
-    args = parser.parse_args(argv)
     try:
+        selection = selection_of(args)
         runs = []
         for folder in (args.a, args.b):
             predictions = folder / "predictions.jsonl"
             if not predictions.exists():
                 raise EvaluationError(f"{predictions} does not exist; give run folders of local_evaluation.py")
-            runs.append((list(load_predictions(predictions).values()), manifest.load(folder)))
+            records = [r for r in load_predictions(predictions).values() if selection.keeps(r)]
+            if not records:
+                raise EvaluationError(f"the selection keeps no question of {predictions}; check --domain, "
+                                      "--question-type, --static-or-dynamic and --split")
+            runs.append((records, manifest.load(folder)))
         data = [(m or {}).get("answers", {}).get("data", {}) for _, m in runs]
         if all(data) and data[0].get("sha256") != data[1].get("sha256"):
             raise EvaluationError(f"{args.a} ran on {data[0].get('name')} and {args.b} on {data[1].get('name')} "
@@ -282,35 +331,32 @@ def compare_main(argv: list[str]) -> int:
     return 0
 
 
-# The commands, as the first word: run (the default), rejudge and merge share run's flags; calibrate and compare
-# have their own.
-COMMANDS = {"run": [], "rejudge": ["--rejudge"], "merge": ["--merge"]}
-
-
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["calibrate"]:
-        return calibrate_main(argv[1:])
-    if argv[:1] == ["compare"]:
-        return compare_main(argv[1:])
-    if argv[:1] and argv[0] in COMMANDS:
-        argv = COMMANDS[argv[0]] + argv[1:]
-    args = parse_args(argv)
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command == "calibrate":
+        return calibrate_command(args)
+    if args.command == "compare":
+        return compare_command(args)
+    return evaluate(args)
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    """`run`, `rejudge` and `merge`: predictions in the run folder (answered now, already there, or gathered from
+    the shards), judged, attributed and reported."""
+    merging, rejudging = args.command == "merge", args.command == "rejudge"
     logger.remove()
-    logger.add(lambda message: tqdm.write(message, end="", file=sys.stderr), level=args.log_level.upper())
+    logger.add(lambda message: tqdm.write(message, end="", file=sys.stderr),
+               level=getattr(args, "log_level", "WARNING").upper())
     try:
         config = config_from_args(args)  # --config (else $CRAG_CONFIG, else configs/cpu.yaml), --overlay, --set
         check_data_file(args.data)
         data_name = args.data.name.split(".")[0]
         out_dir = args.out or Path("runs") / f"{data_name}__{config_label(args)}"
-        shard_index, shard_count = parse_shard(args.shard)
-        if shard_count > 1:
-            out_dir = out_dir / f"shard-{shard_index}-of-{shard_count}"
+        shard = parse_shard(args.shard) if args.command == "run" else (1, 1)
+        if shard[1] > 1:
+            out_dir = out_dir / f"shard-{shard[0]}-of-{shard[1]}"
         predictions = out_dir / "predictions.jsonl"
-        selection = Selection(parse_choices("--domain", args.domain, DOMAINS),
-                              parse_choices("--question-type", args.question_type, QUESTION_TYPES), args.split,
-                              shard_index, shard_count, args.limit,
-                              parse_choices("--static-or-dynamic", args.static_or_dynamic, DYNAMISM))
+        selection = selection_of(args, shard, getattr(args, "limit", None))
         check_judge(args.judge, args.judge_model)
         # A judge on a server is built and probed now, before any question is answered. The local judge (torch in
         # this process) waits until the run is over: loaded before the model's child process forks, it could leave
@@ -319,13 +365,13 @@ def main(argv: list[str] | None = None) -> int:
         stats = ReadStats()
         judge_record = {"spec": args.judge, "model": args.judge_model,
                         "prompt_sha256": manifest.file_hash(PromptLibrary().get("judge").path)}
-        if args.merge:
+        if merging:
             records = merge_shards(out_dir, predictions)
             shard = manifest.load(next(iter(sorted(out_dir.glob("shard-*-of-*"))), out_dir))
             run_manifest = shard and shard | {"selection": shard["selection"] | {"shard_index": 1, "shard_count": 1}}
-        elif args.rejudge:
+        elif rejudging:
             if not predictions.exists():
-                raise EvaluationError(f"--rejudge: {predictions} does not exist; run without --rejudge first")
+                raise EvaluationError(f"rejudge: {predictions} does not exist; answer the questions first (run)")
             records = list(load_predictions(predictions).values())
             run_manifest = manifest.load(out_dir)
         else:
@@ -339,10 +385,10 @@ def main(argv: list[str] | None = None) -> int:
             manifest.write(out_dir, run_manifest)
             with kg_for_run(config, args.serve_kg) as config:
                 records = run(config, args, stats, selection, predictions)
-        if args.merge or args.rejudge:  # the filters hold here too; the shard and the limit were the run's
+        if merging or rejudging:  # the filters hold here too; the shard and the limit were the run's
             records = [r for r in records if selection.keeps(r)]
         if not records:
-            source = predictions if args.merge or args.rejudge else args.data
+            source = predictions if merging or rejudging else args.data
             raise EvaluationError(f"the selection keeps no question of {source}; check --domain, --question-type, "
                                   "--static-or-dynamic, --split and --limit")
         judge = judge or build_judge(args.judge, args.judge_model)
@@ -364,6 +410,9 @@ def main(argv: list[str] | None = None) -> int:
     if judge is None:
         print("judge: rules only (exact match); sentence answers need an LLM judge, and the organisers' column "
               "leaves them unjudged: --judge local or --judge URL")
+    if judge is not None and summary["judged_by"].get("llm") and "judge_confidence" not in summary:
+        print(f"judge {judge.name}: its server gave no log-probabilities (transformers serve does not offer them), "
+              "so the verdicts carry no confidence")
     if summary["null_predictions"]:
         print(f"predictions that were not a string, read as \"i don't know\": {summary['null_predictions']}")
     if stats.skipped_lines:
@@ -372,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     unjudged = sum(r["verdict"] == UNJUDGED for r in records)
     if unjudged > args.max_unjudged:
         print(f"error: {unjudged} predictions unjudged (the judge failed on them), over --max-unjudged "
-              f"{args.max_unjudged}: fix the judge and run again with --rejudge", file=sys.stderr)
+              f"{args.max_unjudged}: fix the judge and judge the folder again with `rejudge`", file=sys.stderr)
         return 1
     return 0
 

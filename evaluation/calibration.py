@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from evaluation.judge import CORRECT, MISS, UNJUDGED, VERDICTS, WRONG, LLMJudge, judge_records
+from evaluation.judge import CORRECT, MISS, UNCERTAIN, UNJUDGED, VERDICTS, WRONG, LLMJudge, judge_records
 from models.config import REPO_ROOT
 
 CALIBRATION_SET = REPO_ROOT / "data" / "judge" / "calibration.jsonl"
@@ -46,6 +46,12 @@ def calibrate(judge: LLMJudge | None, rows: list[dict[str, Any]]) -> dict[str, A
     matrix = Counter((r["human"], r["verdict"]) for r in rows)
     result["confusion"] = {h: {v: matrix[(h, v)] for v in VERDICTS} for h in HUMAN.values()}
     result["disagreements"] = [r.get("id") for r in rows if r["verdict"] != r["human"]]
+    rated = [r for r in rows if isinstance(r.get("judge_confidence"), float)]
+    if rated:  # does the judge's own probability tell its right verdicts from its wrong ones?
+        result["by_confidence"] = {
+            band: {"n": len(group), "agreement": sum(r["verdict"] == r["human"] for r in group) / len(group)}
+            for band, group in (("confident", [r for r in rated if r["judge_confidence"] >= UNCERTAIN]),
+                                ("uncertain", [r for r in rated if r["judge_confidence"] < UNCERTAIN])) if group}
     return result
 
 
@@ -59,6 +65,9 @@ def format_calibration(result: dict[str, Any], judge_name: str) -> str:
              f"  {'':<10}" + "".join(f"{v:>10}" for v in VERDICTS)]
     lines += [f"  {human:<10}" + "".join(f"{row[v]:>10}" for v in VERDICTS)
               for human, row in result["confusion"].items()]
+    if result.get("by_confidence"):
+        lines.append(f"by the judge's own probability (P(verdict) >= {UNCERTAIN}: confident):" + "".join(
+            f"  {band} {v['agreement']:.0%} of {v['n']}" for band, v in result["by_confidence"].items()))
     if result["disagreements"]:
         lines.append("disagreements: " + ", ".join(map(str, result["disagreements"])))
     return "\n".join(lines)

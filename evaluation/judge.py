@@ -2,7 +2,8 @@
 organisers' rules, so a run shows the leaderboard's reading of the same predictions.
 
 Verdicts: correct (+1), miss (0, "i don't know"), wrong (-1), unjudged (the LLM judge failed: reported on
-its own, never counted as a hallucination). Every prediction is cut as the grader cuts it (75 Llama-2 tokens,
+its own, never counted as a hallucination). Where the judge's backend gives log-probabilities (vLLM, OpenAI, the
+local hf judge; not transformers serve), each LLM verdict carries the probability the judge gave it. Every prediction is cut as the grader cuts it (75 Llama-2 tokens,
 utils/grader_tokens.py) before either judge reads it. LLM judgements are cached by (question, gold answers,
 prediction, judge model, prompt), so re-judging a run costs nothing.
 
@@ -14,6 +15,7 @@ judge it asks ours, gold answer only; without an LLM judge those are "unjudged",
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,7 +23,7 @@ from typing import Any
 
 from loguru import logger
 
-from models.llm.base import LLM, GenParams
+from models.llm.base import LLM, GenParams, TopLogprobs
 from models.prompting import Prompt
 from utils.answers import INVALID, contains_answer, is_idk, is_invalid, normalize_text
 from utils.cache import JsonCache, content_key
@@ -30,6 +32,8 @@ from utils.llm_json import parse_llm_json
 
 CORRECT, MISS, WRONG, UNJUDGED = "correct", "miss", "wrong", "unjudged"
 VERDICTS = (CORRECT, MISS, WRONG, UNJUDGED)
+TOP_LOGPROBS = 5  # alternatives asked for at each token of the judge's reply
+UNCERTAIN = 0.75  # an LLM verdict the judge gave a lower probability is counted as uncertain in the report
 
 
 @dataclass(frozen=True)
@@ -106,13 +110,54 @@ def parse_judgement(output: str) -> tuple[bool | None, str]:
     return (_truth(loose.group(2)), text) if loose else (None, text)
 
 
+def _letters(token: str) -> str:
+    return re.sub(r"[^a-z]", "", token.lower())
+
+
+def p_correct(top: TopLogprobs, positions: int = 5) -> tuple[float, float] | None:
+    """(P(correct | a verdict word), the probability mass on verdict words) at the reply's first word: the first
+    of the opening `positions` tokens whose most likely alternative has letters ("**Correct" starts at its second
+    token). Verdict words are the tokens that begin "correct" or "incorrect"/"wrong" (two letters or more, any
+    case and leading space); None where no alternative there is one."""
+    for step in top[:positions]:
+        if not step or not _letters(max(step, key=step.get)):
+            continue
+        mass = {True: 0.0, False: 0.0}
+        for token, logprob in step.items():
+            letters = _letters(token)
+            if len(letters) < 2:
+                continue
+            if "correct".startswith(letters):
+                mass[True] += math.exp(logprob)
+            elif "incorrect".startswith(letters) or "wrong".startswith(letters):
+                mass[False] += math.exp(logprob)
+        total = mass[True] + mass[False]
+        return (mass[True] / total, total) if total > 0 else None
+    return None
+
+
+def read_reply(sample: str) -> tuple[bool | None, str, float | None]:
+    """(verdict, reason, P(correct)) from one reply: the verdict from its text (parse_judgement), with the
+    judge's probability of it where the reply carries log-probabilities; where the text says nothing usable but
+    most of the probability at the first word is on verdict words, the verdict those probabilities give."""
+    judged, reason = parse_judgement(sample)
+    probability = p_correct(getattr(sample, "top_logprobs", ()))
+    if probability is None:
+        return judged, reason, None
+    p, mass = probability
+    if judged is None and mass >= 0.5:
+        return p >= 0.5, f"log-probabilities: P(correct) = {p:.2f}; reply: {sample.strip()[:200]}", p
+    return judged, reason, p
+
+
 class LLMJudge:
     """Judges items with `llm` (any backend) through `prompt`; `name` identifies the judge model in the cache.
 
     Each batch of `batch_size` items is one backend call (remote backends send its requests concurrently);
     an item whose reply cannot be read is asked again (sampling) up to `retries` times; then the rules have the
     last word where they can (the gold answer inside the prediction: correct, judged "rules-fallback"), and
-    it is unjudged where they cannot. `reasons` keeps the judge's reason of every verdict, by item key.
+    it is unjudged where they cannot. `reasons` keeps the judge's reason of every verdict, by item key, and
+    `p_correct` the probability the judge gave "correct", where its backend offers log-probabilities.
     """
 
     def __init__(self, llm: LLM, prompt: Prompt, name: str, cache: JsonCache | None = None, batch_size: int = 16,
@@ -122,6 +167,7 @@ class LLMJudge:
         self._prompt_key = content_key(prompt.path.read_text(encoding="utf-8"))  # a loaded prompt has its file
         self.calls = 0
         self.reasons: dict[str, str] = {}
+        self.p_correct: dict[str, float] = {}
         self.fallbacks = 0
 
     def probe(self) -> None:
@@ -142,6 +188,8 @@ class LLMJudge:
             if isinstance(cached, dict) and cached.get("verdict") in (CORRECT, WRONG):
                 verdicts[index] = cached["verdict"]
                 self.reasons[self.key(item)] = str(cached.get("reason") or "")
+                if isinstance(cached.get("p_correct"), float):
+                    self.p_correct[self.key(item)] = cached["p_correct"]
             else:
                 todo.append(index)
         for attempt in range(1 + self.retries):
@@ -164,7 +212,7 @@ class LLMJudge:
         """Ask about `todo`; fill `verdicts`; return the indices still without one. Retries sample (temperature
         above 0), since a greedy judge would repeat the same unusable reply."""
         failed = []
-        params = GenParams(max_tokens=self.max_tokens, temperature=temperature, n=1)
+        params = GenParams(max_tokens=self.max_tokens, temperature=temperature, n=1, top_logprobs=TOP_LOGPROBS)
         for start in range(0, len(todo), self.batch_size):
             chunk = todo[start:start + self.batch_size]
             conversations = [self.prompt.render(query=items[i].query, answers=[items[i].answer, *items[i].alt_answers],
@@ -177,27 +225,31 @@ class LLMJudge:
                 failed.extend(chunk)
                 continue
             for index, samples in zip(chunk, outputs):
-                judged, reason = parse_judgement(samples[0]) if samples else (None, "")
+                judged, reason, probability = read_reply(samples[0]) if samples else (None, "", None)
                 if judged is None:
                     failed.append(index)
                     continue
                 verdicts[index] = CORRECT if judged else WRONG
                 key = self.key(items[index])
                 self.reasons[key] = reason
+                if probability is not None:
+                    self.p_correct[key] = probability
                 if self.cache is not None:
-                    self.cache.put(key, {"verdict": verdicts[index], "reason": reason})
+                    self.cache.put(key, {"verdict": verdicts[index], "reason": reason, "p_correct": probability})
         return failed
 
 
 def judge_records(records: list[dict[str, Any]], llm_judge: LLMJudge | None) -> None:
     """Set on every record: "verdict" and "judged_by" ("rules", "llm", "rules-fallback" or "none") by our rules,
-    with "judge_reason" where the LLM judge gave one; the same prefixed "organisers_" by the organisers' rules;
+    with "judge_reason" where the LLM judge gave one and "judge_confidence" (the probability the judge gave its
+    verdict) where its backend offers log-probabilities; the same prefixed "organisers_" by the organisers' rules;
     "cut_by_grader" (the grader's 75-token cut changes the prediction) and "null_prediction" (not a string:
     read as "i don't know"). Both columns' LLM questions go to the judge in one call, each distinct once."""
     for record in records:  # a null or non-string prediction is read as "i don't know", and counted
         record["null_prediction"] = not isinstance(record.get("prediction"), str)
-        record.pop("judge_reason", None)  # an earlier judge's reasons, from the record file, do not carry over
-        record.pop("organisers_judge_reason", None)
+        for prefix in ("", "organisers_"):  # an earlier judge's reasons, from the record file, do not carry over
+            record.pop(f"{prefix}judge_reason", None)
+            record.pop(f"{prefix}judge_confidence", None)
     ours = [Item(str(r.get("query") or ""), str(r.get("answer") or ""),
                  tuple(str(a) for a in r.get("alt_answers") or []), "" if r["null_prediction"] else r["prediction"])
             for r in records]
@@ -227,3 +279,6 @@ def judge_records(records: list[dict[str, Any]], llm_judge: LLMJudge | None) -> 
             "rules-fallback") else "llm"
         record.update({f"{prefix}verdict": verdicts[key], f"{prefix}judged_by": judged_by,
                        f"{prefix}judge_reason": reason})
+        if judged_by == "llm" and key in llm_judge.p_correct:
+            p = llm_judge.p_correct[key]
+            record[f"{prefix}judge_confidence"] = round(p if verdicts[key] == CORRECT else 1 - p, 4)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluation.attribution import CLASSES, attribution_table
+from evaluation.judge import UNCERTAIN
 from evaluation.metrics import MIN_FOR_INTERVAL, RESAMPLES, Scores, intervals, latency
 
 BREAKDOWNS = ("domain", "question_type", "static_or_dynamic", "popularity")
@@ -51,6 +52,7 @@ def score_records(records: list[dict[str, Any]]) -> dict[str, Any]:
             if stage.get("status") == "ok":
                 per_stage[stage["stage"]].append(float(stage.get("seconds", 0.0)) / size)
     organisers = records and all("organisers_verdict" in r for r in records)
+    confidences = [r["judge_confidence"] for r in records if isinstance(r.get("judge_confidence"), float)]
     attributed = any(r.get("attribution") for r in records)
     return {
         **_by_breakdown(records, "verdict"),
@@ -59,6 +61,8 @@ def score_records(records: list[dict[str, Any]]) -> dict[str, Any]:
                            "judged_by": dict(Counter(r["organisers_judged_by"] for r in records))}}
            if organisers else {}),
         **({"attribution": attribution_table(records)} if attributed else {}),
+        **({"judge_confidence": {"verdicts": len(confidences), "uncertain": sum(c < UNCERTAIN for c in confidences),
+                                 "below": UNCERTAIN}} if confidences else {}),
         "cut_by_grader": sum(bool(r.get("cut_by_grader")) for r in records),
         "timed_out": sum(bool(r.get("timed_out")) for r in records),
         "latency_s": {"per_query": latency(per_query), "per_stage": {k: latency(v) for k, v in per_stage.items()}},
@@ -88,6 +92,12 @@ def interval(scores: dict[str, Any]) -> str:
     return f"[{ci['score'][0]:+.2f}, {ci['score'][1]:+.2f}]" if ci else f"n<{MIN_FOR_INTERVAL}"
 
 
+def judge_confidence(confidence: dict[str, Any]) -> str:
+    return (f"LLM verdicts with the judge's log-probabilities: {confidence['verdicts']}, of which "
+            f"{confidence['uncertain']} uncertain (P(verdict) < {confidence['below']}; their records' "
+            "judge_confidence says which): read those before trusting a difference they could make")
+
+
 def format_table(summary: dict[str, Any]) -> str:
     """Our scores, and beside them the organisers' rules' score, accuracy and hallucination ("org." columns)."""
     theirs = summary.get("organisers")
@@ -114,6 +124,8 @@ def format_table(summary: dict[str, Any]) -> str:
     if theirs:
         lines.append("org.: the organisers' rules (gold answer only, their \"i don't know\" and \"invalid\" rules; "
                      "unjudged where they would ask their LLM judge and ours gave no verdict)")
+    if confidence := summary.get("judge_confidence"):
+        lines.append(judge_confidence(confidence))
     if summary.get("attribution"):
         lines.append("where the misses were lost (wrong and \"i don't know\" answers; evaluation/attribution.py):")
         lines.extend(_attribution_rows(summary["attribution"], "  {:<14}" + "{:>15}" * len(CLASSES)))
@@ -149,6 +161,8 @@ def format_markdown(summary: dict[str, Any], title: str) -> str:
     for section, rows in _sections(summary):
         lines += [f"## {section.replace('by_', 'By ').replace('_', ' ')}", "", *table(rows, section[3:]), ""]
     lines += ["## Judged by", "", ", ".join(f"{k}: {v}" for k, v in summary["judged_by"].items()), ""]
+    if confidence := summary.get("judge_confidence"):
+        lines += [judge_confidence(confidence), ""]
     if theirs := summary.get("organisers"):
         lines += ["## By the organisers' rules", "", "The same predictions read as the organisers' evaluation reads "
                   "them: gold answer only, their \"i don't know\" and \"invalid\" rules, unjudged where they would "

@@ -19,7 +19,7 @@ from utils.answers import IDK
 from utils.batch import make_batch
 
 RECORD_FIELDS = ("interaction_id", "query", "answer", "alt_answers", "domain", "question_type", "static_or_dynamic",
-                 "popularity")
+                 "popularity", "split")
 
 
 class EvaluationError(RuntimeError):

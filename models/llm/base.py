@@ -14,15 +14,23 @@ Conversation = list[dict[str, str]]
 STOP, LENGTH, DEADLINE = "stop", "length", "deadline"
 
 
+TopLogprobs = tuple[dict[str, float], ...]  # per generated token: the most likely tokens (text) and their log-probs
+
+
 class Sample(str):
     """A generated text that knows why generation ended: STOP (end of sequence or a stop string), LENGTH
-    (max_tokens reached) or DEADLINE (cut by the batch deadline). A plain str counts as STOP."""
+    (max_tokens reached) or DEADLINE (cut by the batch deadline). A plain str counts as STOP.
+
+    `top_logprobs` holds, for each generated token, the `GenParams.top_logprobs` most likely tokens with their
+    log-probabilities, where they were asked for and the backend gives them; else it is empty."""
 
     finish_reason: str
+    top_logprobs: TopLogprobs
 
-    def __new__(cls, text: str, finish_reason: str = STOP) -> Sample:
+    def __new__(cls, text: str, finish_reason: str = STOP, top_logprobs: TopLogprobs = ()) -> Sample:
         sample = super().__new__(cls, text)
         sample.finish_reason = finish_reason
+        sample.top_logprobs = top_logprobs
         return sample
 
 
@@ -47,6 +55,7 @@ class GenParams:
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     deadline: Deadline | None = None
+    top_logprobs: int = 0  # ask for the k most likely tokens at each step (Sample.top_logprobs); 0: none
 
 
 class LLM(Protocol):

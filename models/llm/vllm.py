@@ -7,7 +7,7 @@ import time
 from loguru import logger
 
 from models.config import VLLMConfig
-from models.llm.base import LENGTH, STOP, BackendUnavailable, Conversation, GenParams, Sample
+from models.llm.base import LENGTH, STOP, BackendUnavailable, Conversation, GenParams, Sample, TopLogprobs
 
 
 class VLLMBackend:
@@ -30,7 +30,8 @@ class VLLMBackend:
 
     def sampling_params(self, params: GenParams):
         return self._vllm.SamplingParams(n=params.n, temperature=params.temperature, max_tokens=params.max_tokens,
-                                         stop=params.stop or None, seed=params.seed)
+                                         stop=params.stop or None, seed=params.seed,
+                                         logprobs=params.top_logprobs or None)
 
     def generate(self, conversations: list[Conversation], params: GenParams) -> list[list[str]]:
         # vLLM runs a whole batch to completion and cannot be interrupted: the stages size their token
@@ -39,5 +40,12 @@ class VLLMBackend:
             logger.warning("deadline reached: {} conversations not generated", len(conversations))
             return [[] for _ in conversations]
         results = self.engine.chat(conversations, self.sampling_params(params), use_tqdm=False)
-        return [[Sample(choice.text.strip(), LENGTH if choice.finish_reason == "length" else STOP)
-                 for choice in result.outputs] for result in results]
+        return [[Sample(choice.text.strip(), LENGTH if choice.finish_reason == "length" else STOP,
+                        top_logprobs(choice.logprobs)) for choice in result.outputs] for result in results]
+
+
+def top_logprobs(steps) -> TopLogprobs:
+    """vLLM's per-token alternatives ({token id: Logprob(logprob, rank, decoded_token)}, or None where not
+    asked for) as token text -> log-probability."""
+    return tuple({alt.decoded_token: alt.logprob for alt in step.values() if alt.decoded_token is not None}
+                 for step in steps or ())

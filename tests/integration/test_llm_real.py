@@ -1,5 +1,7 @@
 """The hf backend on the embedded SmolLM2, and the openai backend against a real `transformers serve`."""
 
+import math
+
 from utils.deadline import Deadline
 from models.config import OpenAIConfig
 from models.llm.base import DEADLINE, LENGTH, GenParams, cut_short
@@ -36,6 +38,25 @@ def test_hf_says_why_generation_ended(hf_llm):
 
 def test_hf_respects_the_deadline(hf_llm):
     assert hf_llm.generate([QUESTION, OTHER], GenParams(deadline=Deadline(0))) == [[], []]
+
+
+def test_hf_gives_the_log_probabilities_of_each_token(hf_llm):
+    ((plain,), (other,)) = hf_llm.generate([QUESTION, OTHER], GenParams(max_tokens=8))
+    ((scored,), (other_scored,)) = hf_llm.generate([QUESTION, OTHER], GenParams(max_tokens=8, top_logprobs=3))
+    assert (scored, other_scored) == (plain, other) and plain.top_logprobs == ()  # asking changes no text
+    for sample in (scored, other_scored):
+        assert 0 < len(sample.top_logprobs) <= 8 and all(len(step) == 3 for step in sample.top_logprobs)
+        for step in sample.top_logprobs:
+            assert all(lp <= 0 for lp in step.values()) and sum(math.exp(lp) for lp in step.values()) <= 1 + 1e-4
+        first = max(sample.top_logprobs[0], key=sample.top_logprobs[0].get)
+        assert sample.startswith(first.strip())  # greedy: the text begins with the most likely first token
+
+
+def test_openai_backend_gets_no_log_probabilities_from_transformers_serve(served_model):
+    base_url, model, _ = served_model  # transformers serve ignores logprobs (it logs "unsupported fields")
+    backend = OpenAIBackend(OpenAIConfig(base_url=base_url, model=model))
+    ((sample,),) = backend.generate([QUESTION], GenParams(max_tokens=8, top_logprobs=3, deadline=Deadline(120)))
+    assert sample and sample.top_logprobs == () and not backend.logprobs_refused
 
 
 def test_hf_cache_is_a_plain_folder(hf_llm):

@@ -70,3 +70,18 @@ def test_compare_refuses_runs_of_different_data_and_missing_folders(tmp_path, ca
     assert "different data files" in capsys.readouterr().err
     assert local_evaluation.main(["compare", str(tmp_path / "a"), str(tmp_path / "nope")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_compare_takes_the_selection_flags(tmp_path, capsys):
+    examples = run_folder(tmp_path / "a", ["i don't know"] * 13)
+    run_folder(tmp_path / "b", [examples[0]["answer"]] + ["i don't know"] * 12)
+    domain = examples[0]["domain"]
+    folders = [str(tmp_path / "a"), str(tmp_path / "b")]
+    assert local_evaluation.main(["compare", *folders, "--domain", domain]) == 0
+    capsys.readouterr()
+    saved = json.loads((tmp_path / "b" / "compare.json").read_text())
+    assert saved["questions"] == sum(e["domain"] == domain for e in examples[:13]) < 13
+    assert local_evaluation.main(["compare", *folders, "--split", "7"]) == 2
+    assert "the selection keeps no question" in capsys.readouterr().err
+    assert local_evaluation.main(["compare", *folders, "--domain", "fiance"]) == 2
+    assert "did you mean 'finance'" in capsys.readouterr().err

@@ -179,13 +179,13 @@ def test_merge_combines_shards_into_one_report(tmp_path, capsys):
         record.pop("search_results")
     _shard_file(tmp_path / "shard-1-of-2", records[::2])
     _shard_file(tmp_path / "shard-2-of-2", records[1::2])
-    assert local_evaluation.main(["--data", str(SAMPLE), "--out", str(tmp_path), "--merge"]) == 0
+    assert local_evaluation.main(["merge", "--data", str(SAMPLE), "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["overall"]["total"] == 3 and report["by_domain"]["music"]["accuracy"] == pytest.approx(2 / 3)
     assert len((tmp_path / "predictions.jsonl").read_text().splitlines()) == 3
     capsys.readouterr()
     (tmp_path / "shard-2-of-2" / "predictions.jsonl").unlink()
-    assert local_evaluation.main(["--data", str(SAMPLE), "--out", str(tmp_path), "--merge"]) == 2
+    assert local_evaluation.main(["merge", "--data", str(SAMPLE), "--out", str(tmp_path)]) == 2
     assert "shards [2] of 2 have no predictions.jsonl" in capsys.readouterr().err
 
 
@@ -359,3 +359,24 @@ def test_a_run_with_serve_kg_resumes(tmp_path, capsys):
     assert local_evaluation.main(["--data", str(SAMPLE), "--out", str(out), "--limit", "2", "--serve-kg"]) == 0
     err = capsys.readouterr().err
     assert "another setup" not in err and "fixture KG server at" in err and "UserModel ready" not in err
+
+
+@pytest.mark.parametrize("command", ["run", "rejudge", "merge", "compare"])
+def test_every_command_that_reads_questions_takes_the_same_selection_flags(command):
+    folders = ["a", "b"] if command == "compare" else []
+    args = local_evaluation.parse_args([command, *folders, "--domain", "finance", "--question-type", "set",
+                                        "--static-or-dynamic", "static", "--split", "1"])
+    assert (args.command, args.domain, args.question_type, args.static_or_dynamic, args.split) == (
+        command, "finance", "set", "static", 1)
+
+
+def test_run_is_the_default_command_and_the_old_flags_say_what_replaced_them(capsys):
+    assert local_evaluation.parse_args(["--limit", "3"]).command == "run"
+    assert local_evaluation.parse_args([]).command == "run"
+    with pytest.raises(SystemExit) as stopped:
+        local_evaluation.main(["--rejudge", "--out", "x"])
+    assert stopped.value.code == 2 and "--rejudge is a command now: local_evaluation.py rejudge" in \
+        capsys.readouterr().err
+    with pytest.raises(SystemExit) as stopped:
+        local_evaluation.main(["rejudge", "--shard", "1/2"])  # a flag of run only
+    assert stopped.value.code == 2 and "unrecognized arguments: --shard" in capsys.readouterr().err

@@ -1,17 +1,20 @@
 """The LLM judge with a scripted LLM: parsing, retries, unjudged, the cache; the report files."""
 
 import json
+import math
+import re
 
 import pytest
 
 import local_evaluation
 from evaluation.judge import (CORRECT, MISS, UNJUDGED, WRONG, Item, LLMJudge, judge_by_organisers_rules, judge_by_rules,
-                              judge_records, parse_judgement)
+                              judge_records, p_correct, parse_judgement)
 from evaluation.report import format_table, score_records, write_report
 from models.prompting import PromptLibrary
 from tests.conftest import SAMPLE, write
 from tests.fakes import ScriptedLLM
-from tests.unit.test_llm_backends import ChatServer
+from models.llm.base import Sample
+from tests.unit.test_llm_backends import ChatServer, verdict_alternatives
 from utils.cache import JsonCache
 
 ITEMS = [Item("who directed inception?", "christopher nolan", (), "It was Nolan, the British director"),
@@ -35,6 +38,47 @@ def test_parse_judgement(reply, expected):
 def test_the_reason_is_what_follows_the_verdict():
     assert parse_judgement("INCORRECT, because the year differs") == (False, "because the year differs")
     assert parse_judgement('{"correct": true, "reason": "same person"}') == (True, "same person")
+
+
+LOG = math.log
+
+
+@pytest.mark.parametrize("top, expected", [
+    (({"Correct": LOG(0.9), " Incorrect": LOG(0.05), "The": LOG(0.05)},), 0.9 / 0.95),
+    (({"**": LOG(0.99)}, {"in": LOG(0.6), "correct": LOG(0.2), "I": LOG(0.2)}), 0.25),  # starts at the word
+    (({" WRONG": LOG(0.5), "Cor": LOG(0.5)},), 0.5),
+    (({"I": LOG(0.7), "c": LOG(0.3)},), None),  # one letter is no verdict word
+    (({"The": LOG(0.9), "Paris": LOG(0.1)},), None), ((), None),
+])
+def test_p_correct_reads_the_first_word(top, expected):
+    result = p_correct(top)
+    assert result is None if expected is None else result[0] == pytest.approx(expected)
+
+
+def test_log_probabilities_give_each_llm_verdict_its_confidence_and_read_an_unusable_reply(tmp_path):
+    sure = ({"Correct": LOG(0.95), "Incorrect": LOG(0.04)},)
+    unsure = ({"Incorrect": LOG(0.55), "Correct": LOG(0.43)},)
+    replies = {"Nolan": Sample("Correct. same person", top_logprobs=sure),
+               "Lyon": Sample("Incorrect, another city", top_logprobs=unsure),
+               "Marseille": Sample("Correctly identified? no", top_logprobs=({"Correct": LOG(0.2),
+                                                                               "Incorrect": LOG(0.7)},))}
+    judge, _ = judge_with(lambda conv: next(v for k, v in replies.items() if k in conv[1]["content"]), tmp_path)
+    records = [{"query": "q", "answer": "christopher nolan", "prediction": "It was Nolan"},
+               {"query": "q", "answer": "paris", "prediction": "Lyon"},
+               {"query": "q", "answer": "paris", "prediction": "Marseille"}]
+    judge_records(records, judge)
+    assert [(r["verdict"], r["judge_confidence"]) for r in records] == [
+        (CORRECT, pytest.approx(0.95 / 0.99, abs=1e-4)), (WRONG, pytest.approx(0.55 / 0.98, abs=1e-4)),
+        (WRONG, pytest.approx(0.7 / 0.9, abs=1e-4))]
+    assert records[2]["judge_reason"].startswith("log-probabilities: P(correct) = 0.22")
+    summary = score_records(records)
+    assert summary["judge_confidence"] == {"verdicts": 3, "uncertain": 1, "below": 0.75}
+    assert "of which 1 uncertain (P(verdict) < 0.75" in format_table(summary)
+    again, llm = judge_with(lambda conv: "unused", tmp_path)  # the probabilities are cached with the verdicts
+    judge_records(records, again)
+    assert llm.calls == [] and records[1]["judge_confidence"] == pytest.approx(0.5612, abs=1e-4)
+    judge_records(records, None)  # the rules alone give no confidence, and an earlier one does not stay
+    assert "judge_confidence" not in records[2] and "judge_confidence" not in score_records(records)
 
 
 def judge_with(reply, tmp_path=None, retries=2):
@@ -185,10 +229,10 @@ def test_cli_rejudges_without_loading_the_model(tmp_path, capsys):
 @pytest.mark.parametrize("args, message", [
     (["--judge", "gpt"], "use rules, local, or an http(s) base URL"),
     (["--judge", "http://127.0.0.1:9/v1"], "--judge-model"),
-    (["--rejudge"], "does not exist"),
+    (["rejudge"], "does not exist; answer the questions first (run)"),
 ])
 def test_cli_judge_errors_are_one_line(tmp_path, capsys, args, message):
-    assert local_evaluation.main(["--data", str(SAMPLE), "--out", str(tmp_path / "empty"), *args]) == 2
+    assert local_evaluation.main([*args, "--data", str(SAMPLE), "--out", str(tmp_path / "empty")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and message in err
 
@@ -217,7 +261,7 @@ def test_unjudged_predictions_over_the_limit_exit_1_after_the_report(tmp_path, c
     write(out / "predictions.jsonl", json.dumps(record) + "\n")
     server = ChatServer()  # echoes the prompt: never a verdict
     try:
-        args = ["--data", str(SAMPLE), "--out", str(out), "--rejudge", "--judge", server.url, "--judge-model", "j"]
+        args = ["rejudge", "--data", str(SAMPLE), "--out", str(out), "--judge", server.url, "--judge-model", "j"]
         assert local_evaluation.main(args) == 1
         assert local_evaluation.main([*args, "--max-unjudged", "1"]) == 0
     finally:
@@ -240,12 +284,19 @@ def test_calibrate_prints_agreement_and_the_confusion_matrix(capsys):
         gold = prompt.split("Ground truth answers:")[1].split("\n- ")[1].split("\n")[0].lower().split()
         prediction = prompt.split("Prediction:")[1].lower()
         return "Correct." if all(word in prediction for word in gold) else "Incorrect, it differs"
-    server = ChatServer(answer_with=careful)
+    def unsure_of_partial_answers(word, body):  # P(verdict) 0.6 where some but not all gold words are there
+        prompt = body["messages"][-1]["content"]
+        gold = prompt.split("Ground truth answers:")[-1].split("\n- ")[-1].split("\n")[0].lower().split()
+        partial = 0 < sum(w in prompt.split("Prediction:")[-1].lower() for w in gold) < len(gold)
+        return verdict_alternatives(word, body, 0.6 if partial else 0.95)
+    server = ChatServer(answer_with=careful, logprobs_with=unsure_of_partial_answers)
     try:
         assert local_evaluation.main(["calibrate", "--judge", server.url, "--judge-model", "careful"]) == 0
     finally:
         server.close()
     out = capsys.readouterr().out
+    bands = re.search(r"confident (\d+)% of (\d+)  uncertain (\d+)% of (\d+)", out)
+    assert bands and int(bands.group(2)) > 0 and int(bands.group(4)) > 0
     assert "on 45 calibration triples: agreement with the person" in out and "confusion (rows: the person" in out
     agreement = int(out.split("agreement with the person ")[1].split("%")[0])
     assert 60 <= agreement < 100  # a word-matching judge gets most right, and not the lists out of order or refusals

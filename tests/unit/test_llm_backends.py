@@ -1,6 +1,7 @@
 """Backend logic without real models: the registry, vLLM's parameter mapping, OpenAI retries and n."""
 
 import json
+import math
 import sys
 import threading
 import types
@@ -36,7 +37,12 @@ def fake_vllm(monkeypatch):
 
         def chat(self, conversations, sampling_params, use_tqdm):
             calls["chat"] = (conversations, sampling_params.kwargs)
-            choice = types.SimpleNamespace(text=" out ", finish_reason="length")
+            # vLLM's CompletionOutput: logprobs is None unless asked for, then per token {token id: Logprob}
+            k = sampling_params.kwargs["logprobs"]
+            logprob = types.SimpleNamespace
+            steps = None if k is None else [{7: logprob(logprob=-0.1, rank=1, decoded_token=" out"),
+                                             9: logprob(logprob=-2.5, rank=2, decoded_token=" in")}]
+            choice = types.SimpleNamespace(text=" out ", finish_reason="length", logprobs=steps)
             return [types.SimpleNamespace(outputs=[choice] * sampling_params.kwargs["n"]) for _ in conversations]
 
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams))
@@ -51,7 +57,11 @@ def test_vllm_backend_maps_config_and_params(fake_vllm):
     conversations = [[{"role": "user", "content": "hi"}]] * 2
     out = llm.generate(conversations, GenParams(max_tokens=9, temperature=0.7, n=3, stop=["X"], seed=5))
     assert out == [["out"] * 3] * 2 and cut_short(out[0][0]) == LENGTH  # vLLM's finish_reason is kept
-    assert fake_vllm["chat"][1] == {"n": 3, "temperature": 0.7, "max_tokens": 9, "stop": ["X"], "seed": 5}
+    assert fake_vllm["chat"][1] == {"n": 3, "temperature": 0.7, "max_tokens": 9, "stop": ["X"], "seed": 5,
+                                    "logprobs": None}
+    assert out[0][0].top_logprobs == ()
+    scored = llm.generate(conversations, GenParams(top_logprobs=2))
+    assert fake_vllm["chat"][1]["logprobs"] == 2 and scored[0][0].top_logprobs == ({" out": -0.1, " in": -2.5},)
     assert llm.generate(conversations, GenParams(deadline=Deadline(0))) == [[], []]
 
 
@@ -66,7 +76,12 @@ class ChatServer:
     `answer_with(request body)`, or by default echoes the last message and " STOP tail"; the answer is cut to
     max_tokens words with finish_reason "length", as servers report a cut."""
 
-    def __init__(self, failures: int = 0, status: int = 503, answer_with=None) -> None:
+    def __init__(self, failures: int = 0, status: int = 503, answer_with=None, logprobs_with=None,
+                 refuse_logprobs: bool = False) -> None:
+        """Log-probabilities as the servers give them: with `logprobs_with(word, body)` (the top alternatives of
+        one answer word, [(token, logprob)], most likely first), a request with logprobs and top_logprobs gets choice.logprobs.content
+        (vLLM, OpenAI); without it they are ignored (transformers serve); with `refuse_logprobs`, such a request
+        gets HTTP 400 naming the field (as APIs that do not offer them)."""
         self.requests: list[dict] = []
         server = self
 
@@ -79,6 +94,9 @@ class ChatServer:
                 server.requests.append({"body": body, "auth": self.headers.get("Authorization")})
                 if len(server.requests) <= failures:
                     code, reply = status, {"error": {"message": "try later"}}
+                elif refuse_logprobs and body.get("logprobs"):
+                    code, reply = 400, {"error": {"message": "logprobs is not supported by this model",
+                                                 "param": "logprobs"}}
                 else:
                     words = (answer_with(body) if answer_with else body["messages"][-1]["content"] + " STOP tail"
                              ).split()
@@ -86,7 +104,8 @@ class ChatServer:
                     text, finish = " ".join(words[:limit]), "length" if len(words) > limit else "stop"
                     code, reply = 200, {"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
                                         "choices": [{"index": i, "finish_reason": finish,
-                                                     "message": {"role": "assistant", "content": text}}
+                                                     "message": {"role": "assistant", "content": text},
+                                                     "logprobs": logprobs(words[:limit], body)}
                                                     for i in range(body.get("n") or 1)]}
                 data = json.dumps(reply).encode()
                 self.send_response(code)
@@ -94,6 +113,14 @@ class ChatServer:
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+        def logprobs(words: list[str], body: dict) -> dict | None:
+            if logprobs_with is None or not body.get("logprobs"):
+                return None
+            steps = [logprobs_with(word, body)[:body.get("top_logprobs") or 0] for word in words]
+            return {"content": [{"token": word, "logprob": top[0][1] if top else 0.0, "bytes": None,
+                                 "top_logprobs": [{"token": t, "logprob": lp, "bytes": None} for t, lp in top]}
+                                for word, top in zip(words, steps)]}
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
@@ -173,3 +200,39 @@ def test_a_wrong_api_key_stops_the_user_model_at_construction(chat_server, cpu_c
     with pytest.raises(BackendUnavailable, match=r"refused the API key \(HTTP 401\): set \$OPENAI_API_KEY"):
         CragSystem(cpu_config, embedder=HashEmbedder())
     assert len(chat_server.requests) == 1
+
+
+def verdict_alternatives(word: str, body: dict, p: float = 0.9) -> list[tuple[str, float]]:
+    """A judge fairly sure of each word: the word itself at P = p, a verdict's opposite (or "the") at 0.98 - p."""
+    other = {"correct": " Incorrect", "incorrect": " Correct"}.get(word.strip(".,").lower(), "the")
+    return [(word, math.log(p)), (other, math.log(0.98 - p)), ("The", math.log(0.01))]
+
+
+def test_openai_returns_the_log_probabilities_a_server_offers():
+    server = ChatServer(answer_with=lambda body: "Correct. same person", logprobs_with=verdict_alternatives)
+    try:
+        sample = _backend(server.url).generate([[{"role": "user", "content": "q"}]], GenParams(top_logprobs=2))[0][0]
+        plain = _backend(server.url).generate([[{"role": "user", "content": "q"}]], GenParams())[0][0]
+    finally:
+        server.close()
+    assert sample == "Correct. same person" and len(sample.top_logprobs) == 3
+    assert sample.top_logprobs[0] == pytest.approx({"Correct.": math.log(0.9), " Incorrect": math.log(0.08)})
+    assert server.requests[0]["body"]["top_logprobs"] == 2 and "logprobs" not in server.requests[1]["body"]
+    assert plain.top_logprobs == ()
+
+
+def test_openai_without_log_probabilities_answers_from_the_text(caplog_loguru):
+    ignoring = ChatServer(answer_with=lambda body: "Correct.")  # transformers serve: the fields are ignored
+    refusing = ChatServer(answer_with=lambda body: "Correct.", refuse_logprobs=True)
+    try:
+        ignored = _backend(ignoring.url).generate([[{"role": "user", "content": "q"}]], GenParams(top_logprobs=5))
+        backend = _backend(refusing.url)
+        first = backend.generate([[{"role": "user", "content": "q"}]], GenParams(top_logprobs=5))
+        second = backend.generate([[{"role": "user", "content": "q"}]], GenParams(top_logprobs=5))
+    finally:
+        ignoring.close()
+        refusing.close()
+    assert ignored == first == second == [["Correct."]] and ignored[0][0].top_logprobs == ()
+    assert backend.logprobs_refused and "refused log-probabilities" in caplog_loguru.text
+    # refused once, asked again without; the next request does not ask for them
+    assert ["logprobs" in r["body"] for r in refusing.requests] == [True, False, False]
