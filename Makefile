@@ -1,5 +1,5 @@
 # make eval: set up .venv and run the local evaluation on data/ with the embedded CPU default.
-# make test: set up .venv and run the tests (unit and integration).
+# make test: set up .venv and run the tests (unit and integration; `make browser` first for the report.html test).
 # make bench: the benchmarks (pages: the seed's web page recipe against ours; r2former: R2AG training and injection;
 # hash: HASH-RAG against exact search, FAISS and LSH; kg_reach: the facts the KG stage gets into the prompt).
 PYTHON ?= python3
@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup eval test bench sample check
+.PHONY: setup eval test bench sample check browser
 
 # The project itself installs editable last (pyproject.toml: the packages and the crag-* console scripts), built with
 # the venv's setuptools (torch requires it) rather than one fetched for an isolated build.
@@ -26,6 +26,13 @@ eval: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# Debian's Chromium and ChromeDriver for the report.html test (tests/integration/test_report_html.py skips, saying
+# why, without them). apt-get needs root; `.ci/run` calls this before `make test`.
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null)
+	@chromium --version && chromedriver --version
 
 # Speed as ratios against a baseline measured in the same run (see benchmarks/); kg_reach measures reach, not speed.
 # Run as modules from the repository root (benchmarks/ is not installed; hash imports benchmarks.pages).

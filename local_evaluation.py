@@ -327,7 +327,8 @@ def compare_command(args: argparse.Namespace) -> int:
         judge_records(records, judge)
     result = compare_records(runs[0][0], runs[1][0])
     print(format_comparison(result, str(args.a), str(args.b), args.show))
-    print(f"comparison: {write_comparison(result, args.out or args.b, str(args.a), str(args.b))}")
+    written = write_comparison(result, args.out or args.b, str(args.a), str(args.b))
+    print(f"comparison: {written[0]}; open {written[1]} in a browser to filter and read the flipped questions")
     return 0
 
 
@@ -405,7 +406,7 @@ def evaluate(args: argparse.Namespace) -> int:
         manifest.write(out_dir, manifest.finish(run_manifest | {"judge": judge_record | {"name": summary["judge"]}}))
     summary["skipped_lines"] = stats.skipped_lines
     summary["null_predictions"] = sum(r["null_prediction"] for r in records)
-    written = write_report(summary, out_dir, f"{data_name} with {config.source}, judge {summary['judge']}")
+    written = write_report(summary, records, out_dir, f"{data_name} with {config.source}, judge {summary['judge']}")
     print(format_table(summary))
     if judge is None:
         print("judge: rules only (exact match); sentence answers need an LLM judge, and the organisers' column "
@@ -417,7 +418,8 @@ def evaluate(args: argparse.Namespace) -> int:
         print(f"predictions that were not a string, read as \"i don't know\": {summary['null_predictions']}")
     if stats.skipped_lines:
         print(f"skipped {len(stats.skipped_lines)} malformed lines of {args.data}: {stats.skipped_lines[:10]}")
-    print(f"predictions: {predictions}\nreport: {written[1]} ({len(written)} files in {out_dir})")
+    print(f"predictions: {predictions}\nreport: {written[1]}; {written[2]} to open in a browser ({len(written)} files "
+          f"in {out_dir})")
     unjudged = sum(r["verdict"] == UNJUDGED for r in records)
     if unjudged > args.max_unjudged:
         print(f"error: {unjudged} predictions unjudged (the judge failed on them), over --max-unjudged "

@@ -17,6 +17,7 @@ import numpy as np
 from scipy.stats import bootstrap
 
 from evaluation.judge import CORRECT, MISS, UNJUDGED, WRONG
+from evaluation.html import compare_html, write_html
 from evaluation.metrics import MIN_FOR_INTERVAL, RESAMPLES
 
 POINTS = {CORRECT: 1, MISS: 0, WRONG: -1}
@@ -55,8 +56,11 @@ def compare_records(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[st
         kind = FLIPS.get((ra["verdict"], rb["verdict"]))
         if kind:
             flipped[kind].append({"interaction_id": ra["interaction_id"], "query": ra.get("query"),
-                                  "answer": ra.get("answer"), "a": ra.get("prediction"), "b": rb.get("prediction"),
-                                  "verdicts": [ra["verdict"], rb["verdict"]]})
+                                  "answer": ra.get("answer"), "alt_answers": ra.get("alt_answers") or [],
+                                  "domain": ra.get("domain"), "question_type": ra.get("question_type"),
+                                  "a": ra.get("prediction"), "b": rb.get("prediction"),
+                                  "verdicts": [ra["verdict"], rb["verdict"]],
+                                  "reasons": [(r.get("trace") or {}).get("reason") for r in (ra, rb)]})
     only_a = len(a) - len(common)
     return {**paired_difference([ra["verdict"] for ra, _ in common], [rb["verdict"] for _, rb in common]),
             "flipped": {kind: flipped[kind] for kind in dict.fromkeys(FLIPS.values()) if flipped[kind]},
@@ -85,9 +89,10 @@ def format_comparison(result: dict[str, Any], name_a: str, name_b: str, show: in
     return "\n".join(lines)
 
 
-def write_comparison(result: dict[str, Any], out_dir: Path, name_a: str, name_b: str) -> Path:
+def write_comparison(result: dict[str, Any], out_dir: Path, name_a: str, name_b: str) -> list[Path]:
+    """compare.json and compare.html in out_dir; the paths written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "compare.json"
     path.write_text(json.dumps({"a": name_a, "b": name_b, **result}, indent=2, ensure_ascii=False),
                     encoding="utf-8")
-    return path
+    return [path, write_html(compare_html(result, name_a, name_b), out_dir / "compare.html")]

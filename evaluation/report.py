@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluation.attribution import CLASSES, attribution_table
+from evaluation.html import report_html, write_html
 from evaluation.judge import UNCERTAIN
 from evaluation.metrics import MIN_FOR_INTERVAL, RESAMPLES, Scores, intervals, latency
 
@@ -222,10 +223,11 @@ def plot(summary: dict[str, Any], out_dir: Path) -> list[Path]:
     return paths
 
 
-def write_report(summary: dict[str, Any], out_dir: Path, title: str) -> list[Path]:
-    """report.json, report.md and the charts in out_dir; the paths written."""
+def write_report(summary: dict[str, Any], records: list[dict[str, Any]], out_dir: Path, title: str) -> list[Path]:
+    """report.json, report.md, report.html (with every record) and the charts in out_dir; the paths written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, md_path = out_dir / "report.json", out_dir / "report.md"
     json_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     md_path.write_text(format_markdown(summary, title), encoding="utf-8")
-    return [json_path, md_path, *plot(summary, out_dir)]
+    html_path = write_html(report_html(summary, records, title), out_dir / "report.html")
+    return [json_path, md_path, html_path, *plot(summary, out_dir)]

@@ -47,7 +47,7 @@ def test_the_report_carries_intervals_everywhere_and_says_n_under_10(tmp_path):
     table = format_table(summary)
     music = next(line for line in table.splitlines() if line.strip().startswith("music"))
     assert "n<10" in music and "score 95% CI" in table
-    write_report(summary, tmp_path, "t")
+    write_report(summary, records, tmp_path, "t")
     saved = json.loads((tmp_path / "report.json").read_text())
     for scores in (saved["overall"], saved["by_domain"]["movie"], saved["organisers"]["overall"],
                    saved["organisers"]["by_domain"]["movie"]):

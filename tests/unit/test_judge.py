@@ -188,7 +188,7 @@ def test_the_report_shows_both_columns_and_the_cut_answers(tmp_path):
     assert summary["cut_by_grader"] == 1 and summary["organisers"]["by_domain"]["open"]["total"] == 2
     table = format_table(summary)
     assert "org.score" in table and "answers the grader cuts at 75 Llama-2 tokens: 1" in table
-    write_report(summary, tmp_path, "both")
+    write_report(summary, records, tmp_path, "both")
     assert "## By the organisers' rules" in (tmp_path / "report.md").read_text()
 
 
@@ -203,7 +203,7 @@ def test_report_files_carry_every_breakdown(tmp_path):
     assert summary["overall"]["accuracy"] == 0.5 and summary["overall"]["missing"] == 0.5
     assert set(summary) >= {"by_domain", "by_question_type", "by_static_or_dynamic", "by_popularity"}
     assert summary["latency_s"]["per_query"]["p50"] == 2.0 and summary["latency_s"]["per_stage"]["reasoning"]["max"] == 1.0
-    written = write_report(summary, tmp_path, "test run")
+    written = write_report(summary, records, tmp_path, "test run")
     names = {p.name for p in written}
     assert {"report.json", "report.md", "chart_overall.png", "chart_by_domain.png", "chart_by_popularity.png"} <= names
     markdown = (tmp_path / "report.md").read_text()

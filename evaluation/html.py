@@ -1,0 +1,283 @@
+"""report.html and compare.html: one static page each, readable with no server and no network.
+
+Everything is inside the file: the stylesheet and script of evaluation/assets/ inlined, the charts drawn as SVG
+here, and the questions' records as JSON for the record panel. The question table is written here and the
+script only filters it and opens a record, so the page shows its numbers even with scripts off. Every text of
+the data reaches the page escaped (html.escape here, textContent in the script).
+
+A record's references, KG lines and calculator lines that hold a gold answer are marked the way error
+attribution finds it (evaluation/attribution.py: case, accents, thousands separators and punctuation folded);
+the script highlights the literal occurrences inside them.
+"""
+
+from __future__ import annotations
+
+import json
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from evaluation.attribution import CLASSES, gold_answers, holds
+from evaluation.metrics import MIN_FOR_INTERVAL
+
+ASSETS = Path(__file__).resolve().parent / "assets"
+BREAKDOWNS = (("by_domain", "domain"), ("by_question_type", "question type"))
+LEGEND = ('<span class="key correct"></span> correct <span class="key miss"></span> i don\'t know '
+          '<span class="key wrong"></span> wrong <span class="key unjudged"></span> unjudged · grey scores: fewer '
+          f"than {MIN_FOR_INTERVAL} questions, no interval")
+FILTERS = (("domain", "domain"), ("type", "question type"), ("verdict", "verdict"), ("attribution", "lost at"))
+
+
+def _page(title: str, body: str, records: list[dict[str, Any]]) -> str:
+    payload = json.dumps(records, ensure_ascii=False).replace("</", "<\\/")  # no "</script>" inside the JSON
+    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">\n<title>{escape(title)}</title>\n'
+            f'<style>\n{(ASSETS / "report.css").read_text(encoding="utf-8")}</style>\n</head>\n<body>\n{body}\n'
+            f'<dialog id="record" aria-label="question record"></dialog>\n'
+            f'<script type="application/json" id="records">{payload}</script>\n'
+            f'<script>\n{(ASSETS / "report.js").read_text(encoding="utf-8")}</script>\n</body>\n</html>\n')
+
+
+def _pct(value: float) -> str:
+    return f"{value:.1%}"
+
+
+def _card(label: str, value: str, note: str = "") -> str:
+    return (f'<div class="card"><div class="label">{escape(label)}</div><div class="value">{escape(value)}</div>'
+            f'<div class="ci">{escape(note)}</div></div>')
+
+
+def _ci(scores: dict[str, Any], key: str, signed: bool = False) -> str:
+    ci = (scores.get("ci95") or {}).get(key)
+    if not ci:
+        return f"n<{MIN_FOR_INTERVAL}: no interval"
+    form = "{:+.3f}" if signed else "{:.1%}"
+    return f"95% CI [{form.format(ci[0])}, {form.format(ci[1])}]"
+
+
+def score_chart(title: str, rows: dict[str, dict[str, Any]]) -> str:
+    """Per group: its verdicts as a stacked bar (correct, "i don't know", wrong, unjudged) and its score on
+    -1..1 with the 95% interval as a whisker; a group under MIN_FOR_INTERVAL questions is drawn grey, without
+    a whisker."""
+    label_w, bar_w, gap, score_w, row_h = 150, 220, 30, 260, 26
+    width, height = label_w + bar_w + gap + score_w + 50, 40 + row_h * len(rows)
+    zero = label_w + bar_w + gap + score_w / 2
+    parts = [f'<svg class="chart" role="img" width="{width}" height="{height}" viewBox="0 0 {width} {height}">',
+             f'<title>{escape(title)}</title>',
+             f'<text x="0" y="14" font-weight="600">{escape(title)}</text>',
+             f'<text x="{label_w}" y="32">verdicts</text>',
+             f'<text x="{label_w + bar_w + gap}" y="32">score (-1 .. +1) and its 95% CI</text>',
+             f'<line class="axis" x1="{zero}" y1="38" x2="{zero}" y2="{height}"/>']
+    for index, (name, s) in enumerate(rows.items()):
+        y = 40 + index * row_h
+        parts.append(f'<text x="0" y="{y + 16}">{escape(str(name))} ({s["total"]})</text>')
+        x = float(label_w)
+        for css, share in (("correct", s["accuracy"]), ("miss", s["missing"]), ("wrong", s["hallucination"]),
+                           ("unjudged", s["unjudged"])):
+            parts.append(f'<rect class="{css}" x="{x:.1f}" y="{y + 4}" width="{share * bar_w:.1f}" height="16">'
+                         f'<title>{css}: {_pct(share)}</title></rect>')
+            x += share * bar_w
+        half, few = score_w / 2, s["total"] < MIN_FOR_INTERVAL
+        left, right = sorted((zero, zero + s["score"] * half))
+        parts.append(f'<rect class="{"few" if few else "score"}" x="{left:.1f}" y="{y + 6}" '
+                     f'width="{max(right - left, 1):.1f}" height="12"><title>score {s["score"]:+.3f}'
+                     f'{f" (n<{MIN_FOR_INTERVAL})" if few else ""}</title></rect>')
+        ci = (s.get("ci95") or {}).get("score")
+        if ci and not few:
+            lo, hi = (zero + c * half for c in ci)
+            parts.append(f'<line class="whisker" x1="{lo:.1f}" y1="{y + 12}" x2="{hi:.1f}" y2="{y + 12}"/>'
+                         f'<line class="whisker" x1="{lo:.1f}" y1="{y + 7}" x2="{lo:.1f}" y2="{y + 17}"/>'
+                         f'<line class="whisker" x1="{hi:.1f}" y1="{y + 7}" x2="{hi:.1f}" y2="{y + 17}"/>')
+        parts.append(f'<text x="{label_w + bar_w + gap + score_w + 8}" y="{y + 16}">{s["score"]:+.2f}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _attribution_table(table: dict[str, dict[str, int]]) -> str:
+    groups = ["overall", *sorted(g for g in table if g != "overall")]
+    head = "".join(f'<th class="num">{escape(c)}</th>' for c in CLASSES)
+    body = "".join(f'<tr><td>{escape(g)}</td>' + "".join(f'<td class="num">{table[g][c]}</td>' for c in CLASSES)
+                   + "</tr>" for g in groups)
+    return (f'<table id="attribution-table"><thead><tr><th>domain</th>{head}</tr></thead><tbody>{body}</tbody>'
+            '</table>')
+
+
+def _filters(rows: list[dict[str, str]], fields: tuple[tuple[str, str], ...]) -> str:
+    controls = []
+    for field, label in fields:
+        values = sorted({row[field] for row in rows if row[field]})
+        options = "".join(f'<option value="{escape(v)}">{escape(v)}</option>' for v in values)
+        controls.append(f'<label>{escape(label)}<select id="filter-{field}" data-field="{field}">'
+                        f'<option value="">all</option>{options}</select></label>')
+    controls.append('<label>text<input id="filter-text" type="search" placeholder="question, answer, id"></label>')
+    return f'<div class="filters">{"".join(controls)}<span id="shown" class="note"></span></div>'
+
+
+def _row(data: dict[str, str], cells: list[tuple[str, str]]) -> str:
+    attributes = " ".join(f'data-{k}="{escape(v)}"' for k, v in data.items())
+    return (f'<tr tabindex="0" {attributes}>'
+            + "".join(f'<td class="{css}">{escape(text)}</td>' for css, text in cells) + "</tr>")
+
+
+def _golds(record: dict[str, Any]) -> list[str]:
+    """The gold answers as written, for the script's literal highlighting."""
+    return [str(a) for a in [record.get("answer"), *(record.get("alt_answers") or [])] if a]
+
+
+def _facts(record: dict[str, Any]) -> list[list[Any]]:
+    facts = [["gold answer", record.get("answer"), True]]
+    if record.get("alt_answers"):
+        facts.append(["alternatives", "; ".join(map(str, record["alt_answers"])), True])
+    facts.append(["prediction", record.get("prediction"), True])
+    return facts
+
+
+def record_panel(record: dict[str, Any]) -> dict[str, Any]:
+    """What the record panel of report.html shows for one question: the facts, then the references, KG and
+    calculator lines (marked where they hold a gold answer), the KG calls, the stages, and the prompts if the
+    run recorded them (--record-prompts)."""
+    trace = record.get("trace") or {}
+    golds = gold_answers(record)
+    verdict = str(record.get("verdict") or "")
+    if record.get("judge_confidence") is not None:
+        verdict += f" (judge's P = {record['judge_confidence']:.2f})"
+    facts = _facts(record) + [
+        ["verdict", verdict, False], ["judged by", record.get("judged_by"), False],
+        ["judge's reason", record.get("judge_reason") or "", False],
+        ["organisers' verdict", record.get("organisers_verdict"), False],
+        ["lost at", record.get("attribution") or "", False],
+        ["pipeline's reason", trace.get("reason") or "", False],
+        ["domain / type / dynamism", f"{record.get('domain')} / {record.get('question_type')} / "
+                                     f"{record.get('static_or_dynamic')}", False],
+        ["predicted domain / dynamism", f"{(trace.get('predicted') or {}).get('domain')} / "
+                                        f"{(trace.get('predicted') or {}).get('dynamism')}", False],
+        ["id", record.get("interaction_id"), False]]
+    if record.get("timed_out"):
+        facts.append(["timed out", "the batch ran over its time limit", False])
+    sections: list[dict[str, Any]] = []
+    references = trace.get("references") or []
+    if references:
+        sections.append({"title": f"references that reached the prompt ({len(references)}, best first)",
+                         "kind": "list", "items": [
+                             {"head": f"{r.get('page')} · {r.get('kind')} · score {r.get('score')}"
+                                      f"{' · ' + str(r.get('url')) if r.get('url') else ''}",
+                              "text": r.get("text") or "", "gold": bool(golds) and holds([r.get("text") or ""], golds)}
+                             for r in references]})
+    for key, title in (("kg_results", "KG lines"), ("calculations", "calculator lines")):
+        lines = trace.get(key) or []
+        if lines:
+            sections.append({"title": title, "kind": "list", "items": [
+                {"text": line, "gold": bool(golds) and holds([line], golds)} for line in lines]})
+    if trace.get("kg_calls"):
+        sections.append({"title": "KG calls", "kind": "table", "columns": ["call", "arguments", "answered"],
+                         "rows": [[c.get("call"), json.dumps(c.get("args"), ensure_ascii=False),
+                                   "yes" if c.get("answered") else "no"] for c in trace["kg_calls"]]})
+    if trace.get("knowledge"):
+        sections.append({"title": "knowledge extractor", "kind": "pre", "text": str(trace["knowledge"])})
+    if trace.get("route") or trace.get("sub_queries"):
+        sections.append({"title": f"multi-hop route: {trace.get('route')} ({trace.get('steps')} LLM steps)",
+                         "kind": "list", "items": [{"text": str(q)} for q in trace.get("sub_queries") or []]})
+    if trace.get("stages"):
+        sections.append({"title": "stages", "kind": "table", "columns": ["stage", "status", "seconds", "note"],
+                         "rows": [[s.get("stage"), s.get("status"), f"{float(s.get('seconds') or 0):.2f}",
+                                   s.get("note") or ""] for s in trace["stages"]]})
+    for prompt in trace.get("prompts") or []:
+        messages = "\n\n".join(f"[{m.get('role')}]\n{m.get('content')}" for m in prompt.get("messages") or [])
+        replies = "\n---\n".join(map(str, prompt.get("replies") or []))
+        sections.append({"title": f"prompt {prompt.get('prompt')} ({prompt.get('stage')})", "kind": "pre",
+                         "text": f"{messages}\n\n[reply]\n{replies}"})
+    return {"id": str(record.get("interaction_id")), "title": record.get("query") or "", "golds": _golds(record),
+            "facts": [fact for fact in facts if fact[1] not in (None, "")], "sections": sections}
+
+
+def report_html(summary: dict[str, Any], records: list[dict[str, Any]], title: str) -> str:
+    """The page of one run: the summary with intervals, charts by domain and question type, the attribution
+    table, and every question in a table that filters and opens its record."""
+    overall = summary["overall"]
+    cards = [_card("score", f"{overall['score']:+.3f}", _ci(overall, "score", signed=True)),
+             _card("accuracy", _pct(overall["accuracy"]), _ci(overall, "accuracy")),
+             _card("hallucination", _pct(overall["hallucination"]), _ci(overall, "hallucination")),
+             _card("i don't know", _pct(overall["missing"])),
+             _card("unjudged", _pct(overall["unjudged"]),
+                   f"score between {overall['score_range'][0]:+.3f} and {overall['score_range'][1]:+.3f}"
+                   if overall["unjudged"] else "")]
+    if theirs := summary.get("organisers"):
+        cards.append(_card("organisers' score", f"{theirs['overall']['score']:+.3f}",
+                           f"unjudged {_pct(theirs['overall']['unjudged'])}"))
+    charts = "".join(score_chart(f"by {label}", summary[key]) for key, label in BREAKDOWNS if summary.get(key))
+    rows = [{"id": str(r.get("interaction_id")), "domain": str(r.get("domain") or ""),
+             "type": str(r.get("question_type") or ""), "verdict": str(r.get("verdict") or ""),
+             "attribution": str(r.get("attribution") or "")} for r in records]
+    table = "".join(_row(row, [("", row["domain"]), ("", row["type"]),
+                               (f"verdict verdict-{row['verdict']}", row["verdict"]), ("", row["attribution"]),
+                               ("", str(r.get("query") or "")), ("", str(r.get("prediction"))),
+                               ("", str(r.get("answer") or ""))]) for row, r in zip(rows, records))
+    confidence = summary.get("judge_confidence")
+    body = [f"<header><h1>{escape(title)}</h1>",
+            f'<p class="meta">{overall["total"]} questions · judge {escape(str(summary.get("judge", "rules")))} · '
+            f"judged by {escape(', '.join(f'{k}: {v}' for k, v in summary['judged_by'].items()))}</p></header>",
+            f'<section id="summary"><div class="cards">{"".join(cards)}</div>',
+            f'<p class="note">Score = accuracy - hallucination. Intervals: bootstrap 95%; none under '
+            f"{MIN_FOR_INTERVAL} questions.{' ' + escape(_confidence_note(confidence)) if confidence else ''}</p>"
+            "</section>",
+            f'<section id="charts"><h2>Scores by group</h2><div class="charts">{charts}</div>'
+            f'<p class="note legend">{LEGEND}</p></section>']
+    if summary.get("attribution"):
+        body.append('<section id="attribution"><h2>Where the misses were lost</h2><p class="note">Wrong and '
+                    "\"i don't know\" answers by the first place the gold answer went missing "
+                    f"(evaluation/attribution.py).</p>{_attribution_table(summary['attribution'])}</section>")
+    body.append(f'<section id="questions"><h2>Questions</h2>{_filters(rows, FILTERS)}'
+                '<table id="question-table"><thead><tr><th>domain</th><th>type</th><th>verdict</th>'
+                "<th>lost at</th><th>question</th><th>prediction</th><th>gold</th></tr></thead>"
+                f"<tbody>{table}</tbody></table></section>")
+    return _page(title, "\n".join(body), [record_panel(r) for r in records])
+
+
+def _confidence_note(confidence: dict[str, Any]) -> str:
+    return (f"{confidence['uncertain']} of {confidence['verdicts']} LLM verdicts are uncertain (the judge's "
+            f"P(verdict) < {confidence['below']}).")
+
+
+def compare_html(result: dict[str, Any], name_a: str, name_b: str) -> str:
+    """The page of `compare A B`: the paired difference and every flipped question, filterable by how it
+    flipped and by domain, each opening both predictions and both runs' reasons."""
+    ci = result["ci95"]
+    interval = f"95% CI [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else f"n<{MIN_FOR_INTERVAL}: no interval"
+    reading = ("" if not ci else "the interval holds 0: no difference shown" if ci[0] <= 0 <= ci[1]
+               else "the interval excludes 0")
+    cards = [_card("B - A", f"{result['difference']:+.3f}", interval), _card("score A", f"{result['score_a']:+.3f}"),
+             _card("score B", f"{result['score_b']:+.3f}"), _card("questions", str(result["questions"]),
+                                                                  f"{result['unjudged_left_out']} unjudged left out")]
+    flips = [(kind, row) for kind, rows in result["flipped"].items() for row in rows]
+    rows = [{"id": str(row["interaction_id"]), "kind": kind, "domain": str(row.get("domain") or ""),
+             "type": str(row.get("question_type") or "")} for kind, row in flips]
+    table = "".join(_row(data, [("", data["kind"]), ("", data["domain"]), ("", str(row.get("query") or "")),
+                                ("", str(row.get("a"))), ("", str(row.get("b"))), ("", str(row.get("answer") or ""))])
+                    for data, (_, row) in zip(rows, flips))
+    panels = []
+    for data, (kind, row) in zip(rows, flips):
+        facts = _facts({**row, "prediction": None})[:-1] + [
+            ["A", row.get("a"), True], ["A's verdict", row["verdicts"][0], False],
+            ["A's reason", (row.get("reasons") or ["", ""])[0] or "", False],
+            ["B", row.get("b"), True], ["B's verdict", row["verdicts"][1], False],
+            ["B's reason", (row.get("reasons") or ["", ""])[1] or "", False],
+            ["flipped", kind, False], ["id", row["interaction_id"], False]]
+        panels.append({"id": data["id"], "title": row.get("query") or "", "golds": _golds(row), "facts": facts,
+                       "sections": []})
+    body = (f"<header><h1>{escape(name_b)} against {escape(name_a)}</h1>"
+            f'<p class="meta">A: {escape(name_a)} · B: {escape(name_b)} · {result["only_in_a"]} questions only in A, '
+            f'{result["only_in_b"]} only in B</p></header>'
+            f'<section id="summary"><div class="cards">{"".join(cards)}</div><p class="note">Paired bootstrap: '
+            f"questions resampled with both verdicts. {escape(reading)}</p></section>"
+            f'<section id="questions"><h2>Flipped questions ({len(flips)})</h2>'
+            f'{_filters(rows, (("kind", "flipped"), ("domain", "domain"), ("type", "question type")))}'
+            '<table id="question-table"><thead><tr><th>flipped</th><th>domain</th><th>question</th><th>A</th>'
+            f"<th>B</th><th>gold</th></tr></thead><tbody>{table}</tbody></table></section>")
+    return _page(f"compare {name_b} against {name_a}", body, panels)
+
+
+def write_html(page: str, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page, encoding="utf-8")
+    return path
+
