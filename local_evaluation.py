@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
                                  "run and point the model at it; without it the model uses kg.base_url or "
                                  "$CRAG_MOCK_API_URL")
     run_parser.add_argument("--log-level", default="WARNING", help="loguru level for the model's logs")
+    run_parser.add_argument("--record-prompts", action="store_true",
+                            help="keep every LLM prompt and reply in the question's record (large; shown in "
+                                 "report.html); the same as --set record_prompts=true, and no change to the answers")
     commands.add_parser("rejudge", parents=[run_folder_flags()],
                         help="judge a run folder's predictions again (another judge, a new prompt); no model loads")
     commands.add_parser("merge", parents=[run_folder_flags()],
@@ -350,6 +353,8 @@ def evaluate(args: argparse.Namespace) -> int:
                level=getattr(args, "log_level", "WARNING").upper())
     try:
         config = config_from_args(args)  # --config (else $CRAG_CONFIG, else configs/cpu.yaml), --overlay, --set
+        if getattr(args, "record_prompts", False):
+            config = replace(config, record_prompts=True)
         check_data_file(args.data)
         data_name = args.data.name.split(".")[0]
         out_dir = args.out or Path("runs") / f"{data_name}__{config_label(args)}"

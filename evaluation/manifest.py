@@ -2,10 +2,11 @@
 answers of two setups into one score.
 
 Its `answers` part holds what changes answers: the resolved config (less what only moves files or processes:
-cache folders, worker counts, log level, the config file's own path, and the port of a KG server the run
-started itself), the hash of every prompt file the config uses, the data file's hash, and the time limit. A
-resume compares that part and names every key that differs. The rest is a record: the selection, the judge and
-its prompt, the project commit, package versions, times. A change of judge only re-judges.
+cache folders, worker counts, log level, the config file's own path, the port of a KG server the run started
+itself, and whether the prompts are recorded), the hash of every prompt file the config uses, the data file's
+hash, and the time limit. A resume compares that part and names every key that differs. The rest is a record:
+the selection, the judge and its prompt, the project commit, package versions, times. A change of judge only
+re-judges.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from models.config import REPO_ROOT, SystemConfig
 from models.prompting import PromptLibrary
 
 MANIFEST = "manifest.json"
-# Config keys that change where files go or how work is spread, never an answer.
-VOLATILE = ("source", "references.cache_dir", "references.workers", "llm.hf.cache_dir")
+# Config keys that change where files go, how work is spread or what is recorded, never an answer.
+VOLATILE = ("source", "references.cache_dir", "references.workers", "llm.hf.cache_dir", "record_prompts")
 PACKAGES = ("torch", "transformers", "tokenizers", "sentence-transformers", "vllm", "openai", "trafilatura", "lxml")
 SERVED_KG = "fixture server over data/kg"
 

@@ -76,7 +76,8 @@ class OpenAIConfig:
     concurrency: int = field(default=8, metadata=at_least(1))
     max_retries: int = field(default=3, metadata=at_least(0))
     backoff_s: float = field(default=0.5, metadata=at_least(0))
-    request_timeout_s: float = field(default=60.0, metadata=at_least(0.1))
+    request_timeout_s: float = field(default=60.0, metadata=at_least(0.1))  # a whole request, not one read
+    max_reply_bytes: int = field(default=2_000_000, metadata=at_least(1024))  # a longer reply is dropped unread
     native_n: bool = False
 
 
@@ -342,6 +343,9 @@ class SystemConfig:
     answer: AnswerConfig = field(default_factory=AnswerConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     prompts: dict[str, str] = field(default_factory=dict)
+    # Every LLM conversation of a query and its replies go into its record (`prompts` in the trace of
+    # predictions.jsonl). Off by default: prompts are large. It changes no answer, so the run manifest leaves it out.
+    record_prompts: bool = False
     source: str = field(default="<defaults>", metadata={"internal": True})
 
     def __post_init__(self) -> None:

@@ -78,20 +78,27 @@ class QueryState:
     done: bool = False
     done_reason: str = ""
     trace: list[StageRecord] = field(default_factory=list)
+    # With the config's `record_prompts` on: every LLM conversation of this query, in call order, as {"stage",
+    # "prompt" (its name), "messages", "replies" (the samples' texts)}; StageContext.generate appends them.
+    prompts: list[dict[str, Any]] = field(default_factory=list)
 
     def record(self) -> dict[str, Any]:
         """What the query went through, for the run folder's per-question record: the reason for its answer,
         each stage's status and seconds, the predicted attributes, the references chosen for the prompt (best
         first; the prompt takes them while they fit), the KG calls and results, the calculator's lines, the
-        knowledge extractor's answer and the multi-hop route."""
-        return {"interaction_id": self.interaction_id, "reason": self.done_reason,
-                "stages": [dataclasses.asdict(r) for r in self.trace],
-                "predicted": {"domain": self.domain, "dynamism": self.dynamism},
-                "references": [{"page": r.page_name, "url": r.page_url, "kind": r.kind, "score": round(r.score, 4),
-                                "relevance": r.relevance, "text": r.text} for r in self.references],
-                "kg_calls": self.kg_calls, "kg_results": self.kg_results, "calculations": self.calculations,
-                "knowledge": self.knowledge, "route": self.route, "steps": self.steps,
-                "sub_queries": self.sub_queries}
+        knowledge extractor's answer and the multi-hop route; with `record_prompts` on, every LLM conversation and
+        its replies (`prompts`; no such key when none was recorded)."""
+        record = {"interaction_id": self.interaction_id, "reason": self.done_reason,
+                  "stages": [dataclasses.asdict(r) for r in self.trace],
+                  "predicted": {"domain": self.domain, "dynamism": self.dynamism},
+                  "references": [{"page": r.page_name, "url": r.page_url, "kind": r.kind, "score": round(r.score, 4),
+                                  "relevance": r.relevance, "text": r.text} for r in self.references],
+                  "kg_calls": self.kg_calls, "kg_results": self.kg_results, "calculations": self.calculations,
+                  "knowledge": self.knowledge, "route": self.route, "steps": self.steps,
+                  "sub_queries": self.sub_queries}
+        if self.prompts:
+            record["prompts"] = self.prompts
+        return record
 
     def finish(self, answer: str, reason: str) -> None:
         """Fix the answer now; later LLM stages leave this query alone."""

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx2 as httpx  # the HTTP client of openai 3 (its fork of httpx)
 import openai
 from loguru import logger
 
@@ -17,6 +20,10 @@ from models.llm.base import (LENGTH, STOP, BackendUnavailable, Conversation, Gen
 # Worth another try: the server may come back or the limit may lift. Anything else (a bad request,
 # a wrong key, an unknown model) fails the same way again, so it is logged once and not retried.
 _TRANSIENT = (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError)
+
+
+class ReplyRefused(RuntimeError):
+    """A reply that cannot be used: over the size cap, unreadable, or still arriving at the deadline."""
 
 
 class OpenAIBackend:
@@ -67,13 +74,11 @@ class OpenAIBackend:
             logprobs = ({"logprobs": True, "top_logprobs": params.top_logprobs}
                         if params.top_logprobs and not self.logprobs_refused else {})
             try:
-                reply = self.client.chat.completions.create(
-                    model=self.config.model, messages=messages, max_tokens=params.max_tokens,
-                    temperature=params.temperature, n=n, stop=params.stop or None, seed=params.seed,
-                    timeout=timeout, **logprobs)
-                return [Sample(cut_at_stop(choice.message.content or "", params.stop).strip(),
-                               LENGTH if choice.finish_reason == "length" else STOP, top_logprobs(choice.logprobs))
-                        for choice in reply.choices]
+                reply = self._post(timeout, model=self.config.model, messages=messages, max_tokens=params.max_tokens,
+                                   temperature=params.temperature, n=n, stop=params.stop or None, seed=params.seed,
+                                   **logprobs)
+                return [Sample(cut_at_stop(choice["text"], params.stop).strip(), choice["finish_reason"],
+                               choice["top_logprobs"]) for choice in reply]
             except (openai.BadRequestError, openai.UnprocessableEntityError) as err:
                 if not logprobs or "logprob" not in str(err).lower():
                     logger.error("request to {} refused ({}: {})", self.config.base_url, type(err).__name__, err)
@@ -92,16 +97,71 @@ class OpenAIBackend:
             except openai.APIError as err:
                 logger.error("request to {} refused ({}: {})", self.config.base_url, type(err).__name__, err)
                 return []
+            except ReplyRefused as err:
+                logger.error("reply of {} not used: {}", self.config.base_url, err)
+                return []
         return []
 
+    def _post(self, seconds: float, **request) -> list[dict]:
+        """The choices of one chat completion ({"text", "finish_reason", "top_logprobs"}), the request bounded as
+        a whole: the client's timeout bounds each read only, so a server that trickles its reply could hold it
+        for ever; here a watchdog closes the response after `seconds`, and a reply over `max_reply_bytes` is
+        dropped as it arrives. ReplyRefused for either, and for a body that is not a chat completion."""
+        ends = time.monotonic() + seconds
+        with self.client.chat.completions.with_streaming_response.create(**request, timeout=seconds) as response:
+            watchdog = threading.Timer(max(0.0, ends - time.monotonic()), response.close)
+            watchdog.start()
+            body = bytearray()
+            try:
+                for chunk in response.iter_bytes():
+                    body += chunk
+                    if len(body) > self.config.max_reply_bytes:
+                        raise ReplyRefused(f"over {self.config.max_reply_bytes} bytes (llm.openai.max_reply_bytes)")
+            except (httpx.HTTPError, httpx.StreamError) as err:
+                if time.monotonic() < ends:  # the connection broke: worth another try
+                    raise openai.APIConnectionError(message=f"reply cut off: {err}",
+                                                    request=response.http_request) from err
+                raise ReplyRefused(f"still arriving after {seconds:.1f} s (the batch deadline or "
+                                   f"llm.openai.request_timeout_s); {len(body)} bytes read") from None
+            finally:
+                watchdog.cancel()
+        if time.monotonic() >= ends:  # the last bytes came as the watchdog fired
+            raise ReplyRefused(f"finished after {seconds:.1f} s, past the deadline")
+        return read_choices(bytes(body))
     def _timeout(self, deadline: Deadline | None) -> float:
         if deadline is None:
             return self.config.request_timeout_s
         return min(self.config.request_timeout_s, deadline.remaining())
 
 
-def top_logprobs(logprobs) -> TopLogprobs:
+def read_choices(body: bytes) -> list[dict]:
+    """The choices of a chat completion body, each {"text", "finish_reason" (STOP or LENGTH), "top_logprobs"};
+    ReplyRefused for a body that is not JSON or has no list of choices. A choice without a message reads as
+    empty text (the stages treat it as no answer)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        raise ReplyRefused(f"not JSON ({len(body)} bytes: {body[:60]!r})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("choices"), list):
+        raise ReplyRefused(f"no list of choices in the reply ({len(body)} bytes: {body[:60]!r})")
+    choices = []
+    for choice in data["choices"]:
+        choice = choice if isinstance(choice, dict) else {}
+        message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+        content = message.get("content")
+        choices.append({"text": content if isinstance(content, str) else "",
+                        "finish_reason": LENGTH if choice.get("finish_reason") == "length" else STOP,
+                        "top_logprobs": top_logprobs(choice.get("logprobs"))})
+    return choices
+
+
+def top_logprobs(logprobs: object) -> TopLogprobs:
     """A choice's `logprobs.content` (per token: token, logprob, top_logprobs) as token text -> log-probability
-    for each generated token; empty where the server sent none."""
-    content = getattr(logprobs, "content", None) or []
-    return tuple({alt.token: alt.logprob for alt in token.top_logprobs or []} for token in content)
+    for each generated token; empty where the server sent none (or something else)."""
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not isinstance(content, list):
+        return ()
+    return tuple({alt["token"]: float(alt["logprob"]) for alt in token.get("top_logprobs") or []
+                  if isinstance(alt, dict) and isinstance(alt.get("token"), str)
+                  and isinstance(alt.get("logprob"), (int, float))}
+                 for token in content if isinstance(token, dict))

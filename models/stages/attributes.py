@@ -179,8 +179,8 @@ class AttributesStage(Stage):
         prompt = ctx.prompt("attributes")
         conversations = [prompt.render(query=s.query, examples=self.examples, domains=list(DOMAINS),
                                        dynamism=list(DYNAMISM)) for s in states]
-        outputs = ctx.generate(conversations, max_tokens=settings.max_tokens, temperature=settings.temperature,
-                               n=settings.n, seed=settings.seed)
+        outputs = ctx.generate(conversations, owners=states, max_tokens=settings.max_tokens,
+                               temperature=settings.temperature, n=settings.n, seed=settings.seed)
         for state, samples in zip(states, outputs):
             votes = [parse_icl(sample) for sample in samples]
             state.domain = vote([d for d, _ in votes if d], DOMAINS, prefer_last=False)

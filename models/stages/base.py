@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
 from loguru import logger
 
 from models.config import BudgetConfig, SystemConfig
@@ -122,21 +123,23 @@ class Batch:
     def context(self, stage: Stage) -> StageContext:
         return StageContext(stage, self.deadline, self.config.budget, self.prompts,
                             {name: getattr(self.config, name) for name in stage.sections},
-                            {name: self.resources.get(name) for name in stage.needs})
+                            {name: self.resources.get(name) for name in stage.needs}, self.config.record_prompts)
 
 
 class StageContext:
     """One stage's view of a batch: its settings and declared resources, its prompts, the deadline, and
-    `generate`, which sends a stage's conversations in one backend call within its share of the batch."""
+    `generate`, which sends a stage's conversations in one backend call within its share of the batch (and, with
+    `record_prompts`, records each on the query it is for)."""
 
     def __init__(self, stage: Stage, deadline: Deadline, budget: BudgetConfig, prompts: PromptLibrary,
-                 sections: dict[str, Any], resources: dict[str, Any]) -> None:
+                 sections: dict[str, Any], resources: dict[str, Any], record_prompts: bool) -> None:
         self.stage = stage
         self.deadline = deadline
         self.budget = budget
         self._prompts = prompts
         self._sections = sections
         self._resources = resources
+        self._record_prompts = record_prompts
 
     @property
     def settings(self) -> Any:
@@ -179,18 +182,31 @@ class StageContext:
         the answer reserve)."""
         return self.deadline.can_afford(self.budget.stage_min_s.get("reasoning", 1.0) + self.budget.answer_reserve_s)
 
-    def generate(self, conversations: list, *, max_tokens: int, temperature: float = 0.0, n: int = 1,
-                 stop: list[str] | None = None, seed: int | None = None, deadline: Deadline | None = None,
+    def generate(self, conversations: list, *, owners: Sequence[QueryState], max_tokens: int,
+                 temperature: float = 0.0, n: int = 1, stop: list[str] | None = None, seed: int | None = None,
+                 deadline: Deadline | None = None, embeddings: list[np.ndarray] | None = None,
                  states: Iterable[QueryState] = ()) -> list[list[Sample]]:
         """The samples of each conversation, in one backend call ending by `deadline` (default: the stage's work
-        deadline). Each distinct state in `states` counts one LLM step (multi-step stages pass them)."""
+        deadline). `owners` names the query each conversation is for, one to one: with the config's
+        `record_prompts` on, the conversation and its samples are added to that query's `prompts`. `embeddings`
+        (R2AG prompt mode) go with the conversations to the backend's generate_with_embeddings. Each distinct
+        state in `states` counts one LLM step (multi-step stages pass them)."""
+        if len(owners) != len(conversations):
+            raise ValueError(f"stage {self.stage.name!r}: {len(owners)} owners for {len(conversations)} conversations")
         if not conversations:
             return []
         for state in {id(s): s for s in states}.values():
             state.steps += 1
         params = GenParams(max_tokens=max_tokens, temperature=temperature, n=n, stop=list(stop or []), seed=seed,
                            deadline=deadline or self.work_deadline())
-        return self.llm.generate(conversations, params)
+        outputs = (self.llm.generate(conversations, params) if embeddings is None
+                   else self.llm.generate_with_embeddings(conversations, embeddings, params))
+        if self._record_prompts:
+            for owner, conversation, samples in zip(owners, conversations, outputs):
+                owner.prompts.append({"stage": self.stage.name, "prompt": getattr(conversation, "prompt", ""),
+                                      "messages": [dict(message) for message in conversation],
+                                      "replies": [str(sample) for sample in samples]})
+        return outputs
 
 
 def run_alone(stage: Stage, states: list[QueryState], config: SystemConfig, resources: dict[str, Any],

@@ -97,7 +97,7 @@ class CalculatorStage(Stage):
             texts, tables = prompt_evidence(s, settings.max_reference_chars)
             conversations.append(prompt.render(query=s.query, query_time=s.query_time, references=texts,
                                                tables=tables, kg_references=s.kg_results))
-        outputs = ctx.generate(conversations, max_tokens=settings.max_tokens, temperature=settings.temperature,
-                               n=settings.n)
+        outputs = ctx.generate(conversations, owners=states, max_tokens=settings.max_tokens,
+                               temperature=settings.temperature, n=settings.n)
         for state, samples in zip(states, outputs):
             state.calculations = calculations(samples, settings.max_results)

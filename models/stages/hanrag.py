@@ -164,7 +164,7 @@ class HANRAGStage(Stage):
         pairs = [(i, ref) for i, refs in enumerate(hits) for ref in refs]
         judge = ctx.prompt("hanrag_relevance")
         verdicts = step(ctx, [judge.render(question=items[i][1], reference=ref.text[:1500]) for i, ref in pairs],
-                        8, [s for s, _ in items])
+                        8, [s for s, _ in items], owners=[items[i][0] for i, _ in pairs])
         relevant: dict[int, list[Reference]] = {}
         for (i, ref), verdict in zip(pairs, verdicts):
             if re.match(r"\W*yes\b", verdict.lower()):

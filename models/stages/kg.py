@@ -432,7 +432,7 @@ class KGStage(Stage):
         else:
             prompt = ctx.prompt("kg_entities")
             conversations = [prompt.render(query=s.query, query_time=s.query_time, domain=s.domain) for s in states]
-        outputs = ctx.generate(conversations, max_tokens=settings.max_tokens, deadline=work)
+        outputs = ctx.generate(conversations, owners=states, max_tokens=settings.max_tokens, deadline=work)
         jobs = []
         for state, samples in zip(states, outputs):
             output = samples[0] if samples else ""

@@ -28,8 +28,8 @@ class KnowledgeStage(Stage):
         prompt = ctx.prompt("knowledge")
         settings = ctx.settings
         conversations = [prompt.render(query=s.query, query_time=s.query_time) for s in states]
-        outputs = ctx.generate(conversations, max_tokens=settings.max_tokens, temperature=settings.temperature,
-                               stop=[END])
+        outputs = ctx.generate(conversations, owners=states, max_tokens=settings.max_tokens,
+                               temperature=settings.temperature, stop=[END])
         for state, samples in zip(states, outputs):
             parsed = parse_whole(samples[0]) if samples else None
             if parsed is not None:

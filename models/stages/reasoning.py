@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from loguru import logger
 
-from models.llm.base import Conversation, GenParams, cut_short
+from models.llm.base import Conversation, cut_short
 from models.prompting import Messages, Prompt
 from models.stages.base import STAGES, Stage, StageContext
 from models.state import QueryState, Reference
@@ -135,16 +135,14 @@ class ReasoningStage(Stage):
         vectors = self._retrieval_embeddings(states, ctx) if prompting else [None] * len(states)
         conversations = [reasoning_conversation(prompt, s, settings.max_reference_chars,
                                                 0 if rows is None else len(rows)) for s, rows in zip(states, vectors)]
+        embeddings: list[np.ndarray] | None = None
         if prompting:
-            params = GenParams(max_tokens=settings.max_tokens, temperature=settings.temperature, n=1, stop=[END],
-                               deadline=ctx.work_deadline())
             placeholder = ctx.llm.retrieval_placeholder()
             placed = [place_embeddings(c, rows if rows is not None else np.zeros((0, ctx.llm.hidden_size)),
                                        placeholder) for c, rows in zip(conversations, vectors)]
-            outputs = ctx.llm.generate_with_embeddings([c for c, _ in placed], [e for _, e in placed], params)
-        else:
-            outputs = ctx.generate(conversations, max_tokens=settings.max_tokens, temperature=settings.temperature,
-                                   stop=[END])
+            conversations, embeddings = [c for c, _ in placed], [e for _, e in placed]
+        outputs = ctx.generate(conversations, owners=states, max_tokens=settings.max_tokens,
+                               temperature=settings.temperature, stop=[END], embeddings=embeddings)
         unparsed: list[QueryState] = []
         for state, samples in zip(states, outputs):
             if not samples or not samples[0].strip():
@@ -184,7 +182,8 @@ class ReasoningStage(Stage):
         conversations = [prompt.render(query=s.query, query_time=s.query_time,
                                        references=prompt_evidence(s, settings.max_reference_chars)[0])
                          for s in states]
-        outputs = ctx.generate(conversations, max_tokens=settings.summariser_max_tokens, deadline=deadline)
+        outputs = ctx.generate(conversations, owners=states, max_tokens=settings.summariser_max_tokens,
+                               deadline=deadline)
         for state, samples in zip(states, outputs):
             answer = first_line(samples[0]) if samples else ""
             if answer and (reason := cut_short(samples[0], answer)):

@@ -93,20 +93,22 @@ def read_propositions(output: str) -> list[str]:
     return [line for line in lines if _WORD.search(line)]
 
 
-def rewrite_as_propositions(per_query: list[list[Reference]], scores: list[np.ndarray], ctx: StageContext
-                            ) -> list[dict[int, list[str]]]:
-    """LLM propositions for the `llm_chunks` best chunks (by cosine) of each query, in one backend call. A failed
-    call leaves every chunk to the sentence splitter, with the reason logged."""
+def rewrite_as_propositions(states: list[QueryState], per_query: list[list[Reference]], scores: list[np.ndarray],
+                            ctx: StageContext) -> list[dict[int, list[str]]]:
+    """LLM propositions for the `llm_chunks` best chunks (by cosine) of each query (`per_query` and `scores` are
+    aligned with `states`), in one backend call. A failed call leaves every chunk to the sentence splitter, with
+    the reason logged."""
     settings = ctx.settings.hash
     picked = [[i for i in best_first(query_scores) if refs[i].kind != "table"][:settings.llm_chunks]
               for refs, query_scores in zip(per_query, scores)]
     prompt = ctx.prompt("propositions")
     conversations = [prompt.render(page_name=refs[i].page_name, text=refs[i].text)
                      for refs, chosen in zip(per_query, picked) for i in chosen]
+    owners = [state for state, chosen in zip(states, picked) for _ in chosen]
     if not conversations:
         return [{} for _ in per_query]
     try:
-        outputs = iter(ctx.generate(conversations, max_tokens=settings.llm_max_tokens))
+        outputs = iter(ctx.generate(conversations, owners=owners, max_tokens=settings.llm_max_tokens))
     except Exception as err:  # the retriever still works on sentences: never fail the batch for this
         logger.opt(exception=err).warning("proposition extraction failed, chunks are split into sentences: {}", err)
         return [{} for _ in per_query]
@@ -149,7 +151,7 @@ class ReferencesStage(Stage):
         queries, blocks = vectors[:len(states)], split_rows(vectors[len(states):], [len(r) for r in per_query])
         hashing = settings.retriever == "hash"
         if hashing:
-            rewritten = (rewrite_as_propositions(per_query, [b @ q for b, q in zip(blocks, queries)], ctx)
+            rewritten = (rewrite_as_propositions(states, per_query, [b @ q for b, q in zip(blocks, queries)], ctx)
                          if settings.hash.units == "llm" else [{} for _ in states])
             units = [proposition_units(refs, settings.hash, r) for refs, r in zip(per_query, rewritten)]
             unit_vectors = ctx.embedder.encode([text for texts, _ in units for text in texts])

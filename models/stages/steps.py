@@ -9,9 +9,12 @@ from models.state import QueryState
 from utils.answers import IDK, INVALID
 
 
-def step(ctx: StageContext, conversations: list, max_tokens: int, states: list[QueryState]) -> list[str]:
-    """One greedy backend call, one LLM step for each distinct state; each conversation's reply ("" when none)."""
-    outputs = ctx.generate(conversations, max_tokens=max_tokens, states=states)
+def step(ctx: StageContext, conversations: list, max_tokens: int, states: list[QueryState],
+         owners: list[QueryState] | None = None) -> list[str]:
+    """One greedy backend call, one LLM step for each distinct state; each conversation's reply ("" when none).
+    `owners` names the query of each conversation where `states` is not that list (one state per conversation)."""
+    outputs = ctx.generate(conversations, owners=states if owners is None else owners, max_tokens=max_tokens,
+                           states=states)
     return [samples[0] if samples else "" for samples in outputs]
 
 

@@ -380,3 +380,10 @@ def test_run_is_the_default_command_and_the_old_flags_say_what_replaced_them(cap
     with pytest.raises(SystemExit) as stopped:
         local_evaluation.main(["rejudge", "--shard", "1/2"])  # a flag of run only
     assert stopped.value.code == 2 and "unrecognized arguments: --shard" in capsys.readouterr().err
+
+
+def test_record_prompts_changes_no_answer_so_a_resume_with_it_is_not_refused(tmp_path, capsys):
+    out = _run_folder(tmp_path / "run", load_config(REPO_ROOT / "configs" / "cpu.yaml"))
+    assert local_evaluation.main(["--data", str(SAMPLE), "--config", str(REPO_ROOT / "configs" / "cpu.yaml"),
+                                  "--out", str(out), "--limit", "2", "--record-prompts"]) == 0
+    assert "UserModel ready" not in capsys.readouterr().err

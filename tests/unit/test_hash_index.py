@@ -374,6 +374,25 @@ def test_llm_propositions_index_the_best_chunks(hash_config, sample_examples):
     assert state.propositions[0].text == fact  # the LLM's proposition matches the question best
 
 
+def test_llm_propositions_are_recorded_on_the_query_of_their_chunk(make_system, hash_config, sample_examples):
+    hash_config.references.hash.units = "llm"
+    hash_config.references.hash.llm_chunks = 2
+    hash_config.record_prompts = True
+    llm = ScriptedLLM(by_prompt(propositions="- Inception is a 2010 film."))
+    system = make_system(llm)
+    batch = to_batch(sample_examples[:2])
+    system.batch_generate_answer(batch)
+    (sent, _), *_ = llm.calls
+    recorded = []
+    for trace, pages in zip(system.last_batch_trace, batch["search_results"]):
+        mine = [p for p in trace["prompts"] if p["prompt"] == "propositions"]
+        assert len(mine) == 2 and all(p["stage"] == "references" for p in mine)
+        names = {page["page_name"] for page in pages}
+        assert all(p["messages"][1]["content"].split("Page: ")[1].splitlines()[0] in names for p in mine)
+        recorded += [p["messages"] for p in mine]
+    assert recorded == [list(c) for c in sent]
+
+
 def test_failed_proposition_extraction_falls_back_to_sentences(hash_config, sample_examples, caplog_loguru):
     hash_config.references.hash.units = "llm"
 

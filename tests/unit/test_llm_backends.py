@@ -4,6 +4,7 @@ import json
 import math
 import sys
 import threading
+import time
 import types
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -77,11 +78,13 @@ class ChatServer:
     max_tokens words with finish_reason "length", as servers report a cut."""
 
     def __init__(self, failures: int = 0, status: int = 503, answer_with=None, logprobs_with=None,
-                 refuse_logprobs: bool = False) -> None:
+                 refuse_logprobs: bool = False, raw_body=None, trickle_s: float = 0.0) -> None:
         """Log-probabilities as the servers give them: with `logprobs_with(word, body)` (the top alternatives of
         one answer word, [(token, logprob)], most likely first), a request with logprobs and top_logprobs gets choice.logprobs.content
         (vLLM, OpenAI); without it they are ignored (transformers serve); with `refuse_logprobs`, such a request
-        gets HTTP 400 naming the field (as APIs that do not offer them)."""
+        gets HTTP 400 naming the field (as APIs that do not offer them). Faults: `raw_body(request body)` is sent
+        as the reply's bytes instead (garbage, a huge reply); `trickle_s` sends the reply 16 bytes at a time, one
+        piece every trickle_s seconds, each read well inside any read timeout."""
         self.requests: list[dict] = []
         server = self
 
@@ -107,12 +110,20 @@ class ChatServer:
                                                      "message": {"role": "assistant", "content": text},
                                                      "logprobs": logprobs(words[:limit], body)}
                                                     for i in range(body.get("n") or 1)]}
-                data = json.dumps(reply).encode()
+                data = raw_body(body) if raw_body else json.dumps(reply).encode()
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                try:
+                    if not trickle_s:
+                        self.wfile.write(data)
+                    for start in range(0, len(data), 16) if trickle_s else ():
+                        self.wfile.write(data[start:start + 16])
+                        self.wfile.flush()
+                        time.sleep(trickle_s)
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up on the reply
+                    pass
 
         def logprobs(words: list[str], body: dict) -> dict | None:
             if logprobs_with is None or not body.get("logprobs"):
@@ -236,3 +247,47 @@ def test_openai_without_log_probabilities_answers_from_the_text(caplog_loguru):
     assert backend.logprobs_refused and "refused log-probabilities" in caplog_loguru.text
     # refused once, asked again without; the next request does not ask for them
     assert ["logprobs" in r["body"] for r in refusing.requests] == [True, False, False]
+
+
+def _completion(text: str) -> bytes:
+    return json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [
+        {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}]}).encode()
+
+
+@pytest.mark.parametrize("fault, expected_log", [
+    ({"raw_body": lambda body: b"<html>502 bad gateway</html>"}, "not JSON"),
+    ({"raw_body": lambda body: b'{"id": "x", "choices": "none"}'}, "no list of choices"),
+    ({"raw_body": lambda body: _completion("x" * 3_000_000)}, "over 2000000 bytes"),
+])
+def test_openai_an_unusable_reply_costs_its_conversation_only(fault, expected_log, caplog_loguru):
+    bad = ChatServer(**fault)
+    try:
+        out = _backend(bad.url, max_retries=0).generate([[{"role": "user", "content": "a"}]], GenParams())
+    finally:
+        bad.close()
+    assert out == [[]] and expected_log in caplog_loguru.text
+
+
+def test_openai_a_reply_without_choices_or_message_is_no_sample():
+    empty = ChatServer(raw_body=lambda body: b'{"id": "x", "object": "chat.completion", "choices": []}')
+    odd = ChatServer(raw_body=lambda body: b'{"choices": [{"index": 0, "finish_reason": "stop"}]}')
+    try:
+        assert _backend(empty.url).generate([[{"role": "user", "content": "a"}]], GenParams()) == [[]]
+        assert _backend(odd.url).generate([[{"role": "user", "content": "a"}]], GenParams()) == [[""]]
+    finally:
+        empty.close()
+        odd.close()
+
+
+def test_openai_a_trickling_reply_is_cut_at_the_deadline(caplog_loguru):
+    # 16 bytes every 0.2 s: each read is quick, the whole reply would take about 4 s
+    server = ChatServer(raw_body=lambda body: _completion("y" * 200), trickle_s=0.2)
+    try:
+        started = time.monotonic()
+        out = _backend(server.url, max_retries=0, request_timeout_s=30).generate(
+            [[{"role": "user", "content": "a"}]], GenParams(deadline=Deadline(1.0)))
+        took = time.monotonic() - started
+    finally:
+        server.close()
+    assert out == [[]] and "still arriving after 1.0 s" in caplog_loguru.text
+    assert took < 1.0 + 2.0  # a contract with a generous margin, not a speed figure: unbounded, it takes ~4 s

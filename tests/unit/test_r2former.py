@@ -13,7 +13,7 @@ from models.stages.r2ag import relevance_order
 from models.stages.reasoning import fit_references, place_embeddings
 from models.state import QueryState, Reference
 from tests.conftest import to_batch, write
-from tests.fakes import ScriptedLLM
+from tests.fakes import SEED_REPLY, ScriptedLLM
 from training.r2former_training import TrainSettings, evaluate, split, synthetic_lists, train
 
 PLACEHOLDER = "<|retrieval|>"
@@ -241,6 +241,19 @@ def test_prompt_mode_injects_one_embedding_per_reference_shown(make_system, cpu_
         assert user.count(f"similarity: {PLACEHOLDER}") == user.count(PLACEHOLDER) == len(shown) == len(rows)
         assert "\ue000" not in user
         np.testing.assert_allclose(rows, projected[order], atol=1e-6)  # the template's order: texts, then tables
+
+
+def test_prompt_mode_records_the_conversations_sent_with_embeddings(make_system, cpu_config, sample_examples,
+                                                                   trained_checkpoints):
+    cpu_config.record_prompts = True
+    llm = EmbeddingLLM()
+    system = r2ag_system(make_system, cpu_config, trained_checkpoints["prompt"], "prompt", llm)
+    system.batch_generate_answer(to_batch(sample_examples[:2]))
+    (conversations, _), = llm.embedded
+    for trace, conversation in zip(system.last_batch_trace, conversations):
+        assert trace["prompts"] == [{"stage": "reasoning", "prompt": "reasoning", "messages": list(conversation),
+                                     "replies": [SEED_REPLY]}]
+        assert PLACEHOLDER in trace["prompts"][0]["messages"][1]["content"]  # as the backend saw it
 
 
 def test_prompt_mode_without_an_embedding_backend_filters_instead(make_system, cpu_config, sample_examples,

@@ -26,7 +26,7 @@ class SupportCheck(Stage):
         prompt = ctx.prompt("support_check")
         conversations = [prompt.render(question=s.query, answer=s.answer, references=[r.text for r in s.references])
                          for s in answered]
-        for state, samples in zip(answered, ctx.generate(conversations, max_tokens=4)):
+        for state, samples in zip(answered, ctx.generate(conversations, owners=answered, max_tokens=4)):
             if not samples or not samples[0].strip().lower().startswith("yes"):
                 state.finish(IDK, "support_check: the references do not support the answer")
 
