@@ -19,6 +19,7 @@ stages need and refuses a pipeline in which a stage reads a field that no earlie
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from collections.abc import Iterable, Sequence
@@ -199,8 +200,9 @@ class StageContext:
             state.steps += 1
         params = GenParams(max_tokens=max_tokens, temperature=temperature, n=n, stop=list(stop or []), seed=seed,
                            deadline=deadline or self.work_deadline())
-        outputs = (self.llm.generate(conversations, params) if embeddings is None
-                   else self.llm.generate_with_embeddings(conversations, embeddings, params))
+        outputs = well_formed(self.llm.generate(conversations, params) if embeddings is None
+                              else self.llm.generate_with_embeddings(conversations, embeddings, params),
+                              len(conversations), self.stage.name)
         if self._record_prompts:
             for owner, conversation, samples in zip(owners, conversations, outputs):
                 owner.prompts.append({"stage": self.stage.name, "prompt": getattr(conversation, "prompt", ""),
@@ -217,8 +219,63 @@ def run_alone(stage: Stage, states: list[QueryState], config: SystemConfig, reso
     stage.run(states, batch.context(stage))
 
 
+def well_formed(outputs: Any, count: int, stage: str) -> list[list[Sample]]:
+    """A backend's outputs as `count` lists of strings, whatever it returned (a wrong length, a non-list, a
+    sample that is not text): what is missing or unusable is no sample, which the stages read as no answer for
+    that query alone. Logged when anything had to be dropped."""
+    rows = outputs if isinstance(outputs, list) else []
+    fixed = [[s for s in row if isinstance(s, str)] if isinstance(row, list) else [] for row in rows[:count]]
+    fixed += [[] for _ in range(count - len(fixed))]
+    if len(rows) != count or any(not isinstance(row, list) or len(row) != len(kept) for row, kept in zip(rows, fixed)):
+        logger.error("stage {}: the LLM backend returned {} for {} conversations; what was not a list of texts "
+                     "counts as no reply", stage, f"{len(rows)} outputs" if isinstance(outputs, list)
+                     else type(outputs).__name__, count)
+    return fixed
+
+
+# What a stage may change beyond its declared writes: state.finish() and ctx.generate's step count and prompts.
+_ALWAYS_WRITTEN = frozenset({"answer", "done", "done_reason", "steps", "prompts"})
+
+
+def _copy(value: Any) -> Any:
+    """A copy to put back after a failed run; arrays are replaced by stages, never changed in place."""
+    return value if isinstance(value, np.ndarray) else copy.deepcopy(value)
+
+
+def _snapshot(stage: Stage, state: QueryState) -> dict[str, Any]:
+    return {name: _copy(getattr(state, name)) for name in stage.writes | _ALWAYS_WRITTEN}
+
+
+def _run_isolated(stage: Stage, group: list[QueryState], batch: Batch, needed: float,
+                  always: bool) -> list[tuple[QueryState, Exception]]:
+    """Run `stage` on `group`; where it raises, put the group's states back as they were and run each half on
+    its own, down to single queries, so a failure costs only the queries that cause it (one bad page or reply
+    among 16 costs one answer, at about 2 log2(16) more runs of the stage). The states that failed alone, with
+    their errors; a group the deadline leaves no time to split fails whole."""
+    saved = [_snapshot(stage, state) for state in group]
+    try:
+        stage.run(group, batch.context(stage))
+        return []
+    except Exception as err:  # one query's bad input or reply must not cost the batch its answers
+        for state, snapshot in zip(group, saved):
+            for name, value in snapshot.items():
+                setattr(state, name, value)
+        if len(group) == 1:
+            return [(group[0], err)]
+        if not always and not batch.deadline.can_afford(needed):
+            logger.error("stage {} failed on {} queries ({}: {}) with no time left to find which query causes it",
+                         stage.name, len(group), type(err).__name__, err)
+            return [(state, err) for state in group]
+        logger.warning("stage {} failed on {} queries ({}: {}); running it on each half to find the query that "
+                       "causes it", stage.name, len(group), type(err).__name__, err)
+        half = len(group) // 2
+        return (_run_isolated(stage, group[:half], batch, needed, always)
+                + _run_isolated(stage, group[half:], batch, needed, always))
+
+
 def run_stage(stage: Stage, states: list[QueryState], batch: Batch, always: bool = False) -> None:
-    """Run `stage` on the queries still open, if the deadline affords it; a crash answers them IDK.
+    """Run `stage` on the queries still open, if the deadline affords it; a query whose input or reply makes it
+    crash answers IDK, with the error in its trace, and the others go on (`_run_isolated`).
 
     `always` runs it on every query whatever the deadline (the answer step).
     """
@@ -234,16 +291,13 @@ def run_stage(stage: Stage, states: list[QueryState], batch: Batch, always: bool
             state.trace.append(StageRecord(stage.name, "skipped", 0.0, note))
         return
     started = time.perf_counter()
-    status, note = "ok", ""
-    try:
-        stage.run(active, batch.context(stage))
-    except Exception as err:  # one stage's bug must not cost the batch its answers
-        status, note = "failed", f"{type(err).__name__}: {err}"
-        logger.opt(exception=err).error("stage {} failed for {}: {}", stage.name,
-                                         [s.interaction_id for s in active], note)
-        for state in active:
-            if not state.done:
-                state.finish(IDK, f"{stage.name} failed")
+    failed = {id(state): err for state, err in _run_isolated(stage, active, batch, needed, always)}
     elapsed = time.perf_counter() - started
     for state in active:
-        state.trace.append(StageRecord(stage.name, status, elapsed, note))
+        err = failed.get(id(state))
+        note = f"{type(err).__name__}: {err}" if err is not None else ""
+        if err is not None:
+            logger.opt(exception=err).error("stage {} failed for {}: {}", stage.name, state.interaction_id, note)
+            if not state.done:
+                state.finish(IDK, f"{stage.name} failed: {note}")
+        state.trace.append(StageRecord(stage.name, "failed" if err is not None else "ok", elapsed, note))

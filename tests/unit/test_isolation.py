@@ -1,0 +1,125 @@
+"""Per-query isolation: a bad item or a bad reply costs that query only, whatever the rest of its batch is."""
+
+import copy
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import models.stages.reasoning as reasoning
+from tests.conftest import to_batch
+from tests.fakes import RecordingKG, ScriptedLLM
+
+ECHO = "===START===\n## Answer: {}\n## False Premise: no\n===END==="
+
+
+def question(conversation) -> str:
+    return conversation[1]["content"].split("Question: ")[1].splitlines()[0]
+
+
+def echo(conversation) -> str:
+    return ECHO.format(question(conversation))  # the reasoning prompt's question, as the answer
+
+
+def test_a_reply_that_breaks_the_parser_costs_its_query_only(make_system, sample_examples, monkeypatch):
+    parse = reasoning.parse_structured
+
+    def fragile(output):  # a parser bug that only one reply triggers
+        if "BOOM" in output:
+            raise ValueError("unexpected reply shape")
+        return parse(output)
+
+    monkeypatch.setattr(reasoning, "parse_structured", fragile)
+    batch = to_batch(sample_examples[:4])
+    bad = batch["query"][2]
+    llm = ScriptedLLM(lambda conv: "BOOM" if question(conv) == bad else echo(conv))
+    system = make_system(llm)
+    answers = system.batch_generate_answer(batch)
+    assert answers == [q if q != bad else "i don't know" for q in batch["query"]]
+    trace = system.last_batch_trace
+    assert trace[2]["reason"].startswith("reasoning failed: ValueError: unexpected reply shape")
+    statuses = [{s["stage"]: s["status"] for s in record["stages"]}["reasoning"] for record in trace]
+    assert statuses == ["ok", "ok", "failed", "ok"]
+    assert len(llm.calls) > 1  # the batch went in one call, then in halves to find the query
+
+
+def test_a_stage_that_fails_half_way_leaves_no_half_written_state(make_system, sample_examples, monkeypatch):
+    """The failed query's fields are put back as they were before the stage, so a later stage never reads a
+    half-written answer."""
+    stage_cls = reasoning.ReasoningStage
+    run = stage_cls.run
+
+    def run_then_fail(self, states, ctx):
+        run(self, states, ctx)
+        if any("inception" in s.query for s in states):
+            for state in states:
+                state.llm_output = "half-written"
+            raise RuntimeError("late failure")
+
+    monkeypatch.setattr(stage_cls, "run", run_then_fail)
+    system = make_system(ScriptedLLM(echo))
+    batch = to_batch(sample_examples[:2])  # the first question is about inception
+    answers = system.batch_generate_answer(batch)
+    assert answers == ["i don't know", batch["query"][1]]
+    assert system.last_batch_trace[0]["reason"].startswith("reasoning failed: RuntimeError: late failure")
+
+
+def test_a_backend_returning_the_wrong_shape_costs_the_missing_queries_only(make_system, sample_examples,
+                                                                          caplog_loguru):
+    class Short(ScriptedLLM):
+        def generate(self, conversations, params):
+            outputs = super().generate(conversations, params)
+            return outputs[:-1] + [[None, 42]]  # the last conversation's samples are not text
+
+    batch = to_batch(sample_examples[:3])
+    answers = make_system(Short(echo)).batch_generate_answer(batch)
+    assert answers == [*batch["query"][:2], "i don't know"]
+    assert "what was not a list of texts counts as no reply" in caplog_loguru.text
+
+
+_text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)
+_page = st.one_of(
+    st.fixed_dictionaries({}, optional={
+        "page_name": st.one_of(_text, st.none(), st.integers()),
+        "page_url": st.one_of(_text, st.none()),
+        "page_snippet": st.one_of(_text, st.none(), st.lists(_text, max_size=2)),
+        "page_last_modified": st.one_of(_text, st.none(), st.floats()),
+        "page_result": st.one_of(
+            st.none(), st.integers(), _text, st.binary(max_size=64),
+            _text.map(lambda t: f"<html><body><table><tr><td>{t}</td></tr></table><p>{t}</p></body></html>"),
+            st.just("<html>" + "<div>" * 2000 + "deep" + "</div>" * 2000 + "</html>"),
+            st.just("\x00\ufffd\u202e\U0001f600 " * 200))}),
+    st.none(), _text, st.integers(), st.lists(st.integers(), max_size=2))
+_item = st.fixed_dictionaries({
+    "interaction_id": st.one_of(_text, st.none(), st.integers()),
+    "query": st.one_of(_text, st.none(), st.integers(), st.just("x" * 5000)),
+    "query_time": st.one_of(_text, st.none(), st.floats(allow_nan=True)),
+    "search_results": st.one_of(st.lists(_page, max_size=3), st.none(), _text, st.dictionaries(_text, _text,
+                                                                                                 max_size=2))})
+
+
+@pytest.mark.parametrize("every_stage", [False, True], ids=["references-and-reasoning", "every-stage"])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
+@given(items=st.lists(_item, min_size=1, max_size=3), position=st.integers(0, 3))
+def test_fuzzed_items_never_cost_a_good_query_its_answer(make_system, cpu_config, sample_examples, every_stage,
+                                                         items, position):
+    """Any mix of malformed items around one real question: a list of strings of the batch's length, and the
+    real question answered exactly as it is alone; with every stage on too (task 2 with a KG, ICL attributes,
+    the knowledge extractor and the calculator)."""
+    kg = None
+    if every_stage:
+        cpu_config.task, cpu_config.attributes.method = 2, "icl"
+        cpu_config.knowledge.enabled = cpu_config.calculator.enabled = True
+        kg = RecordingKG({"movie_get_person_info": [{"name": "x"}]})
+    system = make_system(ScriptedLLM(lambda conv: echo(conv) if "Question: " in conv[1]["content"] else "{}"), kg=kg)
+    good = sample_examples[0]
+    alone = system.batch_generate_answer(to_batch([good]))
+    mixed = copy.deepcopy(items)
+    at = min(position, len(mixed))
+    mixed.insert(at, {key: good[key] for key in ("interaction_id", "query", "query_time", "search_results")})
+    batch = {key: [item[key] for item in mixed] for key in ("interaction_id", "query", "query_time", "search_results")}
+    answers = system.batch_generate_answer(batch)
+    assert isinstance(answers, list) and len(answers) == len(mixed)
+    assert all(isinstance(answer, str) for answer in answers)
+    assert answers[at] == alone[0]
