@@ -1,7 +1,8 @@
 # make eval: set up .venv and run the local evaluation on data/ with the embedded CPU default.
 # make test: set up .venv and run the tests (unit and integration; `make browser` first for the report.html test).
 # make bench: the benchmarks (pages: the seed's web page recipe against ours; r2former: R2AG training and injection;
-# hash: HASH-RAG against exact search, FAISS and LSH; kg_reach: the facts the KG stage gets into the prompt).
+# hash: HASH-RAG against exact search, FAISS and LSH; kg_reach: the facts the KG stage gets into the prompt;
+# deadline: the worst batch time against its limit, quiet and with every core busy).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -41,6 +42,7 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.r2former
 	$(PY) -m benchmarks.hash
 	$(PY) -m benchmarks.kg_reach
+	$(PY) -m benchmarks.deadline
 
 # Submission checks with the embedded CPU default (tools/check_submission.py without --cpu checks the GPU config).
 check: $(STAMP)

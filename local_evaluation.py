@@ -14,7 +14,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
+import os
 import re
+import shlex
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -25,8 +28,8 @@ from tqdm import tqdm
 
 from evaluation import manifest
 from evaluation.attribution import attribute_records, page_texts
-from evaluation.data import (QUESTION_TYPES, DataError, ReadStats, Selection, check_data_file, parse_choices,
-                             parse_shard, read_examples)
+from evaluation.data import (QUESTION_TYPES, DataError, ReadStats, Selection, check_data_file, count_examples,
+                             parse_choices, parse_shard, read_examples)
 from evaluation.judge import UNJUDGED, LLMJudge, judge_records
 from evaluation.kg_server import KGServerError, fixture_kg
 from evaluation.report import format_table, score_records, write_report
@@ -35,19 +38,22 @@ from evaluation.worker import ModelWorker, WorkerError
 from models.config import (DOMAINS, DYNAMISM, ConfigError, HFConfig, OpenAIConfig, SystemConfig,
                            add_config_arguments, config_from_args, config_label)
 from models.llm.base import BackendUnavailable
-from models.prompting import PromptError, PromptLibrary
+from models.prompting import PROMPT_DIR, PromptError, PromptLibrary, load_prompt
+from tools import CommandParser, check_out, interrupted
 from utils.cache import JsonCache, cache_root
+from utils.names import closest
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "crag_sample.jsonl"
 
 
 COMMANDS = ("run", "rejudge", "merge", "calibrate", "compare")
+LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")  # loguru's
 RUN_HELP = "answer the selected questions (resuming the run folder), judge them, write the report (the default)"
 
 
 def selection_flags() -> argparse.ArgumentParser:
     """The question filters, the same in run, rejudge, merge and compare."""
-    flags = argparse.ArgumentParser(add_help=False)
+    flags = CommandParser(add_help=False)
     group = flags.add_argument_group("selection (CRAG's names; a misspelling or an empty selection exits 2)")
     group.add_argument("--domain", default="", help="only these domains, comma-separated (e.g. finance,music)")
     group.add_argument("--question-type", default="", help="only these question types, comma-separated")
@@ -58,7 +64,7 @@ def selection_flags() -> argparse.ArgumentParser:
 
 
 def judge_flags() -> argparse.ArgumentParser:
-    flags = argparse.ArgumentParser(add_help=False)
+    flags = CommandParser(add_help=False)
     group = flags.add_argument_group("judge")
     group.add_argument("--judge", default="rules",
                        help="rules, local, or an OpenAI-compatible base URL such as http://127.0.0.1:8001/v1")
@@ -69,7 +75,7 @@ def judge_flags() -> argparse.ArgumentParser:
 def run_folder_flags() -> argparse.ArgumentParser:
     """What run, rejudge and merge share: the data, the config (it names the default run folder), the folder,
     the judge and the bound on unjudged answers."""
-    flags = argparse.ArgumentParser(add_help=False, parents=[selection_flags(), judge_flags()])
+    flags = CommandParser(add_help=False, parents=[selection_flags(), judge_flags()])
     flags.add_argument("--data", type=Path, default=DEFAULT_DATA, help="CRAG .jsonl or .jsonl.bz2 file")
     add_config_arguments(flags)
     flags.add_argument("--out", type=Path, default=None, help="run folder (default: runs/<data>__<config>)")
@@ -79,8 +85,8 @@ def run_folder_flags() -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="local_evaluation.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(prog="local_evaluation.py", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     run_parser = commands.add_parser("run", parents=[run_folder_flags()], help=RUN_HELP, description=RUN_HELP)
     run_parser.add_argument("--limit", type=int, default=None, help="only the first N examples (of the shard)")
@@ -96,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
                             help="tasks 2/3: start the fixture KG server (tools/kg_server.py over data/kg) for this "
                                  "run and point the model at it; without it the model uses kg.base_url or "
                                  "$CRAG_MOCK_API_URL")
-    run_parser.add_argument("--log-level", default="WARNING", help="loguru level for the model's logs")
+    run_parser.add_argument("--log-level", default="WARNING",
+                            help=f"loguru level for the model's logs: {', '.join(LOG_LEVELS)}")
     run_parser.add_argument("--record-prompts", action="store_true",
                             help="keep every LLM prompt and reply in the question's record (large; shown in "
                                  "report.html); the same as --set record_prompts=true, and no change to the answers")
@@ -144,6 +151,47 @@ def check_judge(spec: str, model_name: str | None) -> None:
         raise ConfigError(f"--judge {spec!r}: use rules, local, or an http(s) base URL")
     if not model_name:
         raise ConfigError(f"--judge {spec}: name the served model with --judge-model")
+
+
+def check_ranges(args: argparse.Namespace) -> None:
+    """A ConfigError naming the first flag whose value cannot mean anything (checked before any work starts)."""
+    rules = (("limit", "--limit", lambda v: v >= 1, "give a positive number of questions, or leave it out for all"),
+             ("time_limit", "--time-limit", lambda v: math.isfinite(v) and v >= 0,
+              "give seconds per query, or 0 for no limit"),
+             ("max_unjudged", "--max-unjudged", lambda v: v >= 0, "give 0 or more"),
+             ("show", "--show", lambda v: v >= 0, "give 0 or more questions to print per kind"))
+    for name, flag, valid, fix in rules:
+        value = getattr(args, name, None)
+        if value is not None and not valid(value):
+            raise ConfigError(f"{flag} {value}: {fix}")
+    level = getattr(args, "log_level", None)
+    if level is not None and level.upper() not in LOG_LEVELS:
+        close = closest(level.upper(), LOG_LEVELS)
+        hint = f"did you mean {close}? " if close else ""
+        raise ConfigError(f"--log-level {level!r} is not a log level: {hint}use one of {', '.join(LOG_LEVELS)}")
+
+
+def check_prompts(overrides: dict[str, str], source: str) -> None:
+    """A ConfigError for a prompt override (config `prompts`) that names no prompt, or whose file cannot stand in
+    for that prompt (its variables differ: a prompt of another stage); its file is loaded, so a broken one fails
+    here too. Checked before any model loads: a stage's failure in a batch would only cost answers."""
+    known = sorted(path.stem for path in PROMPT_DIR.glob("*.yaml"))
+    library = PromptLibrary(overrides)
+    for name in overrides:
+        if name not in known:
+            close = closest(name, known)
+            hint = f"did you mean {close!r}?" if close else f"the names are {', '.join(known)}"
+            raise ConfigError(f"{source}: prompts.{name}: no prompt has that name; {hint}")
+        check_variant(name, library.get(name).path, f"{source}: prompts.{name}")
+
+
+def check_variant(name: str, path: Path, label: str) -> None:
+    """A ConfigError when the prompt file `path` cannot stand in for prompt `name` (other variables)."""
+    wanted = load_prompt(PROMPT_DIR / f"{name}.yaml", name).variables
+    given = load_prompt(path, name).variables
+    if given != wanted:
+        raise ConfigError(f"{label}: {path} declares the variables {sorted(given)} but the {name} prompt is given "
+                          f"{sorted(wanted)} (a prompt of another stage?); give a variant of prompts/{name}.yaml")
 
 
 def build_judge(spec: str, model_name: str | None) -> LLMJudge | None:
@@ -266,7 +314,8 @@ def run(config: SystemConfig, args: argparse.Namespace, stats: ReadStats, select
     model = LazyWorker(lambda: UserModel(config))
     try:
         return run_model(model, read_examples(args.data, stats, selection=selection), predictions,
-                         per_query_s=args.time_limit or None)
+                         per_query_s=args.time_limit or None,
+                         count=lambda answered: count_examples(args.data, selection, answered))
     finally:
         model.close()
 
@@ -293,6 +342,8 @@ def calibrate_command(args: argparse.Namespace) -> int:
     from evaluation.calibration import CALIBRATION_SET, calibrate, format_calibration, load_set
 
     try:
+        if args.set is not None and not args.set.is_file():
+            raise ConfigError(f"--set {args.set}: no such file; give a calibration set (.jsonl, as data/judge/)")
         rows = load_set(args.set or CALIBRATION_SET)
         judge = build_judge(args.judge, args.judge_model)
     except (ConfigError, BackendUnavailable, OSError, ValueError) as err:
@@ -307,6 +358,9 @@ def compare_command(args: argparse.Namespace) -> int:
     from evaluation.compare import compare_records, format_comparison, write_comparison
 
     try:
+        check_ranges(args)
+        if args.out is not None:
+            check_out(args.out)
         selection = selection_of(args)
         runs = []
         for folder in (args.a, args.b):
@@ -336,32 +390,60 @@ def compare_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    if args.command == "calibrate":
-        return calibrate_command(args)
-    if args.command == "compare":
-        return compare_command(args)
-    return evaluate(args)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    try:
+        if args.command == "calibrate":
+            return calibrate_command(args)
+        if args.command == "compare":
+            return compare_command(args)
+        return evaluate(args)
+    except KeyboardInterrupt:
+        return interrupted(saved_after_interrupt(args, argv))
+
+
+def saved_after_interrupt(args: argparse.Namespace, argv: list[str]) -> str:
+    """What Ctrl-C left behind and the command that goes on from there (a run resumes: --restart is left out)."""
+    predictions = getattr(args, "predictions", None)
+    if args.command in ("calibrate", "compare") or predictions is None:
+        return "nothing was written"
+    script = os.path.relpath(__file__)
+    script = __file__ if script.startswith("..") else script
+    again = shlex.join([a for a in argv if a != "--restart"])
+    try:
+        answers = sum(1 for line in predictions.read_bytes().split(b"\n")[:-1] if line.strip())
+    except OSError:
+        answers = 0
+    command = f"python {script}" + (f" {again}" if again else "")
+    if args.command == "run":
+        return f"{answers} answers are saved in {predictions}; resume with: {command}"
+    return f"{answers} answers are in {predictions}, without this pass's verdicts; run again with: {command}"
 
 
 def evaluate(args: argparse.Namespace) -> int:
     """`run`, `rejudge` and `merge`: predictions in the run folder (answered now, already there, or gathered from
     the shards), judged, attributed and reported."""
     merging, rejudging = args.command == "merge", args.command == "rejudge"
-    logger.remove()
-    logger.add(lambda message: tqdm.write(message, end="", file=sys.stderr),
-               level=getattr(args, "log_level", "WARNING").upper())
     try:
+        # Every input is checked before any work: the flags' ranges and the log level, the config and its prompts,
+        # the data file's first example, the run folder, the selection and the judge.
+        check_ranges(args)
+        logger.remove()
+        logger.add(lambda message: tqdm.write(message, end="", file=sys.stderr),
+                   level=getattr(args, "log_level", "WARNING").upper())
         config = config_from_args(args)  # --config (else $CRAG_CONFIG, else configs/cpu.yaml), --overlay, --set
         if getattr(args, "record_prompts", False):
             config = replace(config, record_prompts=True)
-        check_data_file(args.data)
+        check_prompts(config.prompts, config.source)
+        check_data_file(args.data, examples=True)
         data_name = args.data.name.split(".")[0]
         out_dir = args.out or Path("runs") / f"{data_name}__{config_label(args)}"
         shard = parse_shard(args.shard) if args.command == "run" else (1, 1)
         if shard[1] > 1:
             out_dir = out_dir / f"shard-{shard[0]}-of-{shard[1]}"
+        check_out(out_dir)
         predictions = out_dir / "predictions.jsonl"
+        args.predictions = predictions  # what a Ctrl-C names
         selection = selection_of(args, shard, getattr(args, "limit", None))
         check_judge(args.judge, args.judge_model)
         # A judge on a server is built and probed now, before any question is answered. The local judge (torch in

@@ -9,7 +9,7 @@ import io
 import json
 import re
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -91,12 +91,52 @@ def _is_tar(path: Path) -> bool:
     return ".tar" in "".join(Path(re.sub(r"\.part\d+$", "", path.name)).suffixes)
 
 
-def check_data_file(path: Path) -> None:
-    """Raise DataError unless `path` is a data file this module reads."""
+FIRST_RECORDS = 100  # check_data_file(examples=True) looks this far for a CRAG example
+
+
+def check_data_file(path: Path, examples: bool = False) -> None:
+    """Raise DataError unless `path` is a data file this module reads. With `examples`, its start is read too: a
+    file that cannot be decompressed, holds no record, or none of whose first FIRST_RECORDS records is a CRAG example
+    (the first bad one is named with its line number) is a DataError as well, before any work starts. A bad record
+    after a good one is only skipped when the examples are read (read_examples logs it)."""
+    if path.is_dir():
+        raise DataError(f"{path}: a folder, not a data file (give {SUPPORTED})")
     if not path.is_file() and not (_is_tar(path) and _parts(path)):
         raise DataError(f"{path}: no such data file (give {SUPPORTED})")
     if not (_is_tar(path) or path.suffix in (".bz2", ".jsonl", ".json")):
         raise DataError(f"{path}: unsupported data file type (give {SUPPORTED})")
+    if not examples:
+        return
+    first_bad, records = None, 0
+    lines = _lines(path)
+    try:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            problem = _parse_example(line)[1]
+            if problem is None:
+                return
+            first_bad, records = first_bad or f"{path}:{number}: not a CRAG example ({problem})", records + 1
+            if records >= FIRST_RECORDS:
+                break
+    finally:
+        lines.close()
+    if first_bad is None:
+        raise DataError(f"{path}: no examples (the file is empty); give {SUPPORTED}")
+    others = f", nor is any of its first {records} records" if records > 1 else ""
+    raise DataError(f"{first_bad}{others}; give {SUPPORTED}")
+
+
+def _parse_example(line: str) -> tuple[dict[str, Any] | None, str | None]:
+    """(the example, None) of one line of a data file, or (None, why it is not a CRAG example)."""
+    try:
+        example = json.loads(line)
+    except json.JSONDecodeError as err:
+        return None, f"not JSON: {err}"
+    if not isinstance(example, dict):
+        return None, f"a JSON {type(example).__name__}, not an object"
+    missing = [k for k in (*BATCH_FIELDS, "answer") if k not in example]
+    return (None, f"missing {missing}") if missing else (example, None)
 
 
 class _Concatenated(io.RawIOBase):
@@ -141,14 +181,31 @@ def _tar_lines(path: Path) -> Iterator[str]:
                         yield raw.decode("utf-8", errors="replace")
 
 
-def _lines(path: Path) -> Iterator[str]:
-    check_data_file(path)
+def _raw_lines(path: Path) -> Iterator[str]:
     if _is_tar(path):
         yield from _tar_lines(path)
         return
     opener = bz2.open if path.suffix == ".bz2" else open
     with opener(path, "rt", encoding="utf-8") as handle:
         yield from handle
+
+
+def _lines(path: Path) -> Iterator[str]:
+    """The file's lines; a corrupt or truncated file (bz2, tar, not UTF-8) is a DataError naming the last good line."""
+    check_data_file(path)
+    number = 0
+    try:
+        for number, line in enumerate(_raw_lines(path), start=1):
+            yield line
+    except (OSError, EOFError, tarfile.TarError, UnicodeDecodeError) as err:
+        where = f" after line {number}" if number else ""
+        raise DataError(f"{path}: unreadable{where} ({type(err).__name__}: {err}); is it a complete, uncorrupted "
+                        f"copy? (give {SUPPORTED})") from None
+
+
+def data_lines(path: Path) -> Iterator[str]:
+    """The lines of a data file (.jsonl, .jsonl.bz2, a Task 3 archive); DataError for one that cannot be read."""
+    return _lines(path)
 
 
 def first_record(path: Path) -> dict[str, Any] | None:
@@ -194,7 +251,21 @@ def read_examples(path: Path, stats: ReadStats | None = None, limit: int | None 
     """Examples with `alt_answers` normalised, as `selection` (or `limit`) chooses; lines that are not a usable
     example are logged and skipped."""
     stats = stats or ReadStats()
-    selection = selection or Selection(limit=limit)
+
+    def skipped(number: int, problem: str) -> None:
+        logger.warning("{}:{}: skipped malformed example ({})", path, number, problem)
+        stats.skipped_lines.append(number)
+
+    yield from _selected(path, selection or Selection(limit=limit), skipped)
+
+
+def count_examples(path: Path, selection: Selection, answered: Collection[str] = ()) -> int:
+    """How many examples read_examples(path, selection=selection) gives whose interaction_id is not in `answered`
+    (a progress bar's total, counted beside the run: it logs nothing)."""
+    return sum(e["interaction_id"] not in answered for e in _selected(path, selection, lambda number, problem: None))
+
+
+def _selected(path: Path, selection: Selection, skipped: Callable[[int, str], None]) -> Iterator[dict[str, Any]]:
     count = kept = 0
     lines = _lines(path)
     try:
@@ -203,14 +274,9 @@ def read_examples(path: Path, stats: ReadStats | None = None, limit: int | None 
                 return
             if not line.strip():
                 continue
-            try:
-                example = json.loads(line)
-                missing = [k for k in (*BATCH_FIELDS, "answer") if k not in example]
-                if missing:
-                    raise ValueError(f"missing {missing}")
-            except (json.JSONDecodeError, ValueError, TypeError) as err:
-                logger.warning("{}:{}: skipped malformed example ({})", path, number, err)
-                stats.skipped_lines.append(number)
+            example, problem = _parse_example(line)
+            if example is None:
+                skipped(number, str(problem))
                 continue
             if not selection.keeps(example):
                 continue

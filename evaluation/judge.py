@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loguru import logger
+from tqdm import tqdm
 
 from models.llm.base import LLM, GenParams, TopLogprobs
 from models.prompting import Prompt
@@ -192,10 +193,12 @@ class LLMJudge:
                     self.p_correct[self.key(item)] = cached["p_correct"]
             else:
                 todo.append(index)
-        for attempt in range(1 + self.retries):
-            if not todo:
-                break
-            todo = self._ask(items, todo, verdicts, temperature=0.0 if attempt == 0 else 0.7)
+        with tqdm(total=len(todo), desc=f"judging ({self.name})", unit="q", disable=None if todo else True,
+                  dynamic_ncols=True) as progress:  # on a terminal only; the judged predictions against all asked
+            for attempt in range(1 + self.retries):
+                if not todo:
+                    break
+                todo = self._ask(items, todo, verdicts, temperature=0.0 if attempt == 0 else 0.7, progress=progress)
         for index in todo:  # nothing usable from the model: the rules where they can decide
             item = items[index]
             if contains_answer(grader_cut(item.prediction), [item.answer, *item.alt_answers]):
@@ -208,7 +211,8 @@ class LLMJudge:
                            "unjudged)", self.name, len(todo), len(items), len(todo) - unjudged, unjudged)
         return [verdict or UNJUDGED for verdict in verdicts]
 
-    def _ask(self, items: Sequence[Item], todo: list[int], verdicts: list[str | None], temperature: float) -> list[int]:
+    def _ask(self, items: Sequence[Item], todo: list[int], verdicts: list[str | None], temperature: float,
+             progress: tqdm | None = None) -> list[int]:
         """Ask about `todo`; fill `verdicts`; return the indices still without one. Retries sample (temperature
         above 0), since a greedy judge would repeat the same unusable reply."""
         failed = []
@@ -236,6 +240,8 @@ class LLMJudge:
                     self.p_correct[key] = probability
                 if self.cache is not None:
                     self.cache.put(key, {"verdict": verdicts[index], "reason": reason, "p_correct": probability})
+            if progress is not None:
+                progress.update(sum(verdicts[index] is not None for index in chunk))
         return failed
 
 

@@ -7,7 +7,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,11 +104,14 @@ def call_with_limit(model: Any, batch: dict[str, list[Any]], limit_s: float | No
 
 
 def run_model(model: Any, examples: Iterable[dict[str, Any]], predictions_path: Path,
-              total: int | None = None, per_query_s: float | None = 30.0) -> list[dict[str, Any]]:
+              total: int | None = None, per_query_s: float | None = 30.0,
+              count: Callable[[Collection[str]], int] | None = None) -> list[dict[str, Any]]:
     """Records for every example, in order: loaded from an earlier run where present, else predicted now.
 
     A batch gets batch size x `per_query_s` seconds (None: no limit); the queries of a batch over it are
     recorded with `timed_out` and the answer "i don't know", whatever the model returned late.
+    The progress bar (on a terminal) counts the questions answered now against `total`, the number still to
+    answer; `count(answered ids)` gives it instead, counted in a thread beside the run (a large file takes a while).
     """
     predictions_path.parent.mkdir(parents=True, exist_ok=True)
     done = load_predictions(predictions_path)
@@ -125,7 +128,12 @@ def run_model(model: Any, examples: Iterable[dict[str, Any]], predictions_path: 
     if first is None:
         return [done[i] for i in dict.fromkeys(order)]
     queue = itertools.chain([first], queue)
-    with predictions_path.open("a", encoding="utf-8") as out, tqdm(total=total, unit="q", desc="evaluating") as bar:
+    counted = _count_beside(count, frozenset(done)) if count is not None and total is None else {}
+    with predictions_path.open("a", encoding="utf-8") as out, \
+            tqdm(total=total or counted.get("total"), unit="q", desc="answering", disable=None, smoothing=0.1,
+                 dynamic_ncols=True) as bar:
+        if done:
+            bar.set_postfix_str(f"{len(done)} already in {predictions_path.name}", refresh=False)
         while batch := _take(queue, _batch_size(model)):
             limit = len(batch) * per_query_s if per_query_s else None
             answers, seconds, timed_out = call_with_limit(model, make_batch(batch),
@@ -144,5 +152,24 @@ def run_model(model: Any, examples: Iterable[dict[str, Any]], predictions_path: 
                 out.write(json.dumps(record, ensure_ascii=False) + "\n")
             out.flush()
             os.fsync(out.fileno())
+            if bar.total is None and "total" in counted:
+                bar.total = counted["total"]
             bar.update(len(batch))
     return [done[i] for i in dict.fromkeys(order)]
+
+
+def _count_beside(count: Callable[[Collection[str]], int], answered: frozenset[str]) -> dict[str, int]:
+    """{"total": count(answered)} once a daemon thread has counted (at once when it takes under half a second);
+    a count that fails leaves the bar without a total, and the reader of the run reports the error."""
+    counted: dict[str, int] = {}
+
+    def work() -> None:
+        try:
+            counted["total"] = count(answered)
+        except Exception:  # noqa: BLE001 - the run's own reading of the file raises it where it matters
+            pass
+
+    thread = threading.Thread(target=work, name="count-questions", daemon=True)
+    thread.start()
+    thread.join(0.5)
+    return counted

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.connection
+import os
+import signal
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -15,13 +18,19 @@ from typing import Any
 from loguru import logger
 
 from models.llm.base import BackendUnavailable
+from utils.processes import die_with_parent
 
 
 class WorkerError(RuntimeError):
     """The model could not be built or failed in the child; the message is the child's error."""
 
 
-def _serve(factory: Callable[[], Any], connection: multiprocessing.connection.Connection) -> None:
+def _serve(factory: Callable[[], Any], connection: multiprocessing.connection.Connection, parent_pid: int,
+           forked_by_main_thread: bool) -> None:
+    # The evaluation owns Ctrl-C (it stops this process and says what was saved), and this process and the page
+    # workers it starts end with the evaluation, even when it is killed with kill -9.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent(parent_pid, forked_by_main_thread)
     try:
         model = factory()
     except Exception as err:  # sent to the parent, which raises it as a one-line error
@@ -59,10 +68,15 @@ class ModelWorker:
         self._connection, child = context.Pipe()
         started = time.perf_counter()
         # not a daemon: the model starts page workers of its own, and daemons may not have children
-        self._process = context.Process(target=_serve, args=(self.factory, child), name="crag-model", daemon=False)
+        self._process = context.Process(target=_serve, name="crag-model", daemon=False, args=(
+            self.factory, child, os.getpid(), threading.current_thread() is threading.main_thread()))
         self._process.start()
         child.close()
-        status, message = self._receive(None)
+        try:
+            status, message = self._receive(None)
+        except BaseException:  # Ctrl-C while the model loads: the child goes too
+            self.close()
+            raise
         if status != "ready":
             self.close()
             raise BackendUnavailable(f"the model could not be built: {message}")

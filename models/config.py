@@ -166,6 +166,8 @@ class ReferencesConfig:
     table_chars: int = 4000
     max_table_parts: int = 20
     max_page_chars: int = 2_000_000
+    # A query's candidates (chunks, tables, snippets) beyond this are shortlisted by BM25 before embedding.
+    max_candidates: int = field(default=500, metadata=at_least(1))
     top_k: int = field(default=10, metadata=at_least(1))
     table_budget_chars: int = field(default=4000, metadata=at_least(0))
     use_snippets: bool = True
@@ -196,7 +198,15 @@ class KGConfig:
     entities, domain rules choose the calls) or `functions` (the LLM lists the calls, at most `max_calls`, each
     checked against the endpoint table before it is made). `base_url` null: $CRAG_MOCK_API_URL, else
     http://localhost:8000. `max_chars`: the KG text of one query is cut to this length. `price_days`: daily
-    prices kept (up to the question's date, or its current time)."""
+    prices kept (up to the question's date, or its current time).
+
+    `down_after` failures in a row without an answer (a call that cannot connect, an attempt that waits its
+    whole `read_timeout_s`) mark the server down: calls answer nothing at once for `down_s` seconds, then resume
+    only once a probe (`GET /`) answers. `max_reply_bytes`: a longer reply is refused as it arrives (no result).
+    The largest real mock API replies are a few MB (an open entity's raw_mediawiki, up to Wikipedia's 2 MB page
+    limit; a calendar year of soccer games of every team, its ~85-character row key repeated in each column,
+    about 3-6 MB; a year of NBA games about 1.5 MB); 16 MB leaves a factor of about 3, and a 15 MB reply peaks at
+    45-80 MB of Python memory during the call."""
 
     method: Literal["rules", "functions"] = "rules"
     base_url: str | None = None
@@ -204,6 +214,9 @@ class KGConfig:
     read_timeout_s: float = field(default=5.0, metadata=at_least(0.01))
     retries: int = field(default=2, metadata=at_least(0))
     backoff_s: float = field(default=0.2, metadata=at_least(0))
+    down_after: int = field(default=3, metadata=at_least(1))
+    down_s: float = field(default=30.0, metadata=at_least(0))
+    max_reply_bytes: int = field(default=16_000_000, metadata=at_least(1024))
     concurrency: int = field(default=8, metadata=at_least(1))
     max_calls: int = field(default=6, metadata=at_least(1))
     max_chars: int = field(default=1000, metadata=at_least(0))
@@ -311,8 +324,10 @@ class BudgetConfig:
     stage_min_s: dict[str, float] = field(
         default_factory=lambda: {"references": 0.5, "reasoning": 1.0}
     )
-    # The most of the batch's seconds a stage may spend, so that optional stages leave reasoning its time.
-    stage_share: dict[str, float] = field(default_factory=lambda: {"knowledge": 0.2, "calculator": 0.25})
+    # The most of the batch's seconds a stage may spend, so that optional stages leave reasoning its time; the
+    # shipped configs give the same shares (a config's `stage_share` replaces this whole table).
+    stage_share: dict[str, float] = field(default_factory=lambda: {"references": 0.4, "kg": 0.2, "knowledge": 0.2,
+                                                                   "calculator": 0.25})
 
 
 @dataclass

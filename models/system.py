@@ -83,7 +83,7 @@ class CragSystem:
         """A client whose server answered at start-up (one probe, logged), else None: the pipeline then has no
         kg stage, so no call of the run goes to a server that is not there."""
         kg = self.config.kg
-        client = KGClient(kg.base_url, kg.connect_timeout_s, kg.read_timeout_s, kg.retries, kg.backoff_s)
+        client = KGClient.from_config(kg)
         return client if client.probe() else None
 
     def _hash_model(self, resources: dict[str, Any]) -> HashModel | None:

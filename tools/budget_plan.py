@@ -21,6 +21,7 @@ from pathlib import Path
 from models.config import MAX_BATCH_SIZE, ConfigError, SystemConfig, load_config
 from models.prompting import PromptError, PromptLibrary
 from models.stages import pipeline_stages
+from tools import CommandParser
 
 CHARS_PER_TOKEN = 4
 QUERY_TOKENS = 40  # the question, its time and the section headers
@@ -142,7 +143,7 @@ def format_plan(config: SystemConfig, speed: Speed, batch: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=None)
     parser.add_argument("--batch", type=int, default=None, help="default: the config's batch_size")
     parser.add_argument("--prefill-tps", type=float, required=True, help="prompt tokens per second (measured)")

@@ -263,7 +263,9 @@ def format_table(checks: list[Check]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from tools import CommandParser, interrupted
+
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repo", type=Path, default=REPO, help="the submission's folder")
     parser.add_argument("--config", default=None, help="config, relative to --repo (default: the Dockerfile's)")
     parser.add_argument("--cpu", action="store_true", help=f"check with {CPU_CONFIG} (the embedded default)")
@@ -275,32 +277,75 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.probe:
         return probe(args)
+    problem = argument_problem(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    try:
+        return check(args)
+    except KeyboardInterrupt:
+        return interrupted("no check finished; nothing was written")
+
+
+def argument_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the arguments, in one line, or None (checked before any check runs)."""
+    from evaluation.data import DataError, check_data_file
+
+    if not args.repo.is_dir():
+        return f"--repo {args.repo}: no such folder; give the submission's folder"
+    if not args.cpu and not (args.config or dockerfile_config(args.repo.resolve())):
+        return "name a config with --config (the Dockerfile sets no CRAG_CONFIG), or use --cpu"
+    if args.queries < 1 or args.per_query_s <= 0 or args.timeout_s <= 0:
+        return (f"--queries {args.queries}, --per-query-s {args.per_query_s}, --timeout-s {args.timeout_s}: "
+                "each must be positive")
+    if args.data.suffix != ".jsonl":
+        return f"--data {args.data}: give a plain CRAG .jsonl file (the probe reads it as the grader's batches)"
+    try:
+        check_data_file(args.data, examples=True)
+    except DataError as err:
+        return str(err)
+    return None
+
+
+def check(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
     repo = args.repo.resolve()
     config_path = CPU_CONFIG if args.cpu else (args.config or dockerfile_config(repo))
-    if config_path is None or args.queries < 1:
-        print("error: name a config with --config (the Dockerfile sets no CRAG_CONFIG), and --queries >= 1",
-              file=sys.stderr)
-        return 2
-    config_check, weights_check, config = check_config(repo, config_path)
-    checks = [check_aicrowd(repo, config.task if config else None), config_check, weights_check,
-              check_requirements(repo)]
-    if config is not None and weights_check.ok:
-        report = run_probe(repo, config_path, args.queries, args.data.resolve(), args.timeout_s)
-        checks += model_checks(report, args.per_query_s)
-        if report.get("speed") and report.get("batch_size"):
-            checks.append(budget_check(config, report))
+    with tqdm(total=4, desc="config: ", unit="check", disable=None, dynamic_ncols=True,
+              bar_format="{desc}{n}/{total} checks [{elapsed}]", leave=False) as progress:
+        config_check, weights_check, config = check_config(repo, config_path)
+        progress.update(1)
+        progress.set_description("aicrowd.json and requirements")
+        checks = [check_aicrowd(repo, config.task if config else None), config_check, weights_check,
+                  check_requirements(repo)]
+        progress.update(1)
+        if config is not None and weights_check.ok:
+            progress.set_description(f"UserModel: loading it and answering {args.queries} sample queries (at most "
+                                     f"{args.timeout_s:.0f} s)")
+            progress.refresh()
+            report = run_probe(repo, config_path, args.queries, args.data.resolve(), args.timeout_s)
+            checks += model_checks(report, args.per_query_s)
+            progress.update(1)
+            progress.set_description("budget plan")
+            if report.get("speed") and report.get("batch_size"):
+                checks.append(budget_check(config, report))
+        progress.n = progress.total
+        progress.set_description("done")
     print(format_table(checks))
     return 0 if all(c.ok for c in checks) else 1
 
 
 def budget_check(config: Any, report: dict[str, Any]) -> Check:
+    from tqdm import tqdm
+
     from tools.budget_plan import Speed, format_plan, plan
 
     measured = [b["pages_s"] / b["size"] for b in report.get("batches") or [] if b.get("pages_s") is not None]
     pages_s = max(measured, default=1.0)
     speed = Speed(report["speed"]["prefill_tps"], max(report["speed"]["step_s"], 1e-4), pages_s)
     size = report["batch_size"]
-    print(format_plan(config, speed, size), file=sys.stderr)
+    tqdm.write(format_plan(config, speed, size), file=sys.stderr)  # beside the progress bar
     result = plan(config, speed, size)
     # The plan counts every stage at its max_tokens: an upper bound. Over it, the deadline skips the optional
     # stages and cuts generation, so only the sample queries' own times can fail the check.

@@ -514,13 +514,19 @@ def create_app(folder: Path, faults: bool = False, slow_s: float = 3.0) -> FastA
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from tools import CommandParser
+
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=REPO / "data" / "kg", help="folder of the fixture files")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="0: a free port (printed)")
     parser.add_argument("--faults", action="store_true", help="odd argument values trigger failures (tests)")
     parser.add_argument("--slow-s", type=float, default=3.0, help="the delay of a __slow__ reply")
     args = parser.parse_args(argv)
+    if not 0 <= args.port <= 65535 or not 0 <= args.slow_s < float("inf"):
+        print(f"error: --port {args.port}, --slow-s {args.slow_s}: the port must be in 0..65535 (0: a free one) and "
+              "--slow-s 0 or more seconds", file=sys.stderr)
+        return 2
     if not args.data.is_dir():
         print(f"error: {args.data}: no such fixture folder (give --data a folder of open/movie/finance/music/"
               "sports .json files)", file=sys.stderr)

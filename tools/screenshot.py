@@ -52,7 +52,9 @@ def headless_chromium(width: int = 1280, height: int = 1000) -> Iterator:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from tools import CommandParser, check_out_file
+
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("page", type=Path, help="report.html or compare.html")
     parser.add_argument("png", type=Path, help="where the picture goes")
     parser.add_argument("--open", type=int, default=None, metavar="ROW",
@@ -62,6 +64,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.page.is_file():
         print(f"error: {args.page} is not a file; give a run folder's report.html", file=sys.stderr)
+        return 2
+    if args.width < 1 or args.height < 1 or (args.open is not None and args.open < 1):
+        print(f"error: --width {args.width}, --height {args.height}, --open {args.open}: each must be positive (--open "
+              "1 is the table's first row)", file=sys.stderr)
+        return 2
+    try:
+        check_out_file(args.png, "png")
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
         return 2
     try:
         with headless_chromium(args.width, args.height) as driver:

@@ -1,6 +1,6 @@
 """Train the attribute SVMs (domain, and how fast the answer changes) on MiniLM embeddings of the questions.
 
-Reads any CRAG-format .jsonl (query, domain, static_or_dynamic), prints cross-validated accuracy of both
+Reads any CRAG-format .jsonl or .jsonl.bz2 (query, domain, static_or_dynamic), prints cross-validated accuracy of both
 SVMs, the accuracy of SVM and (with --icl) of in-context learning on the same held-out split, then trains on
 every row and writes the model that `attributes.svm_model` loads.
 
@@ -12,14 +12,21 @@ every row and writes the model that `attributes.svm_model` loads.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import tempfile
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
+from tqdm import tqdm
+
+from evaluation.data import DataError, check_data_file, data_lines
 from models.config import DOMAINS, DYNAMISM, ConfigError, EmbedderConfig, load_config
 from models.llm.base import BackendUnavailable
 from models.retrieval.embedder import Embedder
 from models.stages.attributes import SVMAttributes, read_labelled, svm_classifier
+from tools import CommandParser, check_out_file, interrupted
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -27,9 +34,9 @@ MIN_ROWS = 20
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=REPO / "data" / "attributes" / "questions.jsonl",
-                        help="CRAG-format .jsonl with query, domain and static_or_dynamic")
+                        help="CRAG-format .jsonl or .jsonl.bz2 with query, domain and static_or_dynamic")
     parser.add_argument("--out", type=Path, default=REPO / "data" / "attributes" / "svm_minilm.pkl",
                         help="where to write the model")
     parser.add_argument("--folds", type=int, default=5, help="cross-validation folds")
@@ -58,7 +65,7 @@ def icl_predictions(rows_train: list[dict], rows_test: list[dict], config_path: 
     llm = create_llm(config.llm)
     states = [QueryState(i, str(i), row["query"], "", []) for i, row in enumerate(rows_test)]
     batch = config.batch_size
-    for start in range(0, len(states), batch):
+    for start in tqdm(range(0, len(states), batch), desc="ICL", unit="batch", disable=None, dynamic_ncols=True):
         run_alone(stage, states[start:start + batch], config, {"llm": llm, "embedder": None})
     return [(s.domain, s.dynamism) for s in states]
 
@@ -76,21 +83,64 @@ def _strata(domains: list[str], dynamism: list[str], test_size: float) -> list[s
     return None
 
 
+def labelled_rows(path: Path) -> list[dict[str, str]]:
+    """read_labelled's rows of any data file: a compressed one is read line by line, its questions' labels only."""
+    if path.suffix in (".jsonl", ".json"):
+        return read_labelled(path)
+    keys = ("query", "domain", "static_or_dynamic")
+    with tempfile.TemporaryDirectory(prefix="labelled-") as folder:
+        plain = Path(folder) / "questions.jsonl"
+        with plain.open("w", encoding="utf-8") as out:
+            for line in data_lines(path):
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    out.write("\n")  # read_labelled skips it; the line numbers stay the file's
+                    continue
+                out.write(json.dumps({k: row.get(k) for k in keys} if isinstance(row, dict) else row) + "\n")
+        return read_labelled(plain)
+
+
+def check_rows(rows: list[dict[str, str]], path: Path, folds: int) -> None:
+    """A DataError for rows that cannot train both SVMs: too few, one class only, or no class with --folds rows."""
+    if len(rows) < MIN_ROWS:
+        raise DataError(f"--data {path} has {len(rows)} usable rows (query, domain in {list(DOMAINS)}, "
+                        f"static_or_dynamic in {list(DYNAMISM)}); at least {MIN_ROWS} are needed")
+    for key in ("domain", "static_or_dynamic"):
+        counts = Counter(row[key] for row in rows)
+        if len(counts) < 2:
+            raise DataError(f"--data {path}: every question has {key} {next(iter(counts))!r}; a classifier needs "
+                            f"at least two classes (give questions of other {key} values)")
+        if max(counts.values()) < folds:
+            raise DataError(f"--data {path}: no {key} class has {folds} questions for {folds}-fold cross-validation;"
+                            " give more questions or a smaller --folds")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        return train_attributes(args)
+    except KeyboardInterrupt:
+        return interrupted(f"nothing written ({args.out} is unchanged)")
+
+
+def train_attributes(args: argparse.Namespace) -> int:
     from sklearn.model_selection import StratifiedKFold, cross_val_score, train_test_split
 
-    if not args.data.is_file():
-        print(f"error: --data {args.data} not found (give a CRAG-format .jsonl)", file=sys.stderr)
-        return 2
-    rows = read_labelled(args.data)
-    if len(rows) < MIN_ROWS:
-        print(f"error: --data {args.data} has {len(rows)} usable rows (query, domain in {list(DOMAINS)}, "
-              f"static_or_dynamic in {list(DYNAMISM)}); at least {MIN_ROWS} are needed", file=sys.stderr)
-        return 2
     try:
+        if args.folds < 2 or not 0 < args.test_size < 1 or args.c <= 0:
+            raise ConfigError(f"--folds {args.folds}, --test-size {args.test_size}, --c {args.c}: --folds must be 2 or "
+                              "more, --test-size in (0, 1) and --c positive")
+        check_out_file(args.out)
+        if not args.data.is_file():
+            raise ConfigError(f"--data {args.data} not found (give a CRAG-format .jsonl or .jsonl.bz2)")
+        check_data_file(args.data)
+        if args.icl:
+            load_config(args.config)  # a config that cannot load fails now, not after the SVMs
+        rows = labelled_rows(args.data)
+        check_rows(rows, args.data, args.folds)
         embedder = Embedder(EmbedderConfig())
-    except BackendUnavailable as err:
+    except (ConfigError, DataError, BackendUnavailable) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     vectors = embedder.encode([row["query"] for row in rows])

@@ -33,6 +33,7 @@ from models.llm.base import BackendUnavailable
 from models.retrieval.embedder import Embedder
 from models.retrieval.hash_index import HashIndex, HashModel, SearchSettings
 from models.stages.references import proposition_units
+from tools import CommandParser, check_out_file, interrupted
 from tools.train_r2former import reference_states
 from training.hash_training import ADSHSettings, initial_layer, pair_similarity, positive_recall, recall_at, train_adsh
 from utils.answers import contains_answer, is_invalid
@@ -134,7 +135,7 @@ def lsh_recall(database: np.ndarray, queries: np.ndarray, positives: list[set[in
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, required=True, help="CRAG-format .jsonl(.bz2), or a .jsonl of pairs")
     parser.add_argument("--config", type=Path, default=None, help="system config (embedder, references)")
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "hash" / "hash.hidx")
@@ -159,10 +160,19 @@ def main(argv: list[str] | None = None) -> int:
     logger.remove()
     logger.add(sys.stderr, level="WARNING")
     try:
+        return train_hash(args)
+    except KeyboardInterrupt:
+        return interrupted(f"nothing written ({args.out} is unchanged)")
+
+
+def train_hash(args: argparse.Namespace) -> int:
+    try:
+        if (args.bits < 8 or args.bits % 8 or args.rounds < 0 or args.epochs < 1 or not 0 < args.held_out < 1
+                or args.lr <= 0 or min(args.k) < 1 or (args.limit is not None and args.limit < 1)):
+            raise ConfigError("--bits must be a positive multiple of 8, --rounds >= 0, --epochs >= 1, --held-out in "
+                              "(0, 1), and --lr, --k and --limit positive")
+        check_out_file(args.out)
         check_data_file(args.data)
-        if args.bits < 8 or args.bits % 8 or args.rounds < 0 or args.epochs < 1 or not 0 < args.held_out < 1:
-            raise ConfigError("--bits must be a positive multiple of 8, --rounds >= 0, --epochs >= 1 and "
-                              "--held-out in (0, 1)")
         config = load_config(args.config)
         if is_crag_format(args.data, "pairs"):
             examples = list(read_examples(args.data, limit=args.limit))

@@ -40,6 +40,7 @@ from models.stages.base import run_alone
 from models.stages.reasoning import END, START, place_embeddings, reasoning_conversation
 from models.stages.references import ReferencesStage
 from models.state import QueryState, Reference
+from tools import CommandParser, check_out_file, interrupted
 from training.r2former_training import RankedList, TrainSettings, split, train
 from utils.answers import contains_answer, is_invalid
 from utils.pages import PageProcessor, PageSettings
@@ -163,7 +164,7 @@ class LMLoss:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, required=True, help="CRAG-format .jsonl(.bz2), or a .jsonl of lists")
     parser.add_argument("--config", type=Path, default=None, help="system config (embedder, references, LLM)")
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "r2former" / "r2former.pt")
@@ -184,27 +185,57 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def check_labels(labels: list[np.ndarray], data: Path) -> None:
+    """A DataError unless the references hold both classes: with no positive (or no negative) there is nothing to
+    rank, and the validation AUC would be nan."""
+    positives = sum(int(np.sum(item)) for item in labels)
+    references = sum(len(item) for item in labels)
+    if positives == 0:
+        raise DataError(f"{data}: none of the {references} references is positive (contains the gold answer), so "
+                        "there is nothing to learn; give questions whose pages or lists hold their answers")
+    if positives == references:
+        raise DataError(f"{data}: all {references} references are positive, so there is nothing to learn; give "
+                        "lists with negatives too")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logger.remove()
     logger.add(sys.stderr, level="WARNING")
     try:
+        return train_r2former(args)
+    except KeyboardInterrupt:
+        return interrupted(f"nothing written ({args.out} is unchanged)")
+
+
+def train_r2former(args: argparse.Namespace) -> int:
+    try:
+        if (args.epochs < 1 or args.batch_size < 1 or not 0 < args.val_share < 1 or args.hidden < 1 or args.heads < 1
+                or args.hidden % args.heads or args.layers < 1 or not 0 <= args.dropout < 1 or args.max_refs < 1
+                or args.lr <= 0 or (args.limit is not None and args.limit < 1)):
+            raise ConfigError("--epochs, --batch-size, --hidden, --heads, --layers, --max-refs, --lr and --limit must "
+                              "be positive, --val-share in (0, 1), --dropout in [0, 1), and --hidden a multiple of "
+                              "--heads")
+        check_out_file(args.out)
         check_data_file(args.data)
-        if args.epochs < 1 or args.batch_size < 1 or not 0 < args.val_share < 1 or args.hidden % args.heads:
-            raise ConfigError("--epochs and --batch-size must be positive, --val-share in (0, 1), and --hidden a "
-                              "multiple of --heads")
         config = load_config(args.config)
         crag = is_crag_format(args.data, "reference lists")
         rows = list(read_examples(args.data, limit=args.limit)) if crag else read_pairs(args.data, args.limit)
+        if not crag:  # the labels are in the file: a file that cannot train fails before the embedder loads
+            check_labels([np.asarray(row["labels"], dtype=bool) for _, row in rows], args.data)
         embedder = Embedder(config.embedder)
         lists = lists_from_crag(rows, config, embedder) if crag else lists_from_pairs(rows, embedder)
         if len(lists) < MIN_LISTS:
             raise DataError(f"{args.data}: {len(lists)} usable reference lists; at least {MIN_LISTS} are needed")
+        check_labels([item.labels for item in lists], args.data)
         lm = LMLoss(config) if args.lm else None
     except (ConfigError, DataError, BackendUnavailable, PromptError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     train_lists, val_lists = split(lists, args.val_share, args.seed)
+    if len({bool(label) for item in val_lists for label in item.labels}) < 2:
+        print(f"note: the {len(val_lists)} validation lists hold one class only, so the validation AUC is not "
+              "measured (nan); more data or a larger --val-share measures it", file=sys.stderr)
     positives = sum(int(item.labels.sum()) for item in lists)
     references = sum(len(item.labels) for item in lists)
     print(f"{len(lists)} lists ({len(train_lists)} train, {len(val_lists)} validation), {references} references, "

@@ -30,6 +30,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from evaluation.data import DataError, check_data_file, read_examples
 from evaluation.compare import compare_records, format_comparison
 from evaluation.judge import judge_records
@@ -40,8 +42,10 @@ from models.prompting import PromptError, PromptLibrary
 from models.stages.base import run_stage
 from models.state import Proposition, QueryState, Reference, StageRecord
 from models.system import CragSystem, unpack_batch
+from tools import CommandParser, check_out, interrupted
 from utils.batch import make_batch
 from utils.cache import JsonCache, cache_root, content_key
+from utils.names import closest
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -96,7 +100,9 @@ class Tuner:
         cached = [self.cache.get(key) for key in keys]
         missing = [i for i, value in enumerate(cached) if value is None]
         batch_size = self.system.config.batch_size
-        for start in range(0, len(missing), batch_size):
+        steps = range(0, len(missing), batch_size)
+        for start in tqdm(steps, desc=f"upstream stages ({len(examples) - len(missing)} cached)", unit="batch",
+                          disable=None if missing else True, dynamic_ncols=True):
             chunk = missing[start:start + batch_size]
             states = unpack_batch(make_batch([examples[i] for i in chunk]))
             batch = self.system.batch(len(states))
@@ -108,12 +114,13 @@ class Tuner:
         return [state_from_json(value, [p for p in e["search_results"] if isinstance(p, dict)])
                 for value, e in zip(cached, examples)]
 
-    def variant_answers(self, states: list[QueryState], variant: str) -> list[str]:
+    def variant_answers(self, states: list[QueryState], variant: str, label: str = "") -> list[str]:
         prompts = PromptLibrary({**self.system.config.prompts, self.prompt: variant})
         prompts.get(self.prompt)  # a broken variant fails before any call
         answers: list[str] = []
         batch_size = self.system.config.batch_size
-        for start in range(0, len(states), batch_size):
+        for start in tqdm(range(0, len(states), batch_size), desc=label or Path(variant).name, unit="batch",
+                          disable=None, dynamic_ncols=True):
             batch = [copy.deepcopy(s) for s in states[start:start + batch_size]]
             shared = self.system.batch(len(batch), prompts)
             for stage in self.downstream:
@@ -218,7 +225,7 @@ def variant_path(variant: str) -> Path | None:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompt", default="reasoning", help="the prompt name to vary (a file stem of prompts/)")
     parser.add_argument("--variant", action="append", default=[],
                         help="a prompt file; give it once per variant; the first is the baseline")
@@ -233,11 +240,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None, system: CragSystem | None = None) -> int:
-    from local_evaluation import build_judge
-
     args = parse_args(argv)
     try:
-        check_data_file(args.data)
+        return tune(args, system)
+    except KeyboardInterrupt:
+        return interrupted(f"nothing written to {args.out}; the upstream stages' results cached so far are kept, "
+                           "so the same command goes on from there")
+
+
+def tune(args: argparse.Namespace, system: CragSystem | None) -> int:
+    from local_evaluation import build_judge, check_judge, check_prompts, check_variant
+
+    try:
+        if args.limit is not None and args.limit < 1:
+            raise ConfigError(f"--limit {args.limit}: give a positive number of questions, or leave it out for all")
+        check_out(args.out)
+        check_data_file(args.data, examples=True)
+        check_judge(args.judge, args.judge_model)
         if args.grid is not None:
             args.prompt, grid_files = grid_variants(args.grid, args.out)
             args.variant = args.variant + grid_files
@@ -246,15 +265,25 @@ def main(argv: list[str] | None = None, system: CragSystem | None = None) -> int
         missing = [v for v in args.variant if variant_path(v) is None]
         if missing:
             raise ConfigError(f"--variant {missing[0]}: no such prompt file")
-        system = system or CragSystem(config_from_args(args))
+        config = system.config if system is not None else config_from_args(args)
+        check_prompts(config.prompts, config.source)
+        known = sorted(path.stem for path in (REPO / "prompts").glob("*.yaml"))
+        if args.prompt not in known:
+            close = closest(args.prompt, known)
+            raise ConfigError(f"--prompt {args.prompt!r}: no prompt has that name; "
+                              + (f"did you mean {close!r}?" if close else f"the names are {', '.join(known)}"))
+        for variant in args.variant:
+            check_variant(args.prompt, variant_path(variant), f"--variant {variant}")
+        system = system or CragSystem(config)
         tuner = Tuner(system, args.prompt, JsonCache(cache_root(None) / "stages"))
         judge = build_judge(args.judge, args.judge_model)
         examples = list(read_examples(args.data, limit=args.limit))
         states = tuner.upstream_states(examples)
         rows: dict[str, dict[str, Any]] = {}
         judged: dict[str, list[dict[str, Any]]] = {}
-        for variant in args.variant:
-            answers = tuner.variant_answers(states, str(variant_path(variant)))
+        for number, variant in enumerate(args.variant, start=1):
+            answers = tuner.variant_answers(states, str(variant_path(variant)),
+                                            f"variant {number}/{len(args.variant)} {Path(variant).name}")
             records = [dict({k: e.get(k) for k in ("interaction_id", "query", "answer", "alt_answers", "domain",
                                                    "question_type", "static_or_dynamic", "popularity")},
                             prediction=a) for e, a in zip(examples, answers)]

@@ -5,15 +5,26 @@ result types it may return) and a method of KGClient with the same name, e.g.
 `client.finance_get_price_history("AAPL")`. Calls time out (connect and read, and never past a caller's deadline),
 are retried with backoff on connection errors, timeouts and the gateway errors HTTP 502/503/504, and are cached for
 the client's life. HTTP 500 is the organisers' server raising on arguments it cannot use (an Oscar year out of
-range, an unknown key): it would answer the same again, so it is one try and no result. After `down_after` calls in
-a row that could not connect, the server counts as down for `down_s` seconds and calls return None at once (a Task 1
-grader has no KG to reach); `probe()` asks once whether a server is there. Nothing raises: a failure (server down,
-HTTP error, garbage JSON, a result of the wrong type, a call that does not match the table) returns None and is
-logged once per endpoint and kind of failure.
+range, an unknown key): it would answer the same again, so it is one try and no result; so is a reply over
+`max_reply_bytes`, refused as it arrives. A wrong request (HTTP 4xx) is one try and no result too.
+
+Replies are read as they arrive, a read at a time, so the whole call ends by the caller's deadline (without one,
+`connect_timeout_s + read_timeout_s` after each attempt starts) however slowly a server trickles its reply.
+
+Down: `down_after` failures in a row without an answer (a call that could not connect, after its retries, or an
+attempt that waited its whole read timeout, a trickling reply included) mark the server down: calls return None at
+once, without a request. After `down_s` seconds the next call first sends a probe (`GET /`, waiting at most
+PROBE_READ_S for the reply): calls resume only when it answers, and then one more failure marks the server down
+again; a probe that gets no answer keeps it down another `down_s`. A reply of any kind (HTTP 4xx and 5xx
+included) resets the count. `probe()` asks once, at start-up, whether a server is there.
+
+Nothing raises: a failure (server down, HTTP error, garbage JSON, a reply too large or too slow, a result of the
+wrong type, a call that does not match the table) returns None and is logged once per endpoint and kind of failure.
 """
 
 from __future__ import annotations
 
+import http.client
 import inspect
 import json
 import os
@@ -23,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import requests
+import urllib3
 from loguru import logger
 
 from utils.deadline import Deadline
@@ -30,6 +42,9 @@ from utils.deadline import Deadline
 KG_URL_ENV = "CRAG_MOCK_API_URL"
 DEFAULT_KG_URL = "http://localhost:8000"
 TRANSIENT_STATUS = frozenset({502, 503, 504})  # a proxy or a server starting: worth another try
+DEFAULT_MAX_REPLY_BYTES = 16_000_000  # see KGConfig.max_reply_bytes in models/config.py for the reasoning
+READ_CHUNK = 64 * 1024  # the most one read of a reply takes
+PROBE_READ_S = 1.0  # the longest a probe of a server marked down waits for its reply (never past read_timeout_s)
 
 
 @dataclass(frozen=True)
@@ -145,32 +160,47 @@ class KGClient:
     """One client per run: its cache lives as long as it does. Safe to call from several threads."""
 
     def __init__(self, base_url: str | None = None, connect_timeout_s: float = 1.0, read_timeout_s: float = 5.0,
-                 retries: int = 2, backoff_s: float = 0.2, down_after: int = 3, down_s: float = 30.0) -> None:
+                 retries: int = 2, backoff_s: float = 0.2, down_after: int = 3, down_s: float = 30.0,
+                 max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> None:
         self.base_url = (base_url or os.environ.get(KG_URL_ENV) or DEFAULT_KG_URL).rstrip("/")
         self.connect_timeout_s, self.read_timeout_s = connect_timeout_s, read_timeout_s
         self.retries, self.backoff_s = retries, backoff_s
-        self.down_after, self.down_s = down_after, down_s
-        self._unreachable = 0  # calls in a row that could not connect
-        self._down_until = 0.0
-        self.requests_sent = 0
+        self.down_after, self.down_s = max(1, down_after), down_s
+        self.max_reply_bytes = max_reply_bytes
+        self._failures = 0      # failures in a row without an answer (see the module docstring)
+        self._down_until = 0.0  # 0: up; else down, and no probe before this time (time.monotonic())
+        self._probing = False   # a probe is in flight: the other calls return None meanwhile
+        self.requests_sent = 0  # POSTs, retries included (probes are not counted here)
+        self.probes_sent = 0    # probes of a server marked down
+        self.bytes_received = 0  # reply bytes read, in all
         self._cache: dict[str, Any] = {}
         self._logged: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
         self._local = threading.local()
 
+    @classmethod
+    def from_config(cls, settings: Any) -> KGClient:
+        """A client with the connection settings of a KGConfig (models/config.py)."""
+        return cls(settings.base_url, settings.connect_timeout_s, settings.read_timeout_s, settings.retries,
+                   settings.backoff_s, settings.down_after, settings.down_s, settings.max_reply_bytes)
+
+    @property
+    def down(self) -> bool:
+        """Whether the server is marked down (calls answer None at once until a probe answers)."""
+        return self._down_until != 0.0
+
     def probe(self) -> bool:
         """Whether a server answers at base_url (any HTTP reply counts), within the client's timeouts; logged."""
-        try:
-            reply = self._session().get(self.base_url + "/", timeout=(self.connect_timeout_s, self.read_timeout_s))
-        except requests.RequestException as err:
-            logger.warning("no KG server answers at {} ({}): the kg stage is off for this run", self.base_url,
-                           type(err).__name__)
+        answer = self._root((self.connect_timeout_s, self.read_timeout_s))
+        if isinstance(answer, str):
+            logger.warning("no KG server answers at {} ({}): the kg stage is off for this run", self.base_url, answer)
             return False
-        logger.info("KG server at {} answers (HTTP {})", self.base_url, reply.status_code)
+        logger.info("KG server at {} answers (HTTP {})", self.base_url, answer)
         return True
 
     def call(self, name: str, args: dict[str, Any] | None = None, deadline: Deadline | None = None) -> Any:
-        """The result of endpoint `name` with `args`, or None (nothing found, a failure, or `deadline` passed)."""
+        """The result of endpoint `name` with `args`, or None (nothing found, a failure, the server down, or
+        `deadline` passed)."""
         args = args or {}
         endpoint = ENDPOINTS.get(name)
         if endpoint is None:
@@ -184,8 +214,8 @@ class KGClient:
         with self._lock:
             if key in self._cache:
                 return self._cache[key]
-            if time.monotonic() < self._down_until:
-                return None
+        if not self._available(deadline):
+            return None
         found, result = self._post(endpoint, endpoint.body(args), deadline)
         if found:
             with self._lock:
@@ -197,59 +227,162 @@ class KGClient:
             self._local.session = requests.Session()
         return self._local.session
 
+    def _root(self, timeout: tuple[float, float]) -> int | str:
+        """The HTTP status of `GET /` (its body is not read), or the name of the error when there is no reply."""
+        try:
+            with self._session().get(self.base_url + "/", timeout=timeout, stream=True) as reply:
+                return reply.status_code
+        except requests.RequestException as err:
+            return type(err).__name__
+
+    def _available(self, deadline: Deadline | None) -> bool:
+        """Whether a call may go to the server: yes when it is not marked down; when it is, no until `down_s` has
+        passed, then yes only if a probe (sent by this call alone, and only when `deadline` affords its
+        timeouts) answers."""
+        read_s = min(self.read_timeout_s, PROBE_READ_S)
+        with self._lock:
+            if not self._down_until:
+                return True
+            if self._probing or time.monotonic() < self._down_until:
+                return False
+            if deadline is not None and not deadline.can_afford(self.connect_timeout_s + read_s):
+                return False
+            self._probing = True
+            self.probes_sent += 1
+        answer = self._root((self.connect_timeout_s, read_s))
+        answered = not isinstance(answer, str)
+        with self._lock:
+            self._probing = False
+            if answered:  # resume, on probation: one more failure marks it down again
+                self._down_until, self._failures = 0.0, self.down_after - 1
+            else:
+                self._down_until = time.monotonic() + self.down_s
+        if answered:
+            logger.info("KG server at {} answers a probe again (HTTP {}): KG calls resume", self.base_url, answer)
+        else:
+            logger.info("KG server at {} still down (probe: {}); next probe in {:.0f} s", self.base_url, answer,
+                        self.down_s)
+        return answered
+
     def _post(self, endpoint: Endpoint, body: dict[str, Any], deadline: Deadline | None) -> tuple[bool, Any]:
-        """(True, result) for an answer of the server (None included: nothing found), (False, None) otherwise."""
+        """(True, result) for an answer of the server (None included: nothing found, and a reply refused for its
+        size), (False, None) otherwise."""
         url = self.base_url + endpoint.path
+        sent = 0
         for attempt in range(self.retries + 1):
-            left = self.read_timeout_s if deadline is None else deadline.remaining()
-            if left <= 0:
-                self._log(endpoint.name, "deadline", "no time left for the call")
-                return False, None
+            if attempt and self.down:  # marked down meanwhile, by this call's timeouts or another call's
+                break
+            if deadline is None:
+                left = self.connect_timeout_s + self.read_timeout_s
+            else:
+                left = deadline.remaining()
+                if left <= 0:
+                    self._log(endpoint.name, "deadline", "no time left for the call")
+                    return False, None
+            ends = time.monotonic() + left
+            connect_s, read_s = min(self.connect_timeout_s, left), min(self.read_timeout_s, left)
+            whole = connect_s >= self.connect_timeout_s and read_s >= self.read_timeout_s  # not cut by `deadline`
             with self._lock:
                 self.requests_sent += 1
+            sent += 1
             try:
-                reply = self._session().post(url, json=body, timeout=(min(self.connect_timeout_s, left),
-                                                                      min(self.read_timeout_s, left)))
+                reply = self._session().post(url, json=body, timeout=(connect_s, read_s), stream=True)
             except requests.RequestException as err:
                 failure = f"{type(err).__name__}: {err}"
                 kind = "timeout" if isinstance(err, requests.Timeout) else "connection"
             else:
-                with self._lock:
-                    self._unreachable = 0
-                if reply.status_code not in TRANSIENT_STATUS:
-                    return self._read(endpoint, reply)
-                kind, failure = "server error", f"HTTP {reply.status_code}"
+                with reply:
+                    if reply.status_code in TRANSIENT_STATUS:
+                        self._answered()
+                        kind, failure = "server error", f"HTTP {reply.status_code}"
+                    else:
+                        content, kind, failure = self._content(reply, ends, read_s)
+                        if content is not None:
+                            self._answered()
+                            return self._read(endpoint, reply.status_code, content)
+                        if kind == "too large":  # the same call would bring the same reply: no result, cached
+                            self._answered()
+                            self._log(endpoint.name, kind, failure)
+                            return True, None
+            if kind == "timeout" and whole:  # the server had its whole read timeout and did not answer
+                self._count_failure(kind)
             if attempt < self.retries:
                 pause = self.backoff_s * 2 ** attempt
                 if deadline is not None and not deadline.can_afford(pause):
                     break
                 time.sleep(pause)
-        self._log(endpoint.name, kind, f"{failure} after {attempt + 1} attempt(s) at {url}")
+        self._log(endpoint.name, kind, f"{failure} after {sent} attempt(s) at {url}")
         if kind == "connection":
-            self._count_unreachable()
+            self._count_failure(kind)
         return False, None
 
-    def _count_unreachable(self) -> None:
-        with self._lock:
-            self._unreachable += 1
-            if self._unreachable < self.down_after:
-                return
-            self._down_until, self._unreachable = time.monotonic() + self.down_s, 0
-        self._log("*", "down", f"{self.base_url} unreachable {self.down_after} times in a row; KG calls are "
-                               f"skipped for {self.down_s:.0f} s")
+    def _content(self, reply: requests.Response, ends: float, read_s: float) -> tuple[bytes | None, str, str]:
+        """(the reply's body, "", "") or (None, kind, why): "too large" over `max_reply_bytes` (announced or
+        read), "timeout" when it is still arriving at `ends` (time.monotonic()) or a read waits `read_s` in vain,
+        "connection" when the connection breaks. One read at a time, each waiting no longer than `ends` allows,
+        and no more than `max_reply_bytes` (and one read) held."""
+        cap = self.max_reply_bytes
+        announced = reply.headers.get("Content-Length", "")
+        if announced.isdigit() and int(announced) > cap:
+            return None, "too large", (f"reply of {int(announced)} bytes (Content-Length) is over "
+                                       f"kg.max_reply_bytes ({cap} bytes): refused unread")
+        raw = reply.raw
+        read = getattr(raw, "read1", None) or raw.read  # read1: at most one socket read (urllib3 2)
+        sock = getattr(getattr(raw, "connection", None), "sock", None)
+        body = bytearray()
+        try:
+            while True:
+                left = ends - time.monotonic()
+                if left <= 0:
+                    return None, "timeout", (f"reply still arriving at the deadline, {len(body)} bytes read "
+                                             f"(a server trickling its reply)")
+                if sock is not None:
+                    sock.settimeout(min(read_s, left))
+                chunk = read(READ_CHUNK, decode_content=True)
+                if not chunk:
+                    break
+                body += chunk
+                with self._lock:
+                    self.bytes_received += len(chunk)
+                if len(body) > cap:
+                    return None, "too large", (f"reply over kg.max_reply_bytes ({cap} bytes): refused after reading "
+                                               f"{len(body)} bytes")
+        except urllib3.exceptions.ReadTimeoutError as err:
+            if time.monotonic() >= ends:
+                return None, "timeout", f"reply still arriving at the deadline, {len(body)} bytes read"
+            return None, "timeout", f"reply stalled ({err}), {len(body)} bytes read"
+        except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError) as err:
+            return None, "connection", f"reply cut off ({type(err).__name__}: {err}), {len(body)} bytes read"
+        return bytes(body), "", ""
 
-    def _read(self, endpoint: Endpoint, reply: requests.Response) -> tuple[bool, Any]:
-        if reply.status_code == 500:  # the server raised on these arguments: no result, and none next time
+    def _answered(self) -> None:
+        with self._lock:
+            self._failures = 0
+
+    def _count_failure(self, kind: str) -> None:
+        with self._lock:
+            if self._down_until:
+                return
+            self._failures += 1
+            if self._failures < self.down_after:
+                return
+            self._down_until, self._failures = time.monotonic() + self.down_s, 0
+        logger.warning("KG server at {} unreachable {} times in a row (last: {}): marked down; KG calls answer "
+                       "nothing at once for {:.0f} s, then resume once a probe (GET /) answers", self.base_url,
+                       self.down_after, kind, self.down_s)
+
+    def _read(self, endpoint: Endpoint, status: int, content: bytes) -> tuple[bool, Any]:
+        if status == 500:  # the server raised on these arguments: no result, and none next time
             self._log(endpoint.name, "server error", f"HTTP 500 (the server cannot use these arguments): "
-                                                     f"{reply.text[:120]}")
+                                                     f"{_text(content, 120)}")
             return True, None
-        if reply.status_code >= 400:
-            self._log(endpoint.name, "client error", f"HTTP {reply.status_code}: {reply.text[:200]}")
+        if status >= 400:
+            self._log(endpoint.name, "client error", f"HTTP {status}: {_text(content, 200)}")
             return False, None
         try:
-            data = reply.json()
+            data = json.loads(content)
         except ValueError:
-            self._log(endpoint.name, "invalid JSON", f"reply starts {reply.text[:80]!r}")
+            self._log(endpoint.name, "invalid JSON", f"reply starts {_text(content, 80)!r}")
             return False, None
         if not isinstance(data, dict) or "result" not in data:
             self._log(endpoint.name, "invalid reply", f"no 'result' in {str(data)[:80]!r}")
@@ -267,6 +400,10 @@ class KGClient:
                 return
             self._logged.add((endpoint, kind))
         logger.warning("KG {} ({}): {}; answering without it", endpoint, kind, detail)
+
+
+def _text(content: bytes, limit: int) -> str:
+    return content[:limit].decode("utf-8", "replace")
 
 
 def _method(endpoint: Endpoint):

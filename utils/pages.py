@@ -12,6 +12,8 @@ import gc
 import multiprocessing
 import multiprocessing.pool
 import os
+import signal
+import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -21,6 +23,7 @@ import trafilatura
 from loguru import logger
 
 from utils.cache import JsonCache, content_key
+from utils.processes import die_with_parent
 from utils.chunking import seed_chunks, split_sentences
 from utils.html import block_text, parse_html, remove_boilerplate, unescape_unicode
 from utils.tables import extract_tables
@@ -84,6 +87,12 @@ def _work(task: tuple[object, str, PageSettings]) -> ProcessedPage | str:
         return f"{type(err).__name__}: {err}"
 
 
+def _worker_start(parent_pid: int, forked_by_main_thread: bool) -> None:
+    """A page worker ends with the process that made its pool, and leaves Ctrl-C to it (no traceback per worker)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent(parent_pid, forked_by_main_thread)
+
+
 def _start_method() -> str:
     # fork starts workers in milliseconds and does not re-import the grader's main module; the pool is made
     # before any model loads, so the children hold no GPU state.
@@ -112,7 +121,8 @@ class PageProcessor:
         # collector never scans them, which saves its time and keeps the pages of memory shared.
         gc.freeze()
         try:
-            return multiprocessing.get_context(_start_method()).Pool(self.workers)
+            return multiprocessing.get_context(_start_method()).Pool(
+                self.workers, _worker_start, (os.getpid(), threading.current_thread() is threading.main_thread()))
         finally:
             gc.unfreeze()
 

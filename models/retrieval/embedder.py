@@ -12,6 +12,7 @@ from loguru import logger
 
 from models.config import EmbedderConfig
 from models.llm.base import BackendUnavailable
+from utils.deadline import Deadline
 
 T = TypeVar("T")
 
@@ -46,9 +47,19 @@ class Embedder:
         self.name = path.name if config.model else PACKAGED_NAME
         self.model = load_local("embedder", path, SentenceTransformer, config.device)
 
-    def encode(self, texts: list[str]) -> np.ndarray:
+    def encode(self, texts: list[str], deadline: Deadline | None = None) -> np.ndarray:
+        """Unit vectors of `texts`, in order; with a deadline, embedded one batch at a time and stopped when
+        it passes: then the rows are those of the first texts only."""
         if not texts:
             return np.zeros((0, self.model.get_embedding_dimension()), dtype=np.float32)
-        vectors = self.model.encode(texts, batch_size=self.config.batch_size, normalize_embeddings=True,
-                                    convert_to_numpy=True, show_progress_bar=False)
-        return vectors.astype(np.float32, copy=False)
+        step = len(texts) if deadline is None else self.config.batch_size
+        parts = []
+        for start in range(0, len(texts), step):
+            if deadline is not None and deadline.expired():
+                break
+            parts.append(self.model.encode(texts[start:start + step], batch_size=self.config.batch_size,
+                                           normalize_embeddings=True, convert_to_numpy=True,
+                                           show_progress_bar=False))
+        if not parts:
+            return np.zeros((0, self.model.get_embedding_dimension()), dtype=np.float32)
+        return np.vstack(parts).astype(np.float32, copy=False)

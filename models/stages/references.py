@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 from loguru import logger
+from rank_bm25 import BM25Okapi
 
 from models.config import HashConfig
 from models.retrieval.dense import best_first, select
@@ -51,6 +52,37 @@ def candidates(pages: list[Mapping[str, Any]], processed: list[ProcessedPage | N
                 seen.add(text)
                 refs.append(Reference(text, kind, *meta))
     return refs
+
+
+_WORD = re.compile(r"\w+")
+
+
+def shortlist(query: str, refs: list[Reference], limit: int) -> list[Reference]:
+    """At most `limit` of a query's candidates, the best by BM25 against the query first, so a 3 MB page (about
+    3,900 chunks, 30 s of CPU embedding) costs what the deadline affords; all of them, in page order, when they
+    are within the limit."""
+    if len(refs) <= limit:
+        return refs
+    scores = BM25Okapi([_WORD.findall(r.text.lower()) or [""] for r in refs]).get_scores(
+        _WORD.findall(query.lower()))
+    logger.info("{} candidates for {!r}: the {} best by BM25 are embedded", len(refs), query[:60], limit)
+    return [refs[i] for i in best_first(scores)[:limit]]
+
+
+def embed_in_turn(embedder: Any, per_query: list[list[Reference]], deadline: Any) -> list[np.ndarray]:
+    """The candidates' vectors, query by query, embedded in turns (each query's next best, then the next), so
+    that a deadline reached half way leaves every query its best candidates: a query's block has a row for each
+    of its first candidates that was embedded (the others are dropped by the caller)."""
+    order = [(q, i) for i in range(max((len(r) for r in per_query), default=0))
+             for q, refs in enumerate(per_query) if i < len(refs)]
+    vectors = embedder.encode([per_query[q][i].text for q, i in order], deadline=deadline)
+    blocks: list[list[np.ndarray]] = [[] for _ in per_query]
+    for (q, _), row in zip(order, vectors):
+        blocks[q].append(row)
+    if len(vectors) < len(order):
+        logger.warning("deadline: {} of {} candidates embedded; the rest are left out", len(vectors), len(order))
+    width = vectors.shape[1]
+    return [np.vstack(b) if b else np.zeros((0, width), dtype=np.float32) for b in blocks]
 
 
 def split_rows(rows: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
@@ -144,11 +176,12 @@ class ReferencesStage(Stage):
         per_query: list[list[Reference]] = []
         offset = 0
         for state in states:
-            per_query.append(candidates(state.pages, processed[offset:offset + len(state.pages)], settings.use_snippets))
+            found = candidates(state.pages, processed[offset:offset + len(state.pages)], settings.use_snippets)
+            per_query.append(shortlist(state.query, found, settings.max_candidates))
             offset += len(state.pages)
-        texts = [state.query for state in states] + [ref.text for refs in per_query for ref in refs]
-        vectors = ctx.embedder.encode(texts)  # one call: the queries and every candidate
-        queries, blocks = vectors[:len(states)], split_rows(vectors[len(states):], [len(r) for r in per_query])
+        queries = ctx.embedder.encode([state.query for state in states])
+        blocks = embed_in_turn(ctx.embedder, per_query, ctx.work_deadline())
+        per_query = [refs[:len(block)] for refs, block in zip(per_query, blocks)]
         hashing = settings.retriever == "hash"
         if hashing:
             rewritten = (rewrite_as_propositions(states, per_query, [b @ q for b, q in zip(blocks, queries)], ctx)

@@ -1,6 +1,7 @@
 """The hf backend on the embedded SmolLM2, and the openai backend against a real `transformers serve`."""
 
 import math
+import time
 
 from utils.deadline import Deadline
 from models.config import OpenAIConfig
@@ -34,6 +35,19 @@ def test_hf_says_why_generation_ended(hf_llm):
     story = [{"role": "user", "content": "Write a long story about a dragon, at least 500 words."}]
     ((timed_out,),) = hf_llm.generate([story], GenParams(max_tokens=400, deadline=Deadline(0.5)))
     assert timed_out and cut_short(timed_out) == DEADLINE  # transformers' max_time stopped it
+
+
+def test_hf_reads_no_more_of_the_prompts_than_the_deadline_affords(hf_llm):
+    """Reading a prompt is one forward pass that max_time cannot stop (four 2,000-token prompts: about 15 s on
+    two cores): the backend cuts the prompts to what the deadline affords at its measured rate, or does not
+    start them. A contract with a generous margin, not a speed figure."""
+    long = [{"role": "user", "content": "The harbour reported record traffic this season. " * 250 + "Sum 2 and 2."}]
+    started = time.perf_counter()
+    out = hf_llm.generate([long] * 4, GenParams(max_tokens=32, deadline=Deadline(3.0)))
+    assert time.perf_counter() - started < 3.0 + 2.0 and len(out) == 4
+    started = time.perf_counter()
+    assert hf_llm.generate([long] * 4, GenParams(max_tokens=32, deadline=Deadline(0.2))) == [[]] * 4
+    assert time.perf_counter() - started < 1.0
 
 
 def test_hf_respects_the_deadline(hf_llm):

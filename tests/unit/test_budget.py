@@ -1,8 +1,13 @@
+import pytest
+
+from models.config import load_config
 from models.prompting import PromptLibrary
 from models.stages.base import Batch, Stage, run_stage
 from models.stages.calculator import CalculatorStage
+from models.stages.kg import KGStage
 from models.stages.reasoning import ReasoningStage
 from models.state import QueryState
+from tests.conftest import write
 from tests.fakes import HashEmbedder, ScriptedLLM
 from utils.deadline import Deadline
 
@@ -90,3 +95,13 @@ def test_optional_stages_work_at_most_their_share_of_the_batch(cpu_config):
     assert reasoning.work_deadline().remaining() == 100.0 - cpu_config.budget.answer_reserve_s
     clock.now += 90.0  # near the end, the batch deadline comes first
     assert calculator.work_deadline().remaining() == 10.0 - cpu_config.budget.answer_reserve_s
+
+
+def test_a_config_without_a_budget_section_still_caps_the_kg_stage(tmp_path):
+    config = load_config(write(tmp_path / "c.yaml", "task: 2\n"))  # no `budget:`: its defaults
+    clock = Clock()
+    deadline = Deadline.for_batch(4, config.budget.per_query_s, config.budget.safety_margin_s, clock)
+    batch = Batch(config, deadline, PromptLibrary(), {})
+    kg = batch.context(KGStage()).work_deadline()
+    assert kg.remaining() == pytest.approx(0.2 * deadline.total)  # the shipped configs' share
+    assert batch.context(ReasoningStage()).work_deadline().remaining() > 4 * kg.remaining()

@@ -387,3 +387,63 @@ def test_record_prompts_changes_no_answer_so_a_resume_with_it_is_not_refused(tmp
     assert local_evaluation.main(["--data", str(SAMPLE), "--config", str(REPO_ROOT / "configs" / "cpu.yaml"),
                                   "--out", str(out), "--limit", "2", "--record-prompts"]) == 0
     assert "UserModel ready" not in capsys.readouterr().err
+
+
+EVALUATION_LIKE_PARENT = '''
+import json, os, time
+from evaluation.worker import ModelWorker
+
+
+class Model:
+    def __init__(self):
+        from utils.pages import PageProcessor, PageSettings
+
+        self.pages = PageProcessor(PageSettings(), workers=2, use_cache=False)
+
+    def get_batch_size(self):  # the pids the model runs in, through the worker's pipe
+        return json.dumps({"model": os.getpid(), "pages": [p.pid for p in self.pages._pool._pool]})
+
+
+worker = ModelWorker(Model)
+print(worker.get_batch_size(), flush=True)
+time.sleep(600)
+'''
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, dead and not yet reaped by whoever adopted it, does not)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return "State:\tZ" not in status.read()
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_model_process_and_its_page_workers_die_with_the_evaluation_even_by_kill_9(tmp_path):
+    import contextlib
+    import os
+    import signal
+    from pathlib import Path
+
+    script = tmp_path / "parent.py"
+    script.write_text(EVALUATION_LIKE_PARENT)
+    parent = subprocess.Popen([sys.executable, str(script)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    pids = []
+    try:
+        children = json.loads(parent.stdout.readline())
+        pids = [children["model"], *children["pages"]]
+        assert len(pids) == 3 and all(_running(pid) for pid in pids)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [pid for pid in pids if _running(pid)], "outlived the killed evaluation"
+    finally:
+        for pid in [parent.pid, *pids]:  # what this test started (forked: the same command), should it outlive it
+            with contextlib.suppress(OSError):
+                if _running(pid) and str(script).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, signal.SIGKILL)
+        parent.stdout.close()

@@ -134,3 +134,34 @@ def test_reranker_without_a_local_folder_is_refused(tmp_path):
         Reranker(RerankConfig(model=str(tmp_path / "missing")))
     with pytest.raises(BackendUnavailable, match="not set"):
         Reranker(RerankConfig(model=None))
+
+
+def test_a_huge_page_is_shortlisted_by_bm25_before_embedding(cpu_config):
+    """3,000 chunks of one page: only max_candidates are embedded, and the one that answers is among them."""
+    filler = "".join(f"<p>Paragraph {i}: the harbour handled {i * 7} vessels at quay {i % 9} during week {i}.</p>"
+                     for i in range(3000))
+    answer = "<p>The lighthouse keeper of the harbour was Margaret Ellison from 1931.</p>"
+    cpu_config.references.max_candidates = 40
+    cpu_config.references.chunk_chars = 120
+    (s,) = run([state("who was the lighthouse keeper of the harbour", page(filler[:150_000] + answer + filler[150_000:]))],
+               cpu_config)
+    assert len(s.candidates) <= 40 and len(s.candidate_vectors) == len(s.candidates)
+    assert "Margaret Ellison" in s.references[0].text
+
+
+def test_embedding_stops_at_the_deadline_and_leaves_every_query_its_best_candidates():
+    from models.stages.references import embed_in_turn
+
+    class Slow:  # embeds only the first `rows` texts, as Embedder.encode does when its deadline passes
+        def __init__(self, rows):
+            self.rows = rows
+
+        def encode(self, texts, deadline=None):
+            return HashEmbedder().encode(texts[:self.rows])
+
+    per_query = [[Reference(f"a{i}", "chunk") for i in range(5)], [Reference(f"b{i}", "chunk") for i in range(2)],
+                 [Reference(f"c{i}", "chunk") for i in range(4)]]
+    blocks = embed_in_turn(Slow(7), per_query, deadline=None)
+    assert [len(b) for b in blocks] == [3, 2, 2]  # in turns: a0 b0 c0 a1 b1 c1 a2
+    assert np.allclose(blocks[0][2], HashEmbedder().encode(["a2"])[0])
+    assert [len(b) for b in embed_in_turn(Slow(0), per_query, deadline=None)] == [0, 0, 0]
