@@ -9,7 +9,7 @@ from typing import Any
 
 from evaluation.attribution import CLASSES, attribution_table
 from evaluation.html import report_html, write_html
-from evaluation.judge import UNCERTAIN
+from evaluation.judge import MISS, UNCERTAIN
 from evaluation.metrics import MIN_FOR_INTERVAL, RESAMPLES, Scores, intervals, latency
 
 BREAKDOWNS = ("domain", "question_type", "static_or_dynamic", "popularity")
@@ -54,6 +54,8 @@ def score_records(records: list[dict[str, Any]]) -> dict[str, Any]:
                 per_stage[stage["stage"]].append(float(stage.get("seconds", 0.0)) / size)
     organisers = records and all("organisers_verdict" in r for r in records)
     confidences = [r["judge_confidence"] for r in records if isinstance(r.get("judge_confidence"), float)]
+    # Why the pipeline said "i don't know": a backend or a stage that started failing mid-run shows up here.
+    declined = Counter(_reason(r) for r in records if r.get("verdict") == MISS)
     attributed = any(r.get("attribution") for r in records)
     return {
         **_by_breakdown(records, "verdict"),
@@ -64,6 +66,7 @@ def score_records(records: list[dict[str, Any]]) -> dict[str, Any]:
         **({"attribution": attribution_table(records)} if attributed else {}),
         **({"judge_confidence": {"verdicts": len(confidences), "uncertain": sum(c < UNCERTAIN for c in confidences),
                                  "below": UNCERTAIN}} if confidences else {}),
+        **({"idk_reasons": dict(declined.most_common())} if declined else {}),
         "cut_by_grader": sum(bool(r.get("cut_by_grader")) for r in records),
         "timed_out": sum(bool(r.get("timed_out")) for r in records),
         "latency_s": {"per_query": latency(per_query), "per_stage": {k: latency(v) for k, v in per_stage.items()}},
@@ -91,6 +94,21 @@ def interval(scores: dict[str, Any]) -> str:
     """The score's 95% interval as "[lo, hi]", or "n<10" where there is none."""
     ci = scores.get("ci95")
     return f"[{ci['score'][0]:+.2f}, {ci['score'][1]:+.2f}]" if ci else f"n<{MIN_FOR_INTERVAL}"
+
+
+def _reason(record: dict[str, Any]) -> str:
+    """The pipeline's reason for an "i don't know", without the query-specific detail after a colon's second
+    part (so that "reasoning failed: ValueError: ..." groups by stage and error type)."""
+    if record.get("timed_out"):
+        return "the batch ran over its time limit"
+    reason = str((record.get("trace") or {}).get("reason") or "no reason recorded")
+    return ":".join(reason.split(":")[:2]).strip()
+
+
+def _idk_lines(reasons: dict[str, int], show: int = 5) -> list[str]:
+    top = list(reasons.items())[:show]
+    more = sum(reasons.values()) - sum(count for _, count in top)
+    return [f"  {count:>5}  {reason}" for reason, count in top] + ([f"  {more:>5}  (other reasons)"] if more else [])
 
 
 def judge_confidence(confidence: dict[str, Any]) -> str:
@@ -130,6 +148,9 @@ def format_table(summary: dict[str, Any]) -> str:
     if summary.get("attribution"):
         lines.append("where the misses were lost (wrong and \"i don't know\" answers; evaluation/attribution.py):")
         lines.extend(_attribution_rows(summary["attribution"], "  {:<14}" + "{:>15}" * len(CLASSES)))
+    if summary.get("idk_reasons"):
+        lines.append("why the system said \"i don't know\" (the trace's reason; a failing backend shows here):")
+        lines.extend(_idk_lines(summary["idk_reasons"]))
     if summary.get("cut_by_grader"):
         lines.append(f"answers the grader cuts at 75 Llama-2 tokens: {summary['cut_by_grader']}")
     if summary.get("steps_by_question_type"):
@@ -177,6 +198,9 @@ def format_markdown(summary: dict[str, Any], title: str) -> str:
                   "answer went missing (evaluation/attribution.py defines each class).", "",
                   *_attribution_rows(summary["attribution"], "| {} |" + " {} |" * len(CLASSES),
                                      "|---|" + "---|" * len(CLASSES)), ""]
+    if summary.get("idk_reasons"):
+        lines += ["## Why \"i don't know\"", "", "| reason | answers |", "|---|---|",
+                  *(f"| {reason} | {count} |" for reason, count in summary["idk_reasons"].items()), ""]
     lines += [f"Answers the grader cuts at 75 Llama-2 tokens: {summary.get('cut_by_grader', 0)}", ""]
     lines += [f"Queries in batches over the time limit (answered \"i don't know\"): {summary['timed_out']}", ""]
     lat = summary["latency_s"]

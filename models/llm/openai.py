@@ -6,6 +6,7 @@ import json
 import os
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx2 as httpx  # the HTTP client of openai 3 (its fork of httpx)
@@ -20,6 +21,14 @@ from models.llm.base import (LENGTH, STOP, BackendUnavailable, Conversation, Gen
 # Worth another try: the server may come back or the limit may lift. Anything else (a bad request,
 # a wrong key, an unknown model) fails the same way again, so it is logged once and not retried.
 _TRANSIENT = (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError)
+
+
+class NoReply(RuntimeError):
+    """A request that gave no samples, and why (logged once per generate call, with the others)."""
+
+
+def _short(err: Exception) -> str:
+    return " ".join(str(err).split())[:160]
 
 
 class ReplyRefused(RuntimeError):
@@ -55,19 +64,30 @@ class OpenAIBackend:
     def generate(self, conversations: list[Conversation], params: GenParams) -> list[list[str]]:
         per_request = params.n if self.config.native_n else 1
         jobs = [(i, per_request) for i in range(len(conversations)) for _ in range(params.n // per_request)]
+        def send(job: tuple[int, int]) -> tuple[list[str], str | None]:
+            try:
+                return self._request(conversations[job[0]], params, job[1]), None
+            except NoReply as err:
+                return [], str(err)
+
         with ThreadPoolExecutor(max_workers=max(1, self.config.concurrency)) as pool:
-            replies = list(pool.map(lambda job: self._request(conversations[job[0]], params, job[1]), jobs))
+            replies = list(pool.map(send, jobs))
         outputs: list[list[str]] = [[] for _ in conversations]
-        for (index, _), texts in zip(jobs, replies):
+        for (index, _), (texts, _) in zip(jobs, replies):
             outputs[index].extend(texts)
+        problems = Counter(problem for _, problem in replies if problem)
+        if problems:  # once per call, however many requests failed, with each cause and its count
+            logger.error("{}: {} of {} requests got no reply: {}", self.config.base_url, sum(problems.values()),
+                         len(jobs), "; ".join(f"{cause} (x{count})" for cause, count in problems.most_common()))
         return outputs
 
     def _request(self, messages: Conversation, params: GenParams, n: int) -> list[str]:
+        """The samples of one request, retried on transient errors while the deadline allows; NoReply saying
+        why when there are none."""
         for attempt in range(self.config.max_retries + 1):
             timeout = self._timeout(params.deadline)
             if timeout <= 0:
-                logger.warning("deadline reached before the request to {} could be sent", self.config.base_url)
-                return []
+                raise NoReply("the deadline passed before the request could be sent")
             # Servers that offer log-probabilities (vLLM, OpenAI) return them; transformers serve ignores the
             # fields; a server that refuses them (HTTP 400 or 422 naming them) is asked again without, and never again
             # with them.
@@ -81,26 +101,23 @@ class OpenAIBackend:
                                choice["top_logprobs"]) for choice in reply]
             except (openai.BadRequestError, openai.UnprocessableEntityError) as err:
                 if not logprobs or "logprob" not in str(err).lower():
-                    logger.error("request to {} refused ({}: {})", self.config.base_url, type(err).__name__, err)
-                    return []
+                    raise NoReply(f"refused ({type(err).__name__}: {_short(err)})") from None
                 logger.warning("{} refused log-probabilities ({}); asking without them from now on",
-                               self.config.base_url, err)
+                               self.config.base_url, _short(err))
                 self.logprobs_refused = True
                 return self._request(messages, params, n)
             except _TRANSIENT as err:
                 wait = self.config.backoff_s * 2 ** attempt
-                logger.warning("request to {} failed ({}: {}), attempt {}/{}", self.config.base_url,
-                               type(err).__name__, err, attempt + 1, self.config.max_retries + 1)
+                logger.debug("request to {} failed ({}: {}), attempt {}/{}", self.config.base_url,
+                             type(err).__name__, err, attempt + 1, self.config.max_retries + 1)
                 if attempt == self.config.max_retries or self._timeout(params.deadline) <= wait:
-                    return []
+                    raise NoReply(f"{type(err).__name__}: {_short(err)} after {attempt + 1} attempts") from None
                 time.sleep(wait)
             except openai.APIError as err:
-                logger.error("request to {} refused ({}: {})", self.config.base_url, type(err).__name__, err)
-                return []
+                raise NoReply(f"refused ({type(err).__name__}: {_short(err)})") from None
             except ReplyRefused as err:
-                logger.error("reply of {} not used: {}", self.config.base_url, err)
-                return []
-        return []
+                raise NoReply(f"reply not used: {err}") from None
+        raise NoReply("no attempt made")
 
     def _post(self, seconds: float, **request) -> list[dict]:
         """The choices of one chat completion ({"text", "finish_reason", "top_logprobs"}), the request bounded as

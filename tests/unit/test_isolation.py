@@ -1,6 +1,7 @@
 """Per-query isolation: a bad item or a bad reply costs that query only, whatever the rest of its batch is."""
 
 import copy
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -8,7 +9,8 @@ from hypothesis import strategies as st
 
 import models.stages.reasoning as reasoning
 from tests.conftest import to_batch
-from tests.fakes import RecordingKG, ScriptedLLM
+from models.system import CragSystem
+from tests.fakes import HashEmbedder, RecordingKG, ScriptedLLM
 
 ECHO = "===START===\n## Answer: {}\n## False Premise: no\n===END==="
 
@@ -123,3 +125,42 @@ def test_fuzzed_items_never_cost_a_good_query_its_answer(make_system, cpu_config
     assert isinstance(answers, list) and len(answers) == len(mixed)
     assert all(isinstance(answer, str) for answer in answers)
     assert answers[at] == alone[0]
+
+
+def test_a_faulty_llm_server_costs_only_the_queries_it_fails_and_the_batch_keeps_its_deadline(
+        cpu_config, sample_examples):
+    """A real OpenAI-style server on a loopback port: garbage for one query, a reply trickled past the deadline
+    for another, a 5 MB reply for a third; the fourth is answered, and the batch returns by its deadline (a
+    contract with a generous margin, not a speed figure)."""
+    from tests.unit.test_llm_backends import ChatServer
+
+    batch = to_batch(sample_examples[:4])
+    garbage, slow, huge = batch["query"][:3]
+
+    def about(body, query):
+        return f"Question: {query}" in body["messages"][-1]["content"]
+
+    def answer(body):  # the reasoning prompt's question as its answer; "OK" to the start-up probe
+        content = body["messages"][-1]["content"]
+        if "Question: " not in content:
+            return "OK"
+        return f"===START=== ## Answer: {content.split('Question: ')[1].splitlines()[0]} ===END==="  # words only
+
+    server = ChatServer(answer_with=answer,
+                        raw_body=lambda body: (b"<html>bad gateway</html>" if about(body, garbage)
+                                               else b"x" * 5_000_000 if about(body, huge) else None),
+                        trickle_s=lambda body: 0.5 if about(body, slow) else 0.0)
+    cpu_config.llm.backend = "openai"
+    cpu_config.llm.openai.base_url = server.url
+    cpu_config.llm.openai.max_retries = 0
+    cpu_config.budget.per_query_s, cpu_config.budget.safety_margin_s = 1.5, 0.5  # 5.5 s for the batch of 4
+    system = CragSystem(cpu_config, embedder=HashEmbedder())  # the openai backend, probed at start-up
+    try:
+        started = time.monotonic()
+        answers = system.batch_generate_answer(batch)
+        took = time.monotonic() - started
+    finally:
+        system.close()
+        server.close()
+    assert answers == ["i don't know", "i don't know", "i don't know", batch["query"][3]]
+    assert took < 5.5 + 3.0

@@ -308,3 +308,18 @@ def test_calibrate_with_a_broken_set_is_one_line(tmp_path, capsys):
     assert local_evaluation.main(["calibrate", "--set", str(broken)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "set.jsonl:1: not a calibration row" in err
+
+
+def test_the_report_counts_why_the_system_said_i_dont_know():
+    reasons = ["reasoning: the LLM returned nothing"] * 3 + ["reasoning failed: ValueError: bad shape in q7",
+                                                            "reasoning failed: ValueError: bad shape in q9"]
+    records = [{"query": "q", "answer": "paris", "prediction": "i don't know", "trace": {"reason": r}}
+               for r in reasons]
+    records.append({"query": "q", "answer": "paris", "prediction": "i don't know", "timed_out": True})
+    records.append({"query": "q", "answer": "paris", "prediction": "Paris"})
+    judge_records(records, None)
+    summary = score_records(records)
+    assert summary["idk_reasons"] == {"reasoning: the LLM returned nothing": 3,
+                                      "reasoning failed: ValueError": 2, "the batch ran over its time limit": 1}
+    table = format_table(summary)
+    assert "why the system said \"i don't know\"" in table and "    3  reasoning: the LLM returned nothing" in table

@@ -78,13 +78,14 @@ class ChatServer:
     max_tokens words with finish_reason "length", as servers report a cut."""
 
     def __init__(self, failures: int = 0, status: int = 503, answer_with=None, logprobs_with=None,
-                 refuse_logprobs: bool = False, raw_body=None, trickle_s: float = 0.0) -> None:
+                 refuse_logprobs: bool = False, raw_body=None, trickle_s=0.0) -> None:
         """Log-probabilities as the servers give them: with `logprobs_with(word, body)` (the top alternatives of
         one answer word, [(token, logprob)], most likely first), a request with logprobs and top_logprobs gets choice.logprobs.content
         (vLLM, OpenAI); without it they are ignored (transformers serve); with `refuse_logprobs`, such a request
         gets HTTP 400 naming the field (as APIs that do not offer them). Faults: `raw_body(request body)` is sent
-        as the reply's bytes instead (garbage, a huge reply); `trickle_s` sends the reply 16 bytes at a time, one
-        piece every trickle_s seconds, each read well inside any read timeout."""
+        as the reply's bytes instead (garbage, a huge reply; None: the normal reply); `trickle_s` (seconds, or a
+        function of the request body) sends the reply 16 bytes at a time, one piece every trickle_s seconds,
+        each read well inside any read timeout."""
         self.requests: list[dict] = []
         server = self
 
@@ -110,18 +111,19 @@ class ChatServer:
                                                      "message": {"role": "assistant", "content": text},
                                                      "logprobs": logprobs(words[:limit], body)}
                                                     for i in range(body.get("n") or 1)]}
-                data = raw_body(body) if raw_body else json.dumps(reply).encode()
+                data = (raw_body(body) if raw_body else None) or json.dumps(reply).encode()
+                pause = trickle_s(body) if callable(trickle_s) else trickle_s
                 self.send_response(code)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 try:
-                    if not trickle_s:
+                    if not pause:
                         self.wfile.write(data)
-                    for start in range(0, len(data), 16) if trickle_s else ():
+                    for start in range(0, len(data), 16) if pause else ():
                         self.wfile.write(data[start:start + 16])
                         self.wfile.flush()
-                        time.sleep(trickle_s)
+                        time.sleep(pause)
                 except (BrokenPipeError, ConnectionResetError):  # the client gave up on the reply
                     pass
 
@@ -291,3 +293,16 @@ def test_openai_a_trickling_reply_is_cut_at_the_deadline(caplog_loguru):
         server.close()
     assert out == [[]] and "still arriving after 1.0 s" in caplog_loguru.text
     assert took < 1.0 + 2.0  # a contract with a generous margin, not a speed figure: unbounded, it takes ~4 s
+
+
+def test_a_server_failing_every_request_is_logged_once_per_call_with_the_cause(caplog_loguru):
+    server = ChatServer(failures=1000, status=500)
+    try:
+        out = _backend(server.url, max_retries=1).generate([[{"role": "user", "content": str(i)}] for i in range(4)],
+                                                           GenParams())
+    finally:
+        server.close()
+    assert out == [[]] * 4 and len(server.requests) == 8  # each request tried twice
+    errors = [line for line in caplog_loguru.text.splitlines() if "| ERROR" in line]
+    assert len(errors) == 1 and "4 of 4 requests got no reply: InternalServerError" in errors[0]
+    assert "after 2 attempts (x4)" in errors[0]
