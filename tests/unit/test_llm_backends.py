@@ -306,3 +306,19 @@ def test_a_server_failing_every_request_is_logged_once_per_call_with_the_cause(c
     errors = [line for line in caplog_loguru.text.splitlines() if "| ERROR" in line]
     assert len(errors) == 1 and "4 of 4 requests got no reply: InternalServerError" in errors[0]
     assert "after 2 attempts (x4)" in errors[0]
+
+
+def test_openai_a_server_that_hangs_before_answering_is_left_at_the_deadline():
+    def hang(body):
+        time.sleep(2.5)  # well past the deadline (1 s), and each retry would wait as long
+        return "too late"
+
+    server = ChatServer(answer_with=hang)
+    try:
+        started = time.monotonic()
+        out = _backend(server.url, max_retries=2, request_timeout_s=30).generate(
+            [[{"role": "user", "content": "a"}]], GenParams(deadline=Deadline(1.0)))
+        took = time.monotonic() - started
+    finally:
+        server.close()
+    assert out == [[]] and took < 1.0 + 1.5  # a contract with a margin, not a speed figure
