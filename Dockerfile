@@ -1,5 +1,8 @@
 # Submission image: 4x T4 runtime. Weights are expected under models/weights/ (git-lfs in a submission).
-FROM nvidia/cuda:12.1.1-cudnn8-runtime-ubuntu22.04
+# CUDA 12.9: what the vllm 0.14.1 wheel is built with (torch 2.9.1 brings its own CUDA 12 libraries as pip wheels).
+# Host driver: >= 575.51.03 (CUDA 12.9's) is the safe assumption; CUDA 12 minor-version compatibility runs it on R525+
+# data-center drivers (T4s), except kernels JIT-compiled from PTX. The wheel carries T4 (sm_75) kernels.
+FROM nvidia/cuda:12.9.1-runtime-ubuntu22.04
 
 ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONUNBUFFERED=1 \

@@ -93,6 +93,11 @@ class VLLMConfig:
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False
     seed: int = 0
+    # The KV cache's element type. "auto" stores it in the model's dtype (float16 on T4s). Keep "auto" on T4s
+    # (compute capability 7.5): an fp8 KV cache is not usable there in the pinned release (fp8 KV crashes on
+    # compute capability < 8.9: vllm-project/vllm PR 35720, reported on 0.16.0; Triton attention has no fp8
+    # KV on SM75 before the open PRs 45829/49077; issue 47549: FlashInfer, the other way, gone on SM75 in 0.24).
+    kv_cache_dtype: str = "auto"
 
 
 @dataclass

@@ -25,7 +25,7 @@ class VLLMBackend:
             model=config.model, tensor_parallel_size=config.tensor_parallel_size,
             quantization=config.quantization, dtype=config.dtype, max_model_len=config.max_model_len,
             gpu_memory_utilization=config.gpu_memory_utilization, enforce_eager=config.enforce_eager,
-            seed=config.seed)
+            seed=config.seed, kv_cache_dtype=config.kv_cache_dtype)
         logger.info("vllm model {} loaded in {:.1f} s", config.model, time.perf_counter() - started)
 
     def sampling_params(self, params: GenParams):

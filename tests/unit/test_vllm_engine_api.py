@@ -1,0 +1,94 @@
+"""The keywords models/llm/vllm.py passes to vllm.LLM(...) and SamplingParams(...) exist in the pinned vLLM release.
+
+Checked against data/vllm/engine_api-<version>.json (tools/vllm_engine_args.py, extracted from the wheel without
+importing vllm), so no network, no wheel and no GPU are needed. When the vllm pin in requirements.txt changes,
+regenerate the extract for the new version; a keyword the release does not take fails here, not on the grader's T4s.
+"""
+
+import json
+import re
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from models.config import LLMConfig, VLLMConfig
+from models.llm.base import GenParams, create_llm
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def pinned_vllm() -> str:
+    pins = [m.group(1) for line in (ROOT / "requirements.txt").read_text(encoding="utf-8").splitlines()
+            if (m := re.fullmatch(r"vllm==(\S+)", line.split("#")[0].strip()))]
+    assert len(pins) == 1, "requirements.txt must pin vllm exactly once (vllm==X)"
+    return pins[0]
+
+
+@pytest.fixture(scope="module")
+def api():
+    path = ROOT / "data" / "vllm" / f"engine_api-{pinned_vllm()}.json"
+    assert path.is_file(), f"no {path.relative_to(ROOT)}: run tools/vllm_engine_args.py on the pinned wheel"
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+@pytest.fixture
+def passed(monkeypatch):
+    """The keyword arguments VLLMBackend gives vllm.LLM and vllm.SamplingParams, recorded by a fake vllm."""
+    calls = {}
+
+    class SamplingParams:
+        def __init__(self, *args, **kwargs):
+            calls.setdefault("sampling_args", []).append(args)
+            calls.setdefault("sampling", []).append(kwargs)
+
+    class LLM:
+        def __init__(self, *args, **kwargs):
+            calls["init_args"], calls["init"] = args, kwargs
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams))
+    # every optional field set, so no keyword is left out for being None
+    config = VLLMConfig(model="/w/llama", tensor_parallel_size=4, quantization="gptq", dtype="float16")
+    llm = create_llm(LLMConfig(backend="vllm", vllm=config))
+    llm.sampling_params(GenParams(max_tokens=9, temperature=0.7, n=3, stop=["X"], seed=5, top_logprobs=2))
+    llm.sampling_params(GenParams())
+    return calls
+
+
+def test_extract_is_the_pinned_release(api):
+    assert api["version"] == pinned_vllm()
+    assert re.fullmatch(r"[0-9a-f]{64}", api["sha256"]) and api["wheel"].startswith(f"vllm-{api['version']}-")
+
+
+def test_llm_keywords_exist_in_the_release(api, passed):
+    assert passed["init_args"] == (), "pass vllm.LLM keywords only: positions change between releases"
+    params = {p["name"]: p["kind"] for p in api["llm_init"]["parameters"]}
+    named = {n for n, kind in params.items() if kind in ("positional_or_keyword", "keyword_only")}
+    # LLM(**kwargs) hands the rest to EngineArgs(...)
+    engine_args = {f["name"] for f in api["engine_args"]["fields"]} if "var_keyword" in params.values() else set()
+    unknown = sorted(set(passed["init"]) - named - engine_args)
+    assert not unknown, f"vllm {api['version']}: LLM() and EngineArgs take no {unknown}"
+
+
+def test_sampling_keywords_exist_in_the_release(api, passed):
+    assert all(args == () for args in passed["sampling_args"])
+    fields = {f["name"] for f in api["sampling_params"]["fields"] if not f["name"].startswith("_")}
+    used = set().union(*passed["sampling"])
+    unknown = sorted(used - fields)
+    assert not unknown, f"vllm {api['version']}: SamplingParams takes no {unknown}"
+
+
+def test_step_driver_methods_exist(api):
+    """What a deadline-aware step-by-step driver (issue 22) will call on LLMEngine."""
+    methods = api["llm_engine"]["methods"]
+    assert all(methods[name] is not None for name in ("add_request", "step", "abort_request",
+                                                      "has_unfinished_requests"))
+    names = [p["name"] for p in methods["add_request"]["parameters"]]
+    assert names[:3] == ["request_id", "prompt", "params"]
+
+
+def test_kv_cache_dtype_is_a_cache_dtype_of_the_release(api):
+    """The committed T4 config keeps the KV cache in float16 (auto): see VLLMConfig.kv_cache_dtype."""
+    fields = {f["name"]: f for f in api["engine_args"]["fields"]}
+    assert "kv_cache_dtype" in fields and VLLMConfig().kv_cache_dtype == "auto"
