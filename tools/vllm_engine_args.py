@@ -160,10 +160,24 @@ def llm_engine(wheel: Wheel) -> dict:
     raise WheelError(f"{wheel.path}: no class LLMEngine in {' or '.join(ENGINE_FILES)}")
 
 
+def llm_members(cls: ast.ClassDef) -> dict:
+    """The public methods of class LLM, and the attributes its __init__ sets on self (`llm_engine`: the engine
+    a step-by-step driver uses)."""
+    methods = sorted(node.name for node in cls.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                     and not node.name.startswith("_"))
+    init = _method(cls, "__init__")
+    attributes = sorted({target.attr for node in ast.walk(init) if isinstance(node, (ast.Assign, ast.AnnAssign))
+                         for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                         if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+                         and target.value.id == "self"}) if init else []
+    return {"methods": methods, "attributes": attributes}
+
+
 def extract(path: Path) -> dict:
     wheel = Wheel(path)
     meta = wheel.metadata()
-    llm_init = _method(_class(wheel.tree(LLM_FILE), "LLM", LLM_FILE), "__init__")
+    llm_class = _class(wheel.tree(LLM_FILE), "LLM", LLM_FILE)
+    llm_init = _method(llm_class, "__init__")
     if llm_init is None:
         raise WheelError(f"{path}: {LLM_FILE}: class LLM has no __init__")
     return {
@@ -176,6 +190,7 @@ def extract(path: Path) -> dict:
         "engine_args": {"file": ARG_UTILS,
                         "fields": class_fields(_class(wheel.tree(ARG_UTILS), "EngineArgs", ARG_UTILS))},
         "llm_init": {"file": LLM_FILE, **signature(llm_init)},
+        "llm_class": {"file": LLM_FILE, **llm_members(llm_class)},
         "sampling_params": {"file": SAMPLING_FILE,
                             "fields": class_fields(_class(wheel.tree(SAMPLING_FILE), "SamplingParams",
                                                           SAMPLING_FILE))},

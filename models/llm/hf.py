@@ -86,7 +86,7 @@ def resolve_model_folder(config: HFConfig) -> Path:
 
 
 MIN_PROMPT_TOKENS = 256  # a micro-batch that cannot read this much of each prompt before its deadline is not started
-PREFILL_SHARE = 0.5  # of the time left, what reading the prompts may take; decoding (max_time) gets the rest
+PREFILL_SHARE = 0.4  # of the time left, what reading the prompts may take; decoding (max_time) gets the rest
 RATE_MIN_TOKENS = 1024  # a generation that read fewer prompt tokens does not update the measured rate
 
 
@@ -151,7 +151,7 @@ class HFBackend:
         `max_time` stops the decoding, but the prompt is read (prefilled) in one forward pass that nothing
         interrupts: on a CPU, four 1,700-token prompts took 30 s against a 10 s share (64 s with n = 2, as each
         sample reads its prompt again). So the prompts of a micro-batch are cut (head and tail kept, as for
-        max_input_tokens) to what half the time left can read at the measured prefill rate when they are
+        max_input_tokens) to what PREFILL_SHARE of the time left can read at the measured prefill rate when they are
         longer, and a micro-batch that could not read even MIN_PROMPT_TOKENS each is not started: those
         conversations get no sample. Prompts of at most MIN_PROMPT_TOKENS always go while the deadline has not
         passed."""
@@ -257,7 +257,10 @@ class HFBackend:
             stopping_criteria=StoppingCriteriaList([first_token]), **extra)
         read = int(inputs["attention_mask"].sum()) * n_run  # the prompts are read once per sample
         if first_token.at is not None and read >= RATE_MIN_TOKENS:  # short prompts time the overhead, not the rate
-            self._prefill_tps = 0.5 * self._prefill_tps + 0.5 * read / max(first_token.at - first_token.started, 1e-6)
+            rate = read / max(first_token.at - first_token.started, 1e-6)
+            # A machine that got busier is believed at once (a stale rate overruns the very next call); one that got
+            # quieter only half-way per generation.
+            self._prefill_tps = rate if rate < self._prefill_tps else 0.5 * (self._prefill_tps + rate)
         generated = output.sequences if params.top_logprobs else output
         # From input ids, generate returns prompt and continuation; from input embeddings, the continuation only.
         prompt_length = inputs["input_ids"].shape[1] if "input_ids" in inputs else 0

@@ -12,7 +12,7 @@ import pytest
 
 from utils.deadline import Deadline
 from models.config import LLMConfig, OpenAIConfig, VLLMConfig
-from models.llm.base import LENGTH, BackendUnavailable, GenParams, create_llm, cut_at_stop, cut_short
+from models.llm.base import DEADLINE, LENGTH, BackendUnavailable, GenParams, create_llm, cut_at_stop, cut_short
 from models.llm.openai import OpenAIBackend
 
 
@@ -21,30 +21,74 @@ def test_cut_at_stop():
     assert cut_at_stop("abc", []) == "abc"
 
 
+class FakeLLMEngine:
+    """vLLM's V1 LLMEngine as `LLM.llm_engine` for the step-by-step driver. Its methods' parameters are those of
+    the pinned release (tests/unit/test_vllm_engine_api.py checks them against data/vllm/engine_api-*.json). Each
+    step gives every unfinished request one more word ("out"), as a cumulative RequestOutput; a request finishes
+    after `words` words ("stop") or at max_tokens ("length"). `step_s` makes each step that slow."""
+
+    def __init__(self, words: int = 3, step_s: float = 0.0) -> None:
+        self.words, self.step_s = words, step_s
+        self.running: dict[str, list] = {}  # request id -> [sampling params, words so far]
+        self.added: list[tuple] = []
+        self.aborted: list[str] = []
+
+    def add_request(self, request_id, prompt, params, arrival_time=None, lora_request=None, tokenization_kwargs=None,
+                    trace_headers=None, priority=0, prompt_text=None):
+        self.added.append((request_id, prompt, params.kwargs))
+        self.running[request_id] = [params, 0]
+
+    def step(self):
+        time.sleep(self.step_s)
+        outputs = []
+        for request_id, entry in list(self.running.items()):
+            params, produced = entry[0], entry[1] + 1
+            entry[1] = produced
+            limit = params.kwargs["max_tokens"]
+            finished = produced >= min(self.words, limit)
+            # vLLM's CompletionOutput: logprobs is None unless asked for, then per token {token id: Logprob}
+            logprob = types.SimpleNamespace
+            steps = None if params.kwargs["logprobs"] is None else [
+                {7: logprob(logprob=-0.1, rank=1, decoded_token=" out"),
+                 9: logprob(logprob=-2.5, rank=2, decoded_token=" in")}] * produced
+            choice = types.SimpleNamespace(text=" " + " ".join(["out"] * produced),
+                                           finish_reason=("length" if produced >= limit else "stop") if finished
+                                           else None, logprobs=steps)
+            outputs.append(types.SimpleNamespace(request_id=request_id, finished=finished,
+                                                 outputs=[choice] * params.kwargs["n"]))
+            if finished:
+                del self.running[request_id]
+        return outputs
+
+    def abort_request(self, request_ids, internal=False):
+        self.aborted.extend(request_ids)
+        for request_id in request_ids:
+            self.running.pop(request_id, None)
+
+    def has_unfinished_requests(self):
+        return bool(self.running)
+
+
 @pytest.fixture
 def fake_vllm(monkeypatch):
-    calls = {}
+    calls = {"engine": FakeLLMEngine()}
 
     class SamplingParams:
         def __init__(self, **kwargs):
             self.kwargs = kwargs
 
+    class Tokenizer:
+        def apply_chat_template(self, conversation, add_generation_prompt, tokenize):
+            assert add_generation_prompt and tokenize
+            return [len(message["content"]) for message in conversation]
+
     class LLM:
         def __init__(self, **kwargs):
             calls["init"] = kwargs
+            self.llm_engine = calls["engine"]
 
         def get_tokenizer(self):
-            return "the model's tokenizer"
-
-        def chat(self, conversations, sampling_params, use_tqdm):
-            calls["chat"] = (conversations, sampling_params.kwargs)
-            # vLLM's CompletionOutput: logprobs is None unless asked for, then per token {token id: Logprob}
-            k = sampling_params.kwargs["logprobs"]
-            logprob = types.SimpleNamespace
-            steps = None if k is None else [{7: logprob(logprob=-0.1, rank=1, decoded_token=" out"),
-                                             9: logprob(logprob=-2.5, rank=2, decoded_token=" in")}]
-            choice = types.SimpleNamespace(text=" out ", finish_reason="length", logprobs=steps)
-            return [types.SimpleNamespace(outputs=[choice] * sampling_params.kwargs["n"]) for _ in conversations]
+            return Tokenizer()
 
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams))
     return calls
@@ -55,15 +99,37 @@ def test_vllm_backend_maps_config_and_params(fake_vllm):
                                                        quantization="gptq", dtype="float16"))
     llm = create_llm(config)
     assert fake_vllm["init"]["tensor_parallel_size"] == 4 and fake_vllm["init"]["quantization"] == "gptq"
-    conversations = [[{"role": "user", "content": "hi"}]] * 2
-    out = llm.generate(conversations, GenParams(max_tokens=9, temperature=0.7, n=3, stop=["X"], seed=5))
-    assert out == [["out"] * 3] * 2 and cut_short(out[0][0]) == LENGTH  # vLLM's finish_reason is kept
-    assert fake_vllm["chat"][1] == {"n": 3, "temperature": 0.7, "max_tokens": 9, "stop": ["X"], "seed": 5,
-                                    "logprobs": None}
-    assert out[0][0].top_logprobs == ()
-    scored = llm.generate(conversations, GenParams(top_logprobs=2))
-    assert fake_vllm["chat"][1]["logprobs"] == 2 and scored[0][0].top_logprobs == ({" out": -0.1, " in": -2.5},)
+    conversations = [[{"role": "user", "content": "hi"}], [{"role": "user", "content": "hello"}]]
+    out = llm.generate(conversations, GenParams(max_tokens=2, temperature=0.7, n=3, stop=["X"], seed=5))
+    assert out == [["out out"] * 3] * 2 and cut_short(out[0][0]) == LENGTH  # vLLM's finish_reason is kept
+    engine = fake_vllm["engine"]
+    assert [prompt for _, prompt, _ in engine.added] == [{"prompt_token_ids": [2]}, {"prompt_token_ids": [5]}]
+    assert engine.added[0][2] == {"n": 3, "temperature": 0.7, "max_tokens": 2, "stop": ["X"], "seed": 5,
+                                  "logprobs": None}
+    assert len({request_id for request_id, _, _ in engine.added}) == 2 and out[0][0].top_logprobs == ()
+    scored = llm.generate(conversations, GenParams(max_tokens=1, top_logprobs=2))
+    assert engine.added[-1][2]["logprobs"] == 2 and scored[0][0].top_logprobs == ({" out": -0.1, " in": -2.5},)
     assert llm.generate(conversations, GenParams(deadline=Deadline(0))) == [[], []]
+    assert len({request_id for request_id, _, _ in engine.added}) == 4  # ids are never reused
+
+
+def test_vllm_a_slow_batch_returns_what_finished_at_the_deadline(fake_vllm, caplog_loguru):
+    """Two requests of 3 words finish; one of 30 words is aborted at the deadline and keeps its text, cut short."""
+    llm = create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model="/w/llama")))
+    engine = fake_vllm["engine"]
+    engine.step_s = 0.1
+    long = GenParams(max_tokens=30, deadline=Deadline(1.0))
+    started = time.monotonic()
+    engine.words = 30
+    out = llm.generate([[{"role": "user", "content": "a"}]], long)
+    took = time.monotonic() - started
+    assert took < 1.0 + 0.5 and engine.aborted == [engine.added[-1][0]]  # a contract with a margin
+    (sample,) = out[0]
+    assert 5 <= len(sample.split()) < 30 and cut_short(sample) == DEADLINE
+    assert "1 of 1 requests aborted" in caplog_loguru.text
+    engine.words, engine.aborted = 3, []
+    done = llm.generate([[{"role": "user", "content": "b"}]] * 2, GenParams(max_tokens=30, deadline=Deadline(5.0)))
+    assert done == [["out out out"]] * 2 and cut_short(done[0][0]) is None and engine.aborted == []
 
 
 def test_vllm_missing_is_a_clear_error(monkeypatch):

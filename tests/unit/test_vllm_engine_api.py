@@ -5,6 +5,7 @@ importing vllm), so no network, no wheel and no GPU are needed. When the vllm pi
 regenerate the extract for the new version; a keyword the release does not take fails here, not on the grader's T4s.
 """
 
+import inspect
 import json
 import re
 import sys
@@ -79,13 +80,32 @@ def test_sampling_keywords_exist_in_the_release(api, passed):
     assert not unknown, f"vllm {api['version']}: SamplingParams takes no {unknown}"
 
 
-def test_step_driver_methods_exist(api):
-    """What a deadline-aware step-by-step driver (issue 22) will call on LLMEngine."""
+def test_the_fake_engine_has_the_release_s_step_driver_methods(api):
+    """VLLMBackend.generate drives LLM.llm_engine with add_request / step / abort_request /
+    has_unfinished_requests, and reads LLM.get_tokenizer(); the unit tests' fake engine (FakeLLMEngine) must
+    take exactly the parameters the pinned release's methods take, or those tests prove nothing."""
+    from tests.unit.test_llm_backends import FakeLLMEngine
+
     methods = api["llm_engine"]["methods"]
-    assert all(methods[name] is not None for name in ("add_request", "step", "abort_request",
-                                                      "has_unfinished_requests"))
-    names = [p["name"] for p in methods["add_request"]["parameters"]]
-    assert names[:3] == ["request_id", "prompt", "params"]
+    for name in ("add_request", "step", "abort_request", "has_unfinished_requests"):
+        released = [p["name"] for p in methods[name]["parameters"]]
+        fake = [p for p in inspect.signature(getattr(FakeLLMEngine, name)).parameters if p != "self"]
+        assert fake == released, f"FakeLLMEngine.{name}{fake} is not vllm {api['version']}'s {released}"
+    assert "llm_engine" in api["llm_class"]["attributes"] and "get_tokenizer" in api["llm_class"]["methods"]
+
+
+def test_the_backend_calls_the_engine_only_as_the_release_allows(api):
+    """Every keyword VLLMBackend gives add_request is a parameter of the release's add_request; positions are
+    only the first three (request_id, prompt, params)."""
+    import ast
+
+    source = (ROOT / "models" / "llm" / "vllm.py").read_text(encoding="utf-8")
+    calls = [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
+             and isinstance(node.func, ast.Attribute) and node.func.attr in api["llm_engine"]["methods"]]
+    assert {call.func.attr for call in calls} >= {"add_request", "step", "abort_request", "has_unfinished_requests"}
+    for call in calls:
+        released = [p["name"] for p in api["llm_engine"]["methods"][call.func.attr]["parameters"]]
+        assert len(call.args) <= min(len(released), 3) and {k.arg for k in call.keywords} <= set(released)
 
 
 def test_kv_cache_dtype_is_a_cache_dtype_of_the_release(api):
