@@ -108,7 +108,7 @@ def check_data_file(path: Path, examples: bool = False) -> None:
     if not examples:
         return
     first_bad, records = None, 0
-    lines = _lines(path)
+    lines = data_lines(path)
     try:
         for number, line in enumerate(lines, start=1):
             if not line.strip():
@@ -190,8 +190,9 @@ def _raw_lines(path: Path) -> Iterator[str]:
         yield from handle
 
 
-def _lines(path: Path) -> Iterator[str]:
-    """The file's lines; a corrupt or truncated file (bz2, tar, not UTF-8) is a DataError naming the last good line."""
+def data_lines(path: Path) -> Iterator[str]:
+    """The lines of a data file (.jsonl, .jsonl.bz2, a Task 3 archive); a corrupt or truncated file (bz2, tar, not
+    UTF-8) is a DataError naming the last good line."""
     check_data_file(path)
     number = 0
     try:
@@ -203,14 +204,9 @@ def _lines(path: Path) -> Iterator[str]:
                         f"copy? (give {SUPPORTED})") from None
 
 
-def data_lines(path: Path) -> Iterator[str]:
-    """The lines of a data file (.jsonl, .jsonl.bz2, a Task 3 archive); DataError for one that cannot be read."""
-    return _lines(path)
-
-
 def first_record(path: Path) -> dict[str, Any] | None:
     """The first non-empty line of a data file as JSON, or None when it is not a JSON object."""
-    for line in _lines(path):
+    for line in data_lines(path):
         if line.strip():
             try:
                 record = json.loads(line)
@@ -267,7 +263,7 @@ def count_examples(path: Path, selection: Selection, answered: Collection[str] =
 
 def _selected(path: Path, selection: Selection, skipped: Callable[[int, str], None]) -> Iterator[dict[str, Any]]:
     count = kept = 0
-    lines = _lines(path)
+    lines = data_lines(path)
     try:
         for number, line in enumerate(lines, start=1):
             if selection.limit is not None and count >= selection.limit:

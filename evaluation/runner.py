@@ -166,8 +166,8 @@ def _count_beside(count: Callable[[Collection[str]], int], answered: frozenset[s
     def work() -> None:
         try:
             counted["total"] = count(answered)
-        except Exception:  # noqa: BLE001 - the run's own reading of the file raises it where it matters
-            pass
+        except Exception as err:  # noqa: BLE001 - the run's own reading of the file raises it where it matters
+            logger.debug("no total for the progress bar: {}: {}", type(err).__name__, err)
 
     thread = threading.Thread(target=work, name="count-questions", daemon=True)
     thread.start()

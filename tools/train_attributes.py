@@ -12,9 +12,7 @@ every row and writes the model that `attributes.svm_model` loads.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import tempfile
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -83,24 +81,6 @@ def _strata(domains: list[str], dynamism: list[str], test_size: float) -> list[s
     return None
 
 
-def labelled_rows(path: Path) -> list[dict[str, str]]:
-    """read_labelled's rows of any data file: a compressed one is read line by line, its questions' labels only."""
-    if path.suffix in (".jsonl", ".json"):
-        return read_labelled(path)
-    keys = ("query", "domain", "static_or_dynamic")
-    with tempfile.TemporaryDirectory(prefix="labelled-") as folder:
-        plain = Path(folder) / "questions.jsonl"
-        with plain.open("w", encoding="utf-8") as out:
-            for line in data_lines(path):
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    out.write("\n")  # read_labelled skips it; the line numbers stay the file's
-                    continue
-                out.write(json.dumps({k: row.get(k) for k in keys} if isinstance(row, dict) else row) + "\n")
-        return read_labelled(plain)
-
-
 def check_rows(rows: list[dict[str, str]], path: Path, folds: int) -> None:
     """A DataError for rows that cannot train both SVMs: too few, one class only, or no class with --folds rows."""
     if len(rows) < MIN_ROWS:
@@ -137,7 +117,7 @@ def train_attributes(args: argparse.Namespace) -> int:
         check_data_file(args.data)
         if args.icl:
             load_config(args.config)  # a config that cannot load fails now, not after the SVMs
-        rows = labelled_rows(args.data)
+        rows = read_labelled(args.data, data_lines(args.data))  # .jsonl, .jsonl.bz2 or an archive
         check_rows(rows, args.data, args.folds)
         embedder = Embedder(EmbedderConfig())
     except (ConfigError, DataError, BackendUnavailable) as err:

@@ -8,11 +8,13 @@ query answers "i don't know", the safe side when unsure).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pickle
 import random
 import re
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,10 +31,12 @@ from models.state import QueryState
 SVM_FORMAT = "crag-attributes-svm-1"
 
 
-def read_labelled(path: Path) -> list[dict[str, str]]:
-    """Questions with `query`, `domain` and `static_or_dynamic` from a CRAG-format .jsonl; other rows skipped."""
+def read_labelled(path: Path, lines: Iterable[str] | None = None) -> list[dict[str, str]]:
+    """Questions with `query`, `domain` and `static_or_dynamic` from a CRAG-format .jsonl, or from `lines` read
+    from `path` by the caller (a compressed data file); other rows skipped."""
     rows = []
-    with path.open(encoding="utf-8") as handle:
+    with contextlib.ExitStack() as stack:
+        handle = lines if lines is not None else stack.enter_context(path.open(encoding="utf-8"))
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
