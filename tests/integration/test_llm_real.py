@@ -6,6 +6,7 @@ import time
 from utils.deadline import Deadline
 from models.config import OpenAIConfig
 from models.llm.base import DEADLINE, LENGTH, GenParams, cut_short
+from models.llm.hf import PREFILL_SHARE
 from models.llm.openai import OpenAIBackend
 
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
@@ -32,13 +33,14 @@ def test_hf_says_why_generation_ended(hf_llm):
     assert cut_short(finished) is None and cut_short(cut) == LENGTH
     ((stopped,),) = hf_llm.generate([QUESTION], GenParams(max_tokens=48, stop=["Paris"]))
     assert cut_short(stopped) is None  # a stop string ends it as the model's end of sequence does
-    story = [{"role": "user", "content": "Write a long story about a dragon, at least 500 words."}]
-    ((timed_out,),) = hf_llm.generate([story], GenParams(max_tokens=400, deadline=Deadline(0.5)))
-    assert timed_out and cut_short(timed_out) == DEADLINE  # transformers' max_time stopped it
+    # a deadline that affords reading the prompt (even on a busy machine) but not 2,000 tokens of counting
+    count = [{"role": "user", "content": "Count from 1 to 1000, one number after another, separated by commas."}]
+    ((timed_out,),) = hf_llm.generate([count], GenParams(max_tokens=2000, deadline=Deadline(6.0)))
+    assert timed_out and cut_short(timed_out) == DEADLINE  # the deadline clock stopped it
 
 
 def test_hf_reads_no_more_of_the_prompts_than_the_deadline_affords(hf_llm):
-    """Reading a prompt is one forward pass that max_time cannot stop (four 2,000-token prompts: about 15 s on
+    """Reading a prompt is one forward pass that no stopping criterion can stop (four 2,000-token prompts: about 15 s on
     two cores): the backend cuts the prompts to what the deadline affords at its measured rate, or does not
     start them. A contract with a generous margin, not a speed figure."""
     long = [{"role": "user", "content": "The harbour reported record traffic this season. " * 250 + "Sum 2 and 2."}]
@@ -48,6 +50,30 @@ def test_hf_reads_no_more_of_the_prompts_than_the_deadline_affords(hf_llm):
     started = time.perf_counter()
     assert hf_llm.generate([long] * 4, GenParams(max_tokens=32, deadline=Deadline(0.2))) == [[]] * 4
     assert time.perf_counter() - started < 1.0
+
+
+def test_hf_gives_up_reading_prompts_the_deadline_cannot_afford(hf_llm):
+    """A rate measured on a quieter machine admits prompts that now take far longer to read (four 2,000-token
+    prompts: about 15 s on two cores): the prompts are read in chunks, and the chunk the deadline cannot afford is
+    not started. A contract with a generous margin, not a speed figure."""
+    long = [{"role": "user", "content": "The harbour reported record traffic this season. " * 250 + "Sum 2 and 2."}]
+    measured = hf_llm._prefill_tps
+    hf_llm._prefill_tps = 20 * measured  # as if the machine had been 20 times faster when it was measured
+    try:
+        started = time.perf_counter()
+        out = hf_llm.generate([long] * 4, GenParams(max_tokens=32, deadline=Deadline(3.0)))
+        seconds = time.perf_counter() - started
+        learned = hf_llm._prefill_tps
+    finally:
+        hf_llm._prefill_tps = measured
+    # Admitted, the prompts are cut to what 20 times the rate reads in 40% of 3 s, which takes up to 24 s at the
+    # real rate. One chunk (at most 512 tokens) may run past the deadline: the bound is in chunks at the rate
+    # measured before, so a busier machine does not fail the test, and it is far below reading them all.
+    length = min(len(hf_llm.tokenizer.apply_chat_template(long, add_generation_prompt=True, return_dict=True)["input_ids"]),
+                 hf_llm.config.max_input_tokens)
+    chunk_s, whole_s = 512 / measured, min(4 * length, 20 * measured * 3.0 * PREFILL_SHARE) / measured
+    assert out == [[]] * 4 and seconds < 3.0 + 2 * chunk_s < whole_s
+    assert learned < 2 * measured  # the next call plans with what this one saw
 
 
 def test_hf_respects_the_deadline(hf_llm):
