@@ -98,6 +98,11 @@ class VLLMConfig:
     # compute capability < 8.9: vllm-project/vllm PR 35720, reported on 0.16.0; Triton attention has no fp8
     # KV on SM75 before the open PRs 45829/49077; issue 47549: FlashInfer, the other way, gone on SM75 in 0.24).
     kv_cache_dtype: str = "auto"
+    # R2AG prompt mode through vLLM: whole prompts go to the engine as input embeddings (vLLM's EmbedsPrompt), built
+    # from the model folder's model.embed_tokens.weight, read into host memory (vocabulary x hidden x 2 bytes: 2.1 GB
+    # for Llama-3-70B, 1.05 GB for 8B). Turn it on only with r2ag.enabled and r2ag.mode prompt: with it on, vLLM
+    # runs the embedding layer outside its CUDA graphs for every batch (tools/check_submission.py checks the pair).
+    enable_prompt_embeds: bool = False
 
 
 @dataclass

@@ -1,6 +1,8 @@
 """Check a submission before sending it, not after: aicrowd.json, the config and its weights, the requirements
-files, the import of UserModel, the batch-size contract, sample queries within their time limit, and the budget
-plan at the measured speed of the configured LLM.
+files, the image (the Dockerfile's CUDA base against the vLLM pin), the GPUs aicrowd.json asks for against the
+config, the model folder's quantization against the config's, the per-T4 memory plan, R2AG's prompt embeddings,
+the import of UserModel, the batch-size contract, sample queries within their time limit, and the budget plan at
+the measured speed of the configured LLM.
 
     python tools/check_submission.py              # the Dockerfile's config (CRAG_CONFIG) and its backend
     python tools/check_submission.py --cpu        # the embedded CPU default instead (no GPU, no weights needed)
@@ -34,6 +36,29 @@ CHALLENGES = {  # the id of each task's challenge; aicrowd.json names one
 PLACEHOLDER_AUTHOR = "your-aicrowd-username"
 CPU_CONFIG = "configs/cpu.yaml"
 MAX_BATCH = 16
+
+# The CUDA each pinned vLLM wheel is built with (the Dockerfile's nvidia/cuda base image should match it). Source
+# for 0.14.1: its vllm/_C.abi3.so says "Cuda compilation tools, release 12.9, V12.9.86" (strings) and needs
+# libcudart.so.12 (readelf -d). A new pin: read the same from its wheel and add a row.
+VLLM_WHEEL_CUDA = {"0.14.1": "12.9"}
+# The grader's GPU: a T4 (16 GB board; nvidia-smi reports 15109 MiB with ECC on, as on AWS g4dn). An assumption:
+# the ECC-off figure is 15360 MiB.
+T4_BYTES = 15109 * 2**20
+# vLLM 0.14.1's max_num_batched_tokens for vllm.LLM on a GPU under 70 GiB (vllm/engine/arg_utils.py, 8192): the
+# most tokens one forward pass reads, which sets the activation peak.
+VLLM_BATCHED_TOKENS = 8192
+FIXED_MARGIN_BYTES = 2**30  # CUDA context, cuBLAS workspaces, NCCL buffers per GPU: assumed, not measured
+CUDA_GRAPHS_BYTES = 2**29  # vLLM's captured CUDA graphs (none with enforce_eager): assumed, not measured
+# What each kind of model folder accepts as llm.vllm.quantization (None: vLLM reads quantization_config). A
+# mismatch is refused at load (vllm/config/model.py _verify_quantization); GPTQ folders may also take the Marlin
+# kernel by name.
+QUANTIZATION_ACCEPTS = {
+    "compressed-tensors": (None, "compressed-tensors"),  # tools/quantize.py (llm-compressor W4A16)
+    "gptq": (None, "gptq", "gptq_marlin"),
+    "awq": (None, "awq", "awq_marlin"),
+    None: (None,),  # an unquantized folder
+}
+DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2}
 
 
 @dataclass
@@ -125,6 +150,282 @@ def check_config(repo: Path, config_path: str) -> tuple[Check, Check, Any]:
                                          f"batch_size {config.batch_size}")
     detail = "; ".join(missing) if missing else f"{len(needed)} paths present"
     return config_check, Check("weights", not missing, detail), config
+
+
+def _resolve(repo: Path, path: str) -> Path:
+    candidate = Path(path).expanduser()
+    return candidate if candidate.is_absolute() else repo / candidate
+
+
+def pinned(repo: Path, name: str) -> str | None:
+    """The version requirements.txt pins `name` to with ==, or None."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    try:
+        lines = (repo / "requirements.txt").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        try:
+            requirement = Requirement(line.split("#", 1)[0].strip())
+        except InvalidRequirement:
+            continue
+        if requirement.name.lower() == name:
+            return next((spec.version for spec in requirement.specifier if spec.operator == "=="), None)
+    return None
+
+
+def check_image(repo: Path) -> Check:
+    """The Dockerfile's final base image: its CUDA against the wheel's of the vllm pin, its Python against the
+    release's Requires-Python (from data/vllm/engine_api-<pin>.json)."""
+    try:
+        text = (repo / "Dockerfile").read_text(encoding="utf-8")
+    except OSError as err:
+        return Check("image", False, f"Dockerfile unreadable: {err}")
+    bases = re.findall(r"^FROM\s+(?:--platform=\S+\s+)?(\S+)", text, flags=re.MULTILINE)
+    if not bases:
+        return Check("image", False, "the Dockerfile has no FROM line")
+    base, version = bases[-1], pinned(repo, "vllm")
+    if version is None:
+        return Check("image", True, f"{base}; requirements.txt pins no vllm (needed only by llm.backend vllm)",
+                     warn=True)
+    wheel = VLLM_WHEEL_CUDA.get(version)
+    if wheel is None:
+        return Check("image", False, f"vllm=={version} is not in VLLM_WHEEL_CUDA (tools/check_submission.py): read "
+                                     "its wheel's CUDA (strings vllm/_C.abi3.so | grep 'Cuda compilation') and add it")
+    match = re.fullmatch(r"(?:docker\.io/)?nvidia/cuda:(\d+)\.(\d+)(?:\.\d+)?-.+", base)
+    if match is None:
+        return Check("image", False, f"base image {base} is not nvidia/cuda:X.Y.Z-...: the vllm {version} wheel "
+                                     f"is built with CUDA {wheel}; use nvidia/cuda:{wheel}.x-runtime-ubuntu22.04")
+    image = f"{match.group(1)}.{match.group(2)}"
+    problems, notes = [], []
+    if image.split(".")[0] != wheel.split(".")[0]:
+        problems.append(f"base image CUDA {image}, the vllm {version} wheel's {wheel}: use nvidia/cuda:{wheel}.x")
+    elif image != wheel:
+        notes.append(f"base image CUDA {image}, the vllm {version} wheel's {wheel} (same major: runs under minor "
+                     f"version compatibility; nvidia/cuda:{wheel}.x matches)")
+    python = re.search(r"\bpython3\.(\d+)\b", text)
+    extract = repo / "data" / "vllm" / f"engine_api-{version}.json"
+    if python and extract.is_file():
+        from packaging.specifiers import SpecifierSet
+
+        wanted = json.loads(extract.read_text(encoding="utf-8")).get("requires_python") or ""
+        if f"3.{python.group(1)}" not in SpecifierSet(wanted):
+            problems.append(f"python3.{python.group(1)} in the image, vllm {version} requires Python {wanted}")
+    elif not extract.is_file():
+        notes.append(f"no data/vllm/engine_api-{version}.json: run tools/vllm_engine_args.py on the wheel")
+    if problems:
+        return Check("image", False, "; ".join(problems))
+    detail = f"{base}: CUDA {image} for vllm=={version} (wheel CUDA {wheel})"
+    return Check("image", True, "; ".join([detail, *notes]), warn=bool(notes))
+
+
+def check_gpus(repo: Path, config: Any) -> Check | None:
+    """aicrowd.json's gpu_count against what the config's LLM uses (None when aicrowd.json is unreadable: its own
+    check says why)."""
+    try:
+        count = json.loads((repo / "aicrowd.json").read_text(encoding="utf-8")).get("gpu_count")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
+    if not isinstance(count, int):
+        return None
+    backend = config.llm.backend
+    if backend == "openai":
+        return Check("GPUs", True, f"llm.backend openai ({config.llm.openai.base_url}): the grader starts no "
+                                   "server; this is a local config, not a submission's", warn=True)
+    if backend != "vllm":
+        return Check("GPUs", True, f"aicrowd.json asks for {count}; llm.backend {backend}")
+    size = config.llm.vllm.tensor_parallel_size
+    if size > count:
+        return Check("GPUs", False, f"llm.vllm.tensor_parallel_size {size} needs {size} GPUs, aicrowd.json's "
+                                    f"gpu_count is {count}: raise gpu_count or lower tensor_parallel_size")
+    detail = f"tensor_parallel_size {size} of gpu_count {count}"
+    return Check("GPUs", True, detail + ("" if size == count else f": {count - size} GPU(s) idle for the LLM"),
+                 warn=size != count)
+
+
+def model_config(folder: Path) -> dict | None:
+    """The folder's config.json (a multimodal one's text_config merged over it), or None."""
+    try:
+        data = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return {**data, **data.get("text_config", {})} if isinstance(data, dict) else None
+
+
+def folder_quantization(data: dict) -> dict:
+    """{method, bits, group_size, symmetric, ignore, format} of a config.json's quantization_config (method None:
+    not quantized). compressed-tensors: its first config group's weights (tools/quantize.py writes one)."""
+    quant = data.get("quantization_config") or {}
+    method = quant.get("quant_method")
+    if method == "compressed-tensors":
+        weights = next(iter(quant.get("config_groups", {}).values()), {}).get("weights") or {}
+        return {"method": method, "bits": weights.get("num_bits"), "group_size": weights.get("group_size"),
+                "symmetric": weights.get("symmetric", True), "ignore": quant.get("ignore", []),
+                "format": quant.get("format")}
+    if method:
+        return {"method": method, "bits": quant.get("bits"), "group_size": quant.get("group_size"),
+                "symmetric": quant.get("sym", True), "ignore": ["lm_head"], "format": quant.get("checkpoint_format")}
+    return {"method": None, "bits": None, "group_size": None, "symmetric": True, "ignore": [], "format": None}
+
+
+def check_quantization(repo: Path, config: Any) -> Check | None:
+    """llm.vllm.quantization against the model folder's quantization_config (vllm backend only)."""
+    if config.llm.backend != "vllm":
+        return None
+    settings = config.llm.vllm
+    folder = _resolve(repo, settings.model)
+    data = model_config(folder)
+    if data is None:
+        return Check("quantization", True, f"{settings.model}: no config.json, not checked (see weights)", warn=True)
+    quant = folder_quantization(data)
+    method, chosen = quant["method"], settings.quantization
+    accepted = QUANTIZATION_ACCEPTS.get(method, (None, method))
+    what = ("unquantized" if method is None else
+            f"{method} {quant['format'] or ''} {quant['bits']}-bit, group {quant['group_size']}".replace("  ", " "))
+    if chosen not in accepted:
+        fix = " or ".join("null" if a is None else a for a in accepted)
+        return Check("quantization", False, f"llm.vllm.quantization is {chosen!r} but {settings.model} is {what}: "
+                                            f"set it to {fix} (vLLM refuses the mismatch at load)")
+    return Check("quantization", True, f"{settings.model}: {what}; llm.vllm.quantization "
+                                       f"{'null (read from the folder)' if chosen is None else chosen}")
+
+
+def safetensors_bytes(folder: Path) -> int | None:
+    """The tensor bytes the folder's *.safetensors declare (their headers' data offsets), or None without any."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return None
+    total = 0
+    for file in files:
+        with file.open("rb") as handle:
+            size = int.from_bytes(handle.read(8), "little")
+            header = json.loads(handle.read(size))
+        total += sum(end - start for name, entry in header.items() if name != "__metadata__"
+                     for start, end in [entry["data_offsets"]])
+    return total
+
+
+@dataclass
+class MemoryPlan:
+    weights: float  # bytes per GPU
+    weights_source: str
+    kv_per_token: float  # bytes per token per GPU
+    margin: float  # bytes per GPU
+    budget: float  # bytes per GPU vLLM may use
+    sequences: int  # sequences the configured batch runs at once
+    max_model_len: int
+
+    def kv_room_tokens(self) -> int:
+        return max(int((self.budget - self.weights - self.margin) // self.kv_per_token), 0)
+
+
+def estimated_weight_bytes(data: dict, quant: dict) -> float:
+    """The weights of a Llama-style decoder from config.json: attention and MLP Linear layers at the quantized bits
+    plus one 16-bit scale per group (and, for GPTQ, a zero point per group), the embeddings, lm_head (unless tied
+    or quantized) and norms in 16 bits (4 for a float32 folder)."""
+    hidden, layers = data["hidden_size"], data["num_hidden_layers"]
+    heads = data["num_attention_heads"]
+    head_dim = data.get("head_dim") or hidden // heads
+    kv_heads = data.get("num_key_value_heads") or heads
+    vocab, inter = data["vocab_size"], data["intermediate_size"]
+    wide = DTYPE_BYTES.get(str(data.get("torch_dtype") or data.get("dtype") or "bfloat16"), 2)
+    linear = layers * (hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2 + 3 * hidden * inter)
+    quantized = wide  # bytes per weight of a quantized Linear layer
+    if quant["method"] is not None and quant["bits"]:
+        group = quant["group_size"] if quant["group_size"] and quant["group_size"] > 0 else hidden
+        quantized = (quant["bits"] + 16 / group + (quant["bits"] / group if quant["method"] == "gptq" else 0)) / 8
+    head = 0 if data.get("tie_word_embeddings") else vocab * hidden
+    head_bytes = head * (wide if "lm_head" in quant["ignore"] else quantized)
+    return linear * quantized + vocab * hidden * wide + head_bytes + (2 * layers + 1) * hidden * wide
+
+
+def memory_plan(repo: Path, config: Any) -> MemoryPlan | str:
+    """The per-GPU plan of the config's vLLM engine on T4s, or why none can be made."""
+    settings = config.llm.vllm
+    folder = _resolve(repo, settings.model)
+    data = model_config(folder)
+    if data is None:
+        return f"{settings.model}: no config.json to plan from"
+    keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size")
+    if any(not isinstance(data.get(k), int) for k in keys):
+        return f"{settings.model}/config.json lacks {', '.join(k for k in keys if not isinstance(data.get(k), int))}"
+    tp = settings.tensor_parallel_size
+    declared = safetensors_bytes(folder)
+    if declared is not None:
+        total, source = declared, "the folder's safetensors"
+    else:
+        total, source = estimated_weight_bytes(data, folder_quantization(data)), "config.json x bits"
+    heads = data["num_attention_heads"]
+    head_dim = data.get("head_dim") or data["hidden_size"] // heads
+    kv_heads = data.get("num_key_value_heads") or heads
+    wide = DTYPE_BYTES.get(settings.dtype, DTYPE_BYTES.get(str(data.get("torch_dtype")), 2))
+    kv_bytes = 1 if settings.kv_cache_dtype.startswith("fp8") else wide
+    kv_per_token = 2 * data["num_hidden_layers"] * max(1, kv_heads // tp) * head_dim * kv_bytes
+    activations = VLLM_BATCHED_TOKENS * (4 * data["hidden_size"] + 2 * data["intermediate_size"] / tp) * wide
+    margin = FIXED_MARGIN_BYTES + (0 if settings.enforce_eager else CUDA_GRAPHS_BYTES) + activations
+    return MemoryPlan(total / tp, source, kv_per_token, margin, T4_BYTES * settings.gpu_memory_utilization,
+                      config.batch_size, settings.max_model_len)
+
+
+def check_memory(repo: Path, config: Any) -> Check | None:
+    """Per T4: weights / tensor_parallel_size + KV cache for batch_size sequences of max_model_len + a margin,
+    against 15109 MiB x gpu_memory_utilization (vllm backend only)."""
+    if config.llm.backend != "vllm":
+        return None
+    plan = memory_plan(repo, config)
+    if isinstance(plan, str):
+        return Check("GPU memory", True, f"{plan}: no plan", warn=True)
+    gb = 1e9
+    kv_batch = plan.kv_per_token * plan.sequences * plan.max_model_len
+    figures = (f"per T4: weights {plan.weights / gb:.1f} GB ({plan.weights_source} / tensor_parallel_size) + KV "
+               f"{kv_batch / gb:.1f} GB ({plan.sequences} x {plan.max_model_len} tokens at "
+               f"{plan.kv_per_token / 1024:.0f} KiB/token) + margin {plan.margin / gb:.1f} GB = "
+               f"{(plan.weights + kv_batch + plan.margin) / gb:.1f} GB of {plan.budget / gb:.1f} GB "
+               f"(15109 MiB x gpu_memory_utilization {config.llm.vllm.gpu_memory_utilization})")
+    room = plan.kv_room_tokens()
+    if room < plan.max_model_len:
+        return Check("GPU memory", False, f"{figures}: KV room {room} tokens, under one max_model_len sequence "
+                                          "(vLLM refuses to start): lower max_model_len or use more GPUs")
+    if room < plan.sequences * plan.max_model_len:
+        return Check("GPU memory", True, f"{figures}: KV room for {room // plan.max_model_len} full-length "
+                                         f"sequences of {plan.sequences} (vLLM queues the rest; shorter prompts "
+                                         "fit more)", warn=True)
+    return Check("GPU memory", True, figures)
+
+
+def uses_prompt_embeddings(config: Any) -> bool:
+    """R2AG prompt mode in the chosen strategy: its retrieval embeddings reach the reasoning prompt."""
+    stages = config.strategy_names()
+    return config.r2ag.enabled and config.r2ag.mode == "prompt" and "r2ag" in stages and "reasoning" in stages
+
+
+def check_prompt_embeds(repo: Path, config: Any) -> Check | None:
+    """llm.vllm.enable_prompt_embeds on exactly when R2AG prompt mode is in use (vllm backend only)."""
+    if config.llm.backend != "vllm":
+        return None
+    wanted, enabled = uses_prompt_embeddings(config), config.llm.vllm.enable_prompt_embeds
+    if wanted and not enabled:
+        return Check("prompt embeddings", False, "r2ag.mode prompt needs llm.vllm.enable_prompt_embeds: true (else "
+                                                 "R2AG falls back to relevance mode)")
+    if enabled and not wanted:
+        return Check("prompt embeddings", True, "llm.vllm.enable_prompt_embeds is on without R2AG prompt mode: it "
+                                                "costs host memory and keeps the embedding layer out of vLLM's CUDA "
+                                                "graphs; set it to false", warn=True)
+    if not enabled:
+        return Check("prompt embeddings", True, "off (R2AG prompt mode not used)")
+    data = model_config(_resolve(repo, config.llm.vllm.model)) or {}
+    size = (f"{data['vocab_size'] * data['hidden_size'] * 2 / 1e9:.2f} GB" if isinstance(data.get("vocab_size"), int)
+            and isinstance(data.get("hidden_size"), int) else "vocabulary x hidden x 2 bytes")
+    return Check("prompt embeddings", True, f"on for R2AG prompt mode: the input embeddings take {size} of host "
+                                            "memory in the driver process")
+
+
+def gpu_checks(repo: Path, config: Any) -> list[Check]:
+    """The checks of a GPU submission that need the config (those that do not apply are left out)."""
+    checks = [check_gpus(repo, config), check_quantization(repo, config), check_memory(repo, config),
+              check_prompt_embeds(repo, config)]
+    return [c for c in checks if c is not None]
 
 
 def check_requirements(repo: Path) -> Check:
@@ -318,7 +619,7 @@ def check(args: argparse.Namespace) -> int:
         progress.update(1)
         progress.set_description("aicrowd.json and requirements")
         checks = [check_aicrowd(repo, config.task if config else None), config_check, weights_check,
-                  check_requirements(repo)]
+                  check_requirements(repo), check_image(repo), *(gpu_checks(repo, config) if config else [])]
         progress.update(1)
         if config is not None and weights_check.ok:
             progress.set_description(f"UserModel: loading it and answering {args.queries} sample queries (at most "

@@ -7,6 +7,12 @@ Reads the wheel (a zip) and parses its source with `ast`:
   - the parameters of the `LLMEngine` methods a step-by-step driver uses (add_request, step, abort_request,
     has_unfinished_requests), from the file that defines the class (vllm/v1/engine/llm_engine.py when
     vllm/engine/llm_engine.py only re-exports it);
+  - the prompt schemas add_request takes (`TokensPrompt`, `EmbedsPrompt`: TypedDict fields, vllm/inputs/data.py);
+  - the parameters of the tokenizer methods the driver calls (`TokenizerLike.encode`, `.apply_chat_template`,
+    vllm/tokenizers/protocol.py);
+  - the command-line flags of `vllm serve` (vllm/entrypoints/openai/cli_args.py: make_arg_parser's own flags and
+    one per FrontendArgs field; the "--..." literals of EngineArgs.add_cli_args and AsyncEngineArgs.add_cli_args;
+    a boolean flag also has its --no- form);
   - the wheel's Requires-Python and Requires-Dist (to check requirements.txt's other pins against).
 Writes them as JSON (sorted keys, source order in lists) to data/vllm/engine_api-<version>.json with the version
 and the wheel's sha256, so running it again on the same wheel gives the same file.
@@ -36,7 +42,12 @@ LLM_FILE = "vllm/entrypoints/llm.py"
 SAMPLING_FILE = "vllm/sampling_params.py"
 ENGINE_FILES = ("vllm/v1/engine/llm_engine.py", "vllm/engine/llm_engine.py")
 ENGINE_METHODS = ("add_request", "step", "abort_request", "has_unfinished_requests")
-FORMAT = 1
+INPUTS_FILE = "vllm/inputs/data.py"
+PROMPT_SCHEMAS = ("TokensPrompt", "EmbedsPrompt")
+TOKENIZER_FILE = "vllm/tokenizers/protocol.py"
+TOKENIZER_METHODS = ("encode", "apply_chat_template")
+SERVE_FILE = "vllm/entrypoints/openai/cli_args.py"
+FORMAT = 1  # keys are only ever added (prompt_schemas, tokenizer, serve_cli since the first 0.14.1 extract)
 
 
 class WheelError(Exception):
@@ -173,11 +184,38 @@ def llm_members(cls: ast.ClassDef) -> dict:
     return {"methods": methods, "attributes": attributes}
 
 
+def _flags(node: ast.AST) -> set[str]:
+    """The "--..." string literals inside `node` (argparse flags written out)."""
+    return {n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and n.value.startswith("--") and len(n.value) > 2}
+
+
+def serve_cli(wheel: Wheel) -> dict:
+    """The flags `vllm serve` accepts: make_arg_parser's own, FrontendArgs' (one per field), EngineArgs' and
+    AsyncEngineArgs' (written out in their add_cli_args)."""
+    tree = wheel.tree(SERVE_FILE)
+    make = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "make_arg_parser"), None)
+    if make is None:
+        raise WheelError(f"{wheel.path}: {SERVE_FILE}: no function make_arg_parser")
+    frontend = [f["name"] for f in class_fields(_class(tree, "FrontendArgs", SERVE_FILE))]
+    engine_tree = wheel.tree(ARG_UTILS)
+    engine = set()
+    for name in ("EngineArgs", "AsyncEngineArgs"):
+        method = _method(_class(engine_tree, name, ARG_UTILS), "add_cli_args")
+        if method is None:
+            raise WheelError(f"{wheel.path}: {ARG_UTILS}: {name} has no add_cli_args")
+        engine |= _flags(method)
+    return {"file": SERVE_FILE, "parser_flags": sorted(_flags(make)),
+            "frontend_flags": ["--" + name.replace("_", "-") for name in frontend],
+            "engine_flags": sorted(engine)}
+
+
 def extract(path: Path) -> dict:
     wheel = Wheel(path)
     meta = wheel.metadata()
     llm_class = _class(wheel.tree(LLM_FILE), "LLM", LLM_FILE)
     llm_init = _method(llm_class, "__init__")
+    inputs = wheel.tree(INPUTS_FILE)
     if llm_init is None:
         raise WheelError(f"{path}: {LLM_FILE}: class LLM has no __init__")
     return {
@@ -195,7 +233,20 @@ def extract(path: Path) -> dict:
                             "fields": class_fields(_class(wheel.tree(SAMPLING_FILE), "SamplingParams",
                                                           SAMPLING_FILE))},
         "llm_engine": llm_engine(wheel),
+        "prompt_schemas": {"file": INPUTS_FILE, **{name: class_fields(_class(inputs, name, INPUTS_FILE))
+                                                    for name in PROMPT_SCHEMAS}},
+        "tokenizer": {"file": TOKENIZER_FILE, "class": "TokenizerLike",
+                      "methods": {name: signature(_required_method(wheel, TOKENIZER_FILE, "TokenizerLike", name))
+                                  for name in TOKENIZER_METHODS}},
+        "serve_cli": serve_cli(wheel),
     }
+
+
+def _required_method(wheel: Wheel, path: str, cls: str, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef:
+    method = _method(_class(wheel.tree(path), cls, path), name)
+    if method is None:
+        raise WheelError(f"{wheel.path}: {path}: class {cls} has no method {name}")
+    return method
 
 
 def render(api: dict) -> str:

@@ -1,14 +1,74 @@
-"""In-process vLLM: the competition path (GPTQ 70B, tensor parallel over 4 T4s). Imported only when chosen."""
+"""In-process vLLM: the competition path (4-bit 70B, tensor parallel over 4 T4s). Imported only when chosen."""
 
 from __future__ import annotations
 
 import itertools
+import json
 import time
+from pathlib import Path
 
+import numpy as np
+import torch
 from loguru import logger
 
 from models.config import VLLMConfig
 from models.llm.base import DEADLINE, LENGTH, STOP, BackendUnavailable, Conversation, GenParams, Sample, TopLogprobs
+from models.llm.hf import RETRIEVAL_TOKEN
+
+# The input embedding matrix (vocabulary x hidden) of Llama-family folders. Quantizers leave it in 16 bits:
+# llm-compressor quantizes Linear layers only (embed_tokens is an Embedding), GPTQ folders likewise.
+EMBEDDING_TENSOR = "model.embed_tokens.weight"
+TORCH_DTYPES = {"float16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16,
+                "float32": torch.float32, "float": torch.float32}
+
+
+def load_input_embeddings(folder: str | Path, dtype: str = "auto") -> torch.Tensor:
+    """The model's input embedding matrix, read alone from the folder's safetensors (the shard that holds it, by
+    model.safetensors.index.json when there is one) into host memory, in `dtype` ("auto": as stored)."""
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shard = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).get(EMBEDDING_TENSOR)
+        files = [folder / shard] if shard else []
+    else:
+        files = sorted(folder.glob("*.safetensors"))
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            if EMBEDDING_TENSOR in handle.keys():
+                table = handle.get_tensor(EMBEDDING_TENSOR)
+                break
+    else:
+        raise BackendUnavailable(f"{folder}: no {EMBEDDING_TENSOR} in its safetensors; llm.vllm.enable_prompt_embeds "
+                                 "(R2AG prompt mode) needs the model's input embeddings")
+    if table.ndim != 2 or not table.is_floating_point():
+        raise BackendUnavailable(f"{folder}: {EMBEDDING_TENSOR} is {tuple(table.shape)} {table.dtype}, not a "
+                                 "floating-point vocabulary x hidden matrix")
+    return table.to(TORCH_DTYPES[dtype]) if dtype in TORCH_DTYPES else table
+
+
+def embeds_prompt(tokenizer, table: torch.Tensor, conversation: Conversation, rows: np.ndarray) -> dict:
+    """vLLM's EmbedsPrompt for `conversation`: the chat template's text, cut at each retrieval placeholder, each
+    piece tokenized as the template's tokenization would (add_special_tokens=False) and looked up in `table`;
+    the k-th placeholder's position takes rows[k] (a count mismatch is a ValueError)."""
+    text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+    pieces = text.split(RETRIEVAL_TOKEN)
+    if len(pieces) - 1 != len(rows):
+        raise ValueError(f"{len(pieces) - 1} retrieval placeholders in the prompt, {len(rows)} embeddings")
+    if rows.ndim != 2 or rows.shape[1] != table.shape[1]:  # vLLM would crash on it (ModelConfig.enable_prompt_embeds)
+        raise ValueError(f"retrieval embeddings of shape {rows.shape}, the model's hidden size is {table.shape[1]}")
+    ids, slots = [], []
+    for k, piece in enumerate(pieces):
+        if k:
+            slots.append(len(ids))
+            ids.append(0)  # the placeholder's row, overwritten below
+        ids.extend(tokenizer.encode(piece, add_special_tokens=False))
+    if max(ids, default=0) >= table.shape[0]:
+        raise ValueError(f"token id {max(ids)} is outside the {table.shape[0]}-row input embedding matrix")
+    embeds = table[torch.tensor(ids, dtype=torch.long)]
+    embeds[slots] = torch.as_tensor(rows, dtype=table.dtype)
+    return {"prompt_embeds": embeds}
 
 
 class VLLMBackend:
@@ -22,13 +82,37 @@ class VLLMBackend:
             raise BackendUnavailable("llm.vllm.model is empty: set it to the local model folder")
         self._vllm = vllm
         started = time.perf_counter()
+        # Read before the engine starts, so that a folder without it fails before minutes of loading.
+        self._table = load_input_embeddings(config.model, config.dtype) if config.enable_prompt_embeds else None
         self.engine = vllm.LLM(
             model=config.model, tensor_parallel_size=config.tensor_parallel_size,
             quantization=config.quantization, dtype=config.dtype, max_model_len=config.max_model_len,
             gpu_memory_utilization=config.gpu_memory_utilization, enforce_eager=config.enforce_eager,
-            seed=config.seed, kv_cache_dtype=config.kv_cache_dtype)
+            seed=config.seed, kv_cache_dtype=config.kv_cache_dtype, enable_prompt_embeds=config.enable_prompt_embeds)
         self._requests = itertools.count()  # request ids, unique for the engine's life
-        logger.info("vllm model {} loaded in {:.1f} s", config.model, time.perf_counter() - started)
+        logger.info("vllm model {} loaded in {:.1f} s{}", config.model, time.perf_counter() - started,
+                    "" if self._table is None else f"; input embeddings {tuple(self._table.shape)} "
+                    f"{self._table.dtype} in host memory ({self._table.nbytes / 1e9:.2f} GB) for R2AG")
+
+    # R2AG (models/system.py asks hasattr(llm, "generate_with_embeddings")): only with enable_prompt_embeds on;
+    # without it these raise AttributeError, so R2AG falls back to relevance mode, logged.
+    @property
+    def generate_with_embeddings(self):
+        return self._with_table(self._generate_with_embeddings)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self._with_table(self._table).shape[1])
+
+    def _with_table(self, value):
+        if self._table is None:
+            raise AttributeError("R2AG prompt mode through vLLM needs llm.vllm.enable_prompt_embeds: true")
+        return value
+
+    def retrieval_placeholder(self) -> str:
+        """The text that marks where a retrieval embedding goes; cut out before tokenization (not a vocabulary
+        entry: the engine's tokenizer is the model folder's)."""
+        return RETRIEVAL_TOKEN
 
     def sampling_params(self, params: GenParams):
         return self._vllm.SamplingParams(n=params.n, temperature=params.temperature, max_tokens=params.max_tokens,
@@ -36,22 +120,52 @@ class VLLMBackend:
                                          logprobs=params.top_logprobs or None)
 
     def generate(self, conversations: list[Conversation], params: GenParams) -> list[list[str]]:
-        """The engine driven request by request: every conversation is added, the engine stepped while any is
-        unfinished, and at the deadline the unfinished ones are aborted and keep the text they had (cut short:
-        DEADLINE), so a slow batch returns what finished instead of outrunning its limit in one blocking call.
-        Prompts are the tokenizer's chat template, as token ids (a string would get a second BOS)."""
-        if params.deadline is not None and params.deadline.expired():
-            logger.warning("deadline reached: {} conversations not generated", len(conversations))
+        """Prompts are the tokenizer's chat template, as token ids (a string would get a second BOS)."""
+        if _expired(params, len(conversations)):
             return [[] for _ in conversations]
-        engine, tokenizer, sampling = self.engine.llm_engine, self.engine.get_tokenizer(), self.sampling_params(params)
-        ids = [f"crag-{next(self._requests)}" for _ in conversations]
-        for request_id, conversation in zip(ids, conversations):
-            prompt = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True)
-            engine.add_request(request_id, {"prompt_token_ids": list(prompt)}, sampling)
+        tokenizer = self.engine.get_tokenizer()
+        return self._run([{"prompt_token_ids": list(tokenizer.apply_chat_template(c, add_generation_prompt=True,
+                                                                                  tokenize=True))}
+                          for c in conversations], params)
+
+    def _generate_with_embeddings(self, conversations: list[Conversation], embeddings: list[np.ndarray],
+                                  params: GenParams) -> list[list[str]]:
+        """Like generate, with the k-th retrieval placeholder of conversation i replaced by embeddings[i][k] (rows
+        of the model's hidden size): the whole prompt goes as input embeddings (vLLM's prompt_embeds). A
+        conversation without placeholders goes as token ids."""
+        if _expired(params, len(conversations)):
+            return [[] for _ in conversations]
+        tokenizer = self.engine.get_tokenizer()
+        prompts = []
+        for conversation, rows in zip(conversations, embeddings):
+            rows = np.asarray(rows, dtype=np.float32)
+            if rows.size or any(RETRIEVAL_TOKEN in message["content"] for message in conversation):
+                rows = rows.reshape(len(rows), -1) if rows.size else rows.reshape(0, self._table.shape[1])
+                prompts.append(embeds_prompt(tokenizer, self._table, conversation, rows))
+            else:
+                prompts.append({"prompt_token_ids": list(tokenizer.apply_chat_template(
+                    conversation, add_generation_prompt=True, tokenize=True))})
+        return self._run(prompts, params)
+
+    def _run(self, prompts: list[dict], params: GenParams) -> list[list[str]]:
+        """The engine driven request by request: every prompt is added, the engine stepped while any is
+        unfinished, and at the deadline the unfinished ones are aborted and keep the text they had (cut short:
+        DEADLINE), so a slow batch returns what finished instead of outrunning its limit in one blocking call. A
+        prompt the engine refuses (longer than max_model_len) gets no sample."""
+        engine, sampling = self.engine.llm_engine, self.sampling_params(params)
+        ids: list[str | None] = []
+        for prompt in prompts:
+            request_id = f"crag-{next(self._requests)}"
+            try:
+                engine.add_request(request_id, prompt, sampling)
+            except ValueError as err:
+                logger.warning("vllm refused prompt {}: {}", request_id, " ".join(str(err).split())[:200])
+                request_id = None
+            ids.append(request_id)
         latest = {}  # request id -> its newest RequestOutput (cumulative text)
         while engine.has_unfinished_requests():
             if params.deadline is not None and params.deadline.expired():
-                cut = [i for i in ids if not (i in latest and latest[i].finished)]
+                cut = [i for i in ids if i is not None and not (i in latest and latest[i].finished)]
                 engine.abort_request(cut)
                 logger.warning("deadline reached: {} of {} requests aborted, their text so far kept", len(cut),
                                len(ids))
@@ -60,6 +174,13 @@ class VLLMBackend:
                 latest[output.request_id] = output
         return [[Sample(choice.text.strip(), _finish(choice, latest[i].finished), top_logprobs(choice.logprobs))
                  for choice in latest[i].outputs] if i in latest else [] for i in ids]
+
+
+def _expired(params: GenParams, count: int) -> bool:
+    if params.deadline is not None and params.deadline.expired():
+        logger.warning("deadline reached: {} conversations not generated", count)
+        return True
+    return False
 
 
 def _finish(choice, finished: bool) -> str:

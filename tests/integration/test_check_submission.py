@@ -1,6 +1,8 @@
 """The submission checker on this repository and on broken copies of it; the Dockerfile through hadolint."""
 
 import json
+import math
+import re
 import shutil
 import subprocess
 import sys
@@ -77,6 +79,17 @@ def test_a_missing_weights_path_fails_before_any_model_runs(copy):
     assert code == 1 and "references.hash.model: runs/hash/none.hidx not found" in rows["weights"]
     code, rows = check(copy)  # the Dockerfile's GPU config: the 70B weights are the user's files
     assert code == 1 and "llm.vllm.model" in rows["weights"] and "embedder.model" in rows["weights"]
+    assert rows["image"].startswith("PASS") and rows["GPUs"].startswith("PASS")
+    assert rows["quantization"].startswith("WARN") and "not checked" in rows["quantization"]
+    # the quantizer's config.json alone (weights still missing): the folder's quantization and the plan are checked
+    (copy / "configs" / "t4.yaml").write_text((copy / "configs" / "t4x4-llama3-70b-gptq.yaml").read_text()
+                                              .replace("quantization: null", "quantization: gptq"))
+    model = load_config(copy / "configs" / "t4.yaml").llm.vllm.model
+    fake_folder(copy, Path(model).name, LLAMA3_70B, W4A16)
+    code, rows = check(copy, "--config", "configs/t4.yaml")
+    assert code == 1 and rows["quantization"].startswith("FAIL") and "set it to null or compressed-tensors" in rows[
+        "quantization"]
+    assert rows["GPU memory"].startswith("WARN") and "weights 9.9 GB (config.json x bits" in rows["GPU memory"]
 
 
 def test_a_user_model_that_raises_on_import_fails(copy):
@@ -107,3 +120,183 @@ def test_the_dockerfile_passes_hadolint():
     bad.parent.mkdir(exist_ok=True)
     bad.write_text("FROM ubuntu\nRUN cd /tmp && apt-get install curl\n")
     assert subprocess.run([hadolint, str(bad)], capture_output=True, timeout=60).returncode != 0  # it does lint
+
+
+# --- the GPU submission's checks, on small fake model folders (config.json as Meta's Llama-3 folders write it) ---
+
+from packaging.markers import Marker  # noqa: E402
+from packaging.requirements import Requirement  # noqa: E402
+
+from models.config import load_config  # noqa: E402
+from tools.check_submission import (VLLM_WHEEL_CUDA, check_gpus, check_image, check_memory,  # noqa: E402
+                                    check_prompt_embeds, check_quantization, pinned)
+
+T4_CONFIG = REPO_ROOT / "configs" / "t4x4-llama3-70b-gptq.yaml"
+LLAMA3_70B = {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "bos_token_id": 128000,
+              "eos_token_id": 128009, "hidden_act": "silu", "hidden_size": 8192, "intermediate_size": 28672,
+              "max_position_embeddings": 8192, "model_type": "llama", "num_attention_heads": 64,
+              "num_hidden_layers": 80, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
+              "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 128256}
+LLAMA31_8B = {**LLAMA3_70B, "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+              "num_hidden_layers": 32, "max_position_embeddings": 131072,
+              "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                               "original_max_position_embeddings": 8192, "rope_type": "llama3"}}
+W4A16 = {"quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head"],  # tools/quantize.py
+         "quantization_status": "compressed", "kv_cache_scheme": None,
+         "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None, "weights": {
+             "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 128}}}}
+GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True,
+        "checkpoint_format": "gptq"}
+
+
+def fake_folder(repo: Path, name: str, config: dict, quantization: dict | None = None,
+                shards: dict[str, dict[str, tuple[str, list[int]]]] | None = None) -> str:
+    """models/weights/<name> with config.json and, per shard file, a safetensors header (no tensor data) declaring
+    the tensors {name: (dtype, shape)}. Returns the path relative to `repo`."""
+    folder = repo / "models" / "weights" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({**config, **({"quantization_config": quantization}
+                                                                  if quantization else {})}))
+    sizes = {"BF16": 2, "F16": 2, "I32": 4, "F32": 4}
+    for file, tensors in (shards or {}).items():
+        header, offset = {}, 0
+        for tensor, (dtype, shape) in tensors.items():
+            size = sizes[dtype] * math.prod(shape)
+            header[tensor] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
+            offset += size
+        text = json.dumps(header).encode()
+        (folder / file).write_bytes(len(text).to_bytes(8, "little") + text)
+    return f"models/weights/{name}"
+
+
+def t4_config(model: str, *sets: str):
+    return load_config(T4_CONFIG, sets=[f"llm.vllm.model={model}", *sets])
+
+
+def test_the_image_matches_the_vllm_wheel_s_cuda():
+    row = check_image(REPO_ROOT)
+    version = pinned(REPO_ROOT, "vllm")
+    assert row.ok and not row.warn and f"CUDA {VLLM_WHEEL_CUDA[version]} for vllm=={version}" in row.detail
+
+
+@pytest.mark.parametrize("base, pin, python, verdict, words", [
+    ("nvidia/cuda:12.9.1-runtime-ubuntu22.04", "0.14.1", "3.11", "PASS", "wheel CUDA 12.9"),
+    ("nvidia/cuda:12.4.1-runtime-ubuntu22.04", "0.14.1", "3.11", "WARN", "minor version compatibility"),
+    ("nvidia/cuda:11.8.0-runtime-ubuntu22.04", "0.14.1", "3.11", "FAIL", "use nvidia/cuda:12.9.x"),
+    ("python:3.11-slim", "0.14.1", "3.11", "FAIL", "is not nvidia/cuda"),
+    ("nvidia/cuda:12.9.1-runtime-ubuntu22.04", "0.6.3.post1", "3.11", "FAIL", "not in VLLM_WHEEL_CUDA"),
+    ("nvidia/cuda:12.9.1-runtime-ubuntu22.04", "0.14.1", "3.9", "FAIL", "requires Python <3.14,>=3.10"),
+])
+def test_the_image_check_names_the_mismatch(tmp_path, base, pin, python, verdict, words):
+    (tmp_path / "Dockerfile").write_text(f"FROM {base}\nRUN apt-get install -y python{python}\n")
+    (tmp_path / "requirements.txt").write_text(f"vllm=={pin}\nPyYAML==6.0.2\n")
+    shutil.copytree(REPO_ROOT / "data" / "vllm", tmp_path / "data" / "vllm")
+    row = check_image(tmp_path)
+    assert ("FAIL" if not row.ok else "WARN" if row.warn else "PASS") == verdict and words in row.detail, row
+
+
+@pytest.mark.parametrize("quantization, folder, verdict, words", [
+    (None, W4A16, "PASS", "compressed-tensors pack-quantized 4-bit, group 128; llm.vllm.quantization null"),
+    ("compressed-tensors", W4A16, "PASS", "llm.vllm.quantization compressed-tensors"),
+    ("gptq", W4A16, "FAIL", "set it to null or compressed-tensors"),
+    ("gptq_marlin", GPTQ, "PASS", "gptq gptq 4-bit"),
+    ("compressed-tensors", GPTQ, "FAIL", "set it to null or gptq or gptq_marlin"),
+    ("gptq", None, "FAIL", "is unquantized: set it to null"),
+])
+def test_the_config_s_quantization_must_match_the_folder(tmp_path, quantization, folder, verdict, words):
+    model = fake_folder(tmp_path, "llama", LLAMA3_70B, folder)
+    row = check_quantization(tmp_path, t4_config(model, f"llm.vllm.quantization={quantization or 'null'}"))
+    assert ("FAIL" if not row.ok else "WARN" if row.warn else "PASS") == verdict and words in row.detail, row
+    assert check_quantization(tmp_path, t4_config("models/weights/absent")).warn  # no config.json: not checked
+
+
+def test_the_memory_plan_of_the_t4_config_from_config_json(tmp_path):
+    """Llama-3-70B W4A16 over 4 T4s: 39.5 GB of weights (4.125 bits a Linear weight, 16-bit embeddings and lm_head)
+    is 9.9 GB a GPU; the KV cache is 80 KiB a token a GPU (80 layers x 2 of the 8 KV heads x 128 x K and V x 2
+    bytes); batch 8 at 8192 tokens does not fit beside them in 0.9 x 15109 MiB, one sequence does."""
+    model = fake_folder(tmp_path, "llama3-70b", LLAMA3_70B, W4A16)
+    row = check_memory(tmp_path, t4_config(model))
+    assert row.ok and row.warn, row
+    assert "weights 9.9 GB (config.json x bits / tensor_parallel_size)" in row.detail
+    assert "KV 5.4 GB (8 x 8192 tokens at 80 KiB/token)" in row.detail and "of 14.3 GB" in row.detail
+    assert "KV room for 2 full-length sequences of 8" in row.detail
+    row = check_memory(tmp_path, t4_config(model, "llm.vllm.max_model_len=32768"))
+    assert not row.ok and "under one max_model_len sequence" in row.detail
+    row = check_memory(tmp_path, t4_config(model, "batch_size=2", "llm.vllm.max_model_len=4096"))
+    assert row.ok and not row.warn, row
+    unquantized = fake_folder(tmp_path, "llama3-70b-bf16", LLAMA3_70B)  # 141 GB: 35 GB a T4
+    row = check_memory(tmp_path, t4_config(unquantized))
+    assert not row.ok and "weights 35.3 GB" in row.detail
+
+
+def test_the_memory_plan_reads_the_weights_the_safetensors_declare(tmp_path):
+    """Weights present: their headers' sizes count, not config.json's estimate (here 2 x 1.05 GB of 16-bit
+    embeddings and lm_head plus 1 GB of packed layers, over tensor_parallel_size 2; KV 64 KiB a token a GPU: 32
+    layers x 4 of the 8 KV heads x 128 x 2 x 2 bytes)."""
+    shards = {"model-00001-of-00002.safetensors": {"model.embed_tokens.weight": ("BF16", [128256, 4096]),
+                                                   "model.layers.0.mlp.down_proj.weight_packed": ("I32",
+                                                                                                  [250_000, 1000])},
+              "model-00002-of-00002.safetensors": {"lm_head.weight": ("BF16", [128256, 4096]),
+                                                   "model.norm.weight": ("BF16", [4096])}}
+    model = fake_folder(tmp_path, "llama31-8b", LLAMA31_8B, W4A16, shards)
+    declared = 2 * 128256 * 4096 * 2 + 250_000 * 1000 * 4 + 4096 * 2
+    row = check_memory(tmp_path, t4_config(model, "llm.vllm.tensor_parallel_size=2", "batch_size=4"))
+    assert f"weights {declared / 2 / 1e9:.1f} GB (the folder's safetensors / tensor_parallel_size)" in row.detail
+    assert "KV 2.1 GB (4 x 8192 tokens at 64 KiB/token)" in row.detail and row.ok and not row.warn, row
+
+
+def test_prompt_embeddings_are_on_exactly_with_r2ag_prompt_mode(tmp_path):
+    model = fake_folder(tmp_path, "llama3-70b", LLAMA3_70B, W4A16)
+    r2ag = ["r2ag.enabled=true", "r2ag.checkpoint=runs/r2ag.pt", "r2ag.mode=prompt"]
+    row = check_prompt_embeds(tmp_path, t4_config(model, *r2ag))
+    assert not row.ok and "needs llm.vllm.enable_prompt_embeds: true" in row.detail
+    row = check_prompt_embeds(tmp_path, t4_config(model, *r2ag, "llm.vllm.enable_prompt_embeds=true"))
+    assert row.ok and not row.warn and "take 2.10 GB of host memory" in row.detail  # 128256 x 8192 x 2 bytes
+    row = check_prompt_embeds(tmp_path, t4_config(model, "llm.vllm.enable_prompt_embeds=true"))
+    assert row.ok and row.warn and "set it to false" in row.detail
+    assert check_prompt_embeds(tmp_path, t4_config(model)).detail.startswith("off")
+
+
+def test_aicrowd_gpu_count_must_cover_tensor_parallelism(tmp_path):
+    (tmp_path / "aicrowd.json").write_text(json.dumps({"gpu": True, "gpu_count": 2}))
+    row = check_gpus(tmp_path, t4_config("m"))
+    assert not row.ok and "tensor_parallel_size 4 needs 4 GPUs, aicrowd.json's gpu_count is 2" in row.detail
+    row = check_gpus(tmp_path, t4_config("m", "llm.vllm.tensor_parallel_size=1"))
+    assert row.ok and row.warn and "1 GPU(s) idle" in row.detail
+    row = check_gpus(tmp_path, load_config(REPO_ROOT / "configs" / "gpu1-llama3-8b-w4a16.yaml"))
+    assert row.warn and "the grader starts no server" in row.detail
+
+
+def test_the_dockerfile_s_base_image_and_pins():
+    """The image is not built here (no Docker daemon); what can be read is checked: the final base is the CUDA
+    runtime of the vllm wheel, every "vllm X" the Dockerfile mentions is the pin, it installs requirements.txt,
+    whose pins satisfy the release's Requires-Dist, and its CRAG_CONFIG loads."""
+    text = (REPO_ROOT / "Dockerfile").read_text(encoding="utf-8")
+    version = pinned(REPO_ROOT, "vllm")
+    base = re.findall(r"^FROM\s+(\S+)", text, flags=re.MULTILINE)[-1]
+    assert re.fullmatch(rf"nvidia/cuda:{re.escape(VLLM_WHEEL_CUDA[version])}\.\d+-runtime-ubuntu22\.04", base)
+    assert set(re.findall(r"vllm (\d+\.\d+\.\d+\S*)", text)) <= {version}
+    assert re.search(r"pip install --no-cache-dir -r requirements\.txt", text)
+    config = re.search(r"CRAG_CONFIG=/home/aicrowd/(\S+)", text).group(1)
+    assert load_config(REPO_ROOT / config).llm.backend == "vllm"
+    api = json.loads((REPO_ROOT / "data" / "vllm" / f"engine_api-{version}.json").read_text(encoding="utf-8"))
+    python = re.search(r"\bpython3\.(\d+)\b", text).group(0).removeprefix("python")
+    environment = {"python_version": python, "python_full_version": f"{python}.0", "platform_machine": "x86_64",
+                   "sys_platform": "linux", "platform_system": "Linux", "extra": ""}
+    wanted = {}
+    for line in api["requires_dist"]:
+        requirement = Requirement(line)
+        if requirement.marker is None or requirement.marker.evaluate(environment):
+            wanted[requirement.name.lower()] = requirement.specifier
+    assert Marker('python_version >= "3.10"').evaluate(environment)
+    clashes = []
+    for line in (REPO_ROOT / "requirements.txt").read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        requirement = Requirement(line)
+        pin = next(spec.version for spec in requirement.specifier if spec.operator == "==")
+        spec = wanted.get(requirement.name.lower())
+        if spec is not None and not spec.contains(pin, prereleases=True):
+            clashes.append(f"{requirement.name}=={pin} (vllm {version} wants {spec})")
+    assert not clashes, clashes

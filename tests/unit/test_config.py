@@ -9,7 +9,18 @@ def test_shipped_configs_load():
     gpu = load_config(REPO_ROOT / "configs" / "t4x4-llama3-70b-gptq.yaml")
     assert cpu.llm.backend == "hf" and 1 <= cpu.batch_size <= 16
     assert gpu.llm.backend == "vllm" and gpu.llm.vllm.tensor_parallel_size == 4
-    assert gpu.llm.vllm.dtype == "float16" and gpu.llm.vllm.quantization == "gptq"
+    assert gpu.llm.vllm.dtype == "float16" and gpu.llm.vllm.quantization is None  # the folder's compressed-tensors
+    assert gpu.llm.vllm.enable_prompt_embeds is False and not (gpu.r2ag.enabled and gpu.r2ag.mode == "prompt")
+
+
+def test_the_single_gpu_config_loads_and_reaches_vllm_serve_through_openai():
+    """configs/gpu1-llama3-8b-w4a16.yaml: the whole pipeline on one GPU, the LLM behind `vllm serve` (its command
+    line is in the file's header; tests/unit/test_vllm_engine_api.py checks its flags against the release)."""
+    config = load_config(REPO_ROOT / "configs" / "gpu1-llama3-8b-w4a16.yaml")
+    assert config.llm.backend == "openai" and config.llm.openai.base_url == "http://127.0.0.1:8000/v1"
+    assert config.llm.openai.model == "llama3-8b-w4a16" and config.llm.openai.native_n
+    assert 1 <= config.batch_size <= 16 and config.embedder.device == "cuda"
+    assert not config.r2ag.enabled  # the openai backend sends text: R2AG prompt mode would fall back
 
 
 def test_unknown_key_names_key_and_file(tmp_path):

@@ -7,13 +7,17 @@ import threading
 import time
 import types
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 from utils.deadline import Deadline
 from models.config import LLMConfig, OpenAIConfig, VLLMConfig
 from models.llm.base import DEADLINE, LENGTH, BackendUnavailable, GenParams, create_llm, cut_at_stop, cut_short
 from models.llm.openai import OpenAIBackend
+from models.llm.vllm import load_input_embeddings
 
 
 def test_cut_at_stop():
@@ -21,20 +25,82 @@ def test_cut_at_stop():
     assert cut_at_stop("abc", []) == "abc"
 
 
+class FakeTokenizer:
+    """A word-level stand-in for the tokenizer `LLM.get_tokenizer()` returns (vLLM's TokenizerLike: encode and
+    apply_chat_template take the release's parameters, checked in test_vllm_engine_api.py). The chat template is
+    "<s> role: content ... assistant:"; tokenizing it encodes its text without adding special tokens, as
+    transformers' apply_chat_template does. Ids grow with new words (1 is <s>)."""
+
+    def __init__(self) -> None:
+        self.vocab = {"<s>": 1}
+
+    def encode(self, text, truncation=None, max_length=None, add_special_tokens=True):
+        ids = [self.vocab.setdefault(word, len(self.vocab) + 1) for word in text.split()]
+        return ([1] if add_special_tokens else []) + ids
+
+    def apply_chat_template(self, messages, tools=None, **kwargs):
+        text = "<s> " + " ".join(f"{m['role']}: {m['content']}" for m in messages)
+        text += " assistant:" if kwargs.get("add_generation_prompt") else ""
+        return self.encode(text, add_special_tokens=False) if kwargs.get("tokenize", True) else text
+
+
 class FakeLLMEngine:
     """vLLM's V1 LLMEngine as `LLM.llm_engine` for the step-by-step driver. Its methods' parameters are those of
     the pinned release (tests/unit/test_vllm_engine_api.py checks them against data/vllm/engine_api-*.json). Each
     step gives every unfinished request one more word ("out"), as a cumulative RequestOutput; a request finishes
-    after `words` words ("stop") or at max_tokens ("length"). `step_s` makes each step that slow."""
+    after `words` words ("stop") or at max_tokens ("length"). `step_s` makes each step that slow.
+
+    add_request checks a prompt as the release does (vllm/inputs/preprocess.py _process_embeds,
+    vllm/v1/engine/input_processor.py _validate_model_input): a TokensPrompt or an EmbedsPrompt (their keys are
+    the release's TypedDict fields, checked against the extract), prompt_embeds only with enable_prompt_embeds,
+    a (seq_len, hidden_size) tensor ((1, seq_len, hidden) squeezed), and a prompt shorter than max_model_len.
+    Where the release would crash the engine (embeddings of the wrong hidden size), this one raises."""
+
+    TOKENS_PROMPT = {"prompt_token_ids", "prompt", "token_type_ids", "multi_modal_data", "mm_processor_kwargs",
+                     "multi_modal_uuids", "cache_salt"}
+    EMBEDS_PROMPT = {"prompt_embeds", "cache_salt"}
 
     def __init__(self, words: int = 3, step_s: float = 0.0) -> None:
         self.words, self.step_s = words, step_s
+        self.engine_args: dict = {}  # what vllm.LLM(...) was given (the fake LLM sets it)
         self.running: dict[str, list] = {}  # request id -> [sampling params, words so far]
         self.added: list[tuple] = []
         self.aborted: list[str] = []
 
+    def _hidden_size(self) -> int | None:
+        config = Path(self.engine_args.get("model", "")) / "config.json"
+        return json.loads(config.read_text())["hidden_size"] if config.is_file() else None
+
+    def _prompt_length(self, prompt) -> int:
+        if "prompt_embeds" in prompt and "prompt_token_ids" not in prompt:
+            unknown = set(prompt) - self.EMBEDS_PROMPT
+            if unknown:
+                raise ValueError(f"EmbedsPrompt takes no {sorted(unknown)}")
+            if not self.engine_args.get("enable_prompt_embeds", False):
+                raise ValueError("You must set `--enable-prompt-embeds` to input `prompt_embeds`.")
+            embeds = prompt["prompt_embeds"]
+            embeds = embeds.squeeze(dim=0) if embeds.ndim == 3 else embeds
+            if embeds.ndim != 2:
+                raise ValueError("prompt_embeds must be of shape (seq_len, hidden_size).")
+            hidden = self._hidden_size()
+            if hidden is not None and embeds.shape[1] != hidden:
+                raise RuntimeError(f"prompt_embeds of width {embeds.shape[1]} crash a model of hidden size {hidden}")
+            return embeds.shape[0]
+        unknown = set(prompt) - self.TOKENS_PROMPT
+        if "prompt_token_ids" not in prompt or unknown:
+            raise ValueError(f"not a TokensPrompt: keys {sorted(prompt)}")
+        if not prompt["prompt_token_ids"]:
+            raise ValueError("The decoder prompt cannot be empty")
+        return len(prompt["prompt_token_ids"])
+
     def add_request(self, request_id, prompt, params, arrival_time=None, lora_request=None, tokenization_kwargs=None,
                     trace_headers=None, priority=0, prompt_text=None):
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a string, got {type(request_id)}")
+        length, limit = self._prompt_length(prompt), self.engine_args.get("max_model_len", 4096)
+        if length >= limit:
+            raise ValueError(f"The decoder prompt (length {length}) is longer than the maximum model length of "
+                             f"{limit}. Make sure that `max_model_len` is no smaller than the number of text tokens.")
         self.added.append((request_id, prompt, params.kwargs))
         self.running[request_id] = [params, 0]
 
@@ -71,27 +137,44 @@ class FakeLLMEngine:
 
 @pytest.fixture
 def fake_vllm(monkeypatch):
-    calls = {"engine": FakeLLMEngine()}
+    calls = {"engine": FakeLLMEngine(), "tokenizer": FakeTokenizer()}
 
     class SamplingParams:
         def __init__(self, **kwargs):
             self.kwargs = kwargs
 
-    class Tokenizer:
-        def apply_chat_template(self, conversation, add_generation_prompt, tokenize):
-            assert add_generation_prompt and tokenize
-            return [len(message["content"]) for message in conversation]
-
     class LLM:
         def __init__(self, **kwargs):
             calls["init"] = kwargs
             self.llm_engine = calls["engine"]
+            self.llm_engine.engine_args = kwargs
 
         def get_tokenizer(self):
-            return Tokenizer()
+            return calls["tokenizer"]
 
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams))
     return calls
+
+
+def model_folder(path: Path, hidden: int = 8, vocab: int = 64, shards: int = 1) -> Path:
+    """A Llama-like folder: config.json and safetensors with the input embeddings (bfloat16, as Llama-3.1 ships)
+    and a norm; with shards > 1, the embeddings in the last shard, named by model.safetensors.index.json."""
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": hidden,
+                                                  "vocab_size": vocab, "torch_dtype": "bfloat16"}))
+    table = torch.randn(vocab, hidden, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    tensors = {"model.norm.weight": torch.ones(hidden, dtype=torch.bfloat16), "model.embed_tokens.weight": table}
+    if shards == 1:
+        save_file(tensors, str(path / "model.safetensors"))
+        return path
+    names = [f"model-0000{i}-of-0000{shards}.safetensors" for i in range(1, shards + 1)]
+    save_file({"model.norm.weight": tensors["model.norm.weight"]}, str(path / names[0]))
+    save_file({"model.embed_tokens.weight": table}, str(path / names[-1]))
+    weight_map = {"model.norm.weight": names[0], "model.embed_tokens.weight": names[-1]}
+    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return path
 
 
 def test_vllm_backend_maps_config_and_params(fake_vllm):
@@ -99,11 +182,15 @@ def test_vllm_backend_maps_config_and_params(fake_vllm):
                                                        quantization="gptq", dtype="float16"))
     llm = create_llm(config)
     assert fake_vllm["init"]["tensor_parallel_size"] == 4 and fake_vllm["init"]["quantization"] == "gptq"
+    assert fake_vllm["init"]["enable_prompt_embeds"] is False
     conversations = [[{"role": "user", "content": "hi"}], [{"role": "user", "content": "hello"}]]
     out = llm.generate(conversations, GenParams(max_tokens=2, temperature=0.7, n=3, stop=["X"], seed=5))
     assert out == [["out out"] * 3] * 2 and cut_short(out[0][0]) == LENGTH  # vLLM's finish_reason is kept
-    engine = fake_vllm["engine"]
-    assert [prompt for _, prompt, _ in engine.added] == [{"prompt_token_ids": [2]}, {"prompt_token_ids": [5]}]
+    engine, tokenizer = fake_vllm["engine"], fake_vllm["tokenizer"]
+    ids = [tokenizer.encode(text, add_special_tokens=False) for text in ("<s> user: hi assistant:",
+                                                                        "<s> user: hello assistant:")]
+    assert [prompt for _, prompt, _ in engine.added] == [{"prompt_token_ids": ids[0]}, {"prompt_token_ids": ids[1]}]
+    assert ids[0][0] == 1 and ids[0].count(1) == 1  # one BOS: the template's, none added
     assert engine.added[0][2] == {"n": 3, "temperature": 0.7, "max_tokens": 2, "stop": ["X"], "seed": 5,
                                   "logprobs": None}
     assert len({request_id for request_id, _, _ in engine.added}) == 2 and out[0][0].top_logprobs == ()
@@ -111,25 +198,80 @@ def test_vllm_backend_maps_config_and_params(fake_vllm):
     assert engine.added[-1][2]["logprobs"] == 2 and scored[0][0].top_logprobs == ({" out": -0.1, " in": -2.5},)
     assert llm.generate(conversations, GenParams(deadline=Deadline(0))) == [[], []]
     assert len({request_id for request_id, _, _ in engine.added}) == 4  # ids are never reused
+    assert not hasattr(llm, "generate_with_embeddings")  # R2AG prompt mode falls back (models/system.py)
 
 
-def test_vllm_a_slow_batch_returns_what_finished_at_the_deadline(fake_vllm, caplog_loguru):
-    """Two requests of 3 words finish; one of 30 words is aborted at the deadline and keeps its text, cut short."""
-    llm = create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model="/w/llama")))
-    engine = fake_vllm["engine"]
-    engine.step_s = 0.1
-    long = GenParams(max_tokens=30, deadline=Deadline(1.0))
-    started = time.monotonic()
-    engine.words = 30
-    out = llm.generate([[{"role": "user", "content": "a"}]], long)
-    took = time.monotonic() - started
-    assert took < 1.0 + 0.5 and engine.aborted == [engine.added[-1][0]]  # a contract with a margin
-    (sample,) = out[0]
-    assert 5 <= len(sample.split()) < 30 and cut_short(sample) == DEADLINE
-    assert "1 of 1 requests aborted" in caplog_loguru.text
-    engine.words, engine.aborted = 3, []
-    done = llm.generate([[{"role": "user", "content": "b"}]] * 2, GenParams(max_tokens=30, deadline=Deadline(5.0)))
-    assert done == [["out out out"]] * 2 and cut_short(done[0][0]) is None and engine.aborted == []
+def test_vllm_a_prompt_the_engine_refuses_costs_its_conversation_only(fake_vllm, caplog_loguru):
+    llm = create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model="/w/llama", max_model_len=8)))
+    long = [{"role": "user", "content": " ".join(["word"] * 20)}]
+    out = llm.generate([[{"role": "user", "content": "hi"}], long], GenParams(max_tokens=3))
+    assert out == [["out out out"], []] and len(fake_vllm["engine"].added) == 1
+    assert "vllm refused prompt crag-1: The decoder prompt (length 23) is longer" in caplog_loguru.text
+
+
+def test_vllm_r2ag_sends_whole_prompts_as_input_embeddings(fake_vllm, tmp_path):
+    """Placeholders are cut out of the template's text, the pieces tokenized and looked up in the folder's input
+    embeddings, and each placeholder's position takes its retrieval vector; no placeholder: token ids."""
+    folder = model_folder(tmp_path / "llama")
+    llm = create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model=str(folder), enable_prompt_embeds=True)))
+    assert fake_vllm["init"]["enable_prompt_embeds"] is True and llm.hidden_size == 8
+    mark = llm.retrieval_placeholder()
+    vectors = np.arange(16, dtype=np.float32).reshape(2, 8) / 8
+    conversations = [[{"role": "system", "content": "answer"}, {"role": "user", "content": f"a {mark}b c {mark}"}],
+                     [{"role": "user", "content": "no references"}]]
+    out = llm.generate_with_embeddings(conversations, [vectors, np.zeros((0, 8))], GenParams(max_tokens=3))
+    assert out == [["out out out"]] * 2
+    (_, first, _), (_, second, _) = fake_vllm["engine"].added
+    tokenizer = fake_vllm["tokenizer"]
+    assert second == {"prompt_token_ids": tokenizer.apply_chat_template(conversations[1], add_generation_prompt=True,
+                                                                        tokenize=True)}
+    assert set(first) == {"prompt_embeds"}
+    embeds = first["prompt_embeds"]
+    pieces = ["<s> system: answer user: a", "b c", "assistant:"]
+    ids = [tokenizer.encode(piece, add_special_tokens=False) for piece in pieces]
+    table = load_input_embeddings(folder)
+    assert embeds.dtype == torch.bfloat16 and embeds.shape == (len(ids[0]) + 1 + len(ids[1]) + 1 + len(ids[2]), 8)
+    slots = [len(ids[0]), len(ids[0]) + 1 + len(ids[1])]
+    assert torch.equal(embeds[slots], torch.from_numpy(vectors).to(torch.bfloat16))
+    kept = [i for i in range(len(embeds)) if i not in slots]
+    assert torch.equal(embeds[kept], table[[t for piece in ids for t in piece]])
+
+
+def test_vllm_r2ag_checks_counts_widths_and_the_folder(fake_vllm, tmp_path):
+    folder = model_folder(tmp_path / "sharded", hidden=6, shards=2)
+    llm = create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model=str(folder), enable_prompt_embeds=True,
+                                                               dtype="float16")))
+    assert llm.hidden_size == 6  # found through the index, in the second shard
+    conversation = [[{"role": "user", "content": f"x {llm.retrieval_placeholder()}"}]]
+    with pytest.raises(ValueError, match="1 retrieval placeholders in the prompt, 2 embeddings"):
+        llm.generate_with_embeddings(conversation, [np.ones((2, 6))], GenParams())
+    with pytest.raises(ValueError, match=r"shape \(1, 4\), the model's hidden size is 6"):
+        llm.generate_with_embeddings(conversation, [np.ones((1, 4))], GenParams())
+    with pytest.raises(ValueError, match="1 retrieval placeholders in the prompt, 0 embeddings"):
+        llm.generate_with_embeddings(conversation, [np.zeros((0, 6))], GenParams())
+    llm.generate_with_embeddings(conversation, [np.ones((1, 6))], GenParams(max_tokens=1))
+    assert fake_vllm["engine"].added[-1][1]["prompt_embeds"].dtype == torch.float16  # the configured dtype
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text("{}")
+    fake_vllm.pop("init")
+    with pytest.raises(BackendUnavailable, match="no model.embed_tokens.weight in its safetensors"):
+        create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model=str(bare), enable_prompt_embeds=True)))
+    assert "init" not in fake_vllm  # refused before the engine starts
+
+
+def test_the_fake_engine_refuses_embeddings_unless_enabled(fake_vllm, tmp_path):
+    """The release's check, so that a backend that forgot to pass enable_prompt_embeds fails here."""
+    engine = FakeLLMEngine()
+    engine.engine_args = {"model": str(model_folder(tmp_path / "m"))}
+    params = types.SimpleNamespace(kwargs={"max_tokens": 1, "n": 1, "logprobs": None})
+    with pytest.raises(ValueError, match="You must set `--enable-prompt-embeds`"):
+        engine.add_request("r", {"prompt_embeds": torch.zeros(3, 8)}, params)
+    engine.engine_args["enable_prompt_embeds"] = True
+    with pytest.raises(RuntimeError, match="hidden size 8"):
+        engine.add_request("r", {"prompt_embeds": torch.zeros(3, 5)}, params)
+    engine.add_request("r", {"prompt_embeds": torch.zeros(1, 3, 8)}, params)
+    assert engine.has_unfinished_requests()
 
 
 def test_vllm_missing_is_a_clear_error(monkeypatch):

@@ -112,3 +112,96 @@ def test_kv_cache_dtype_is_a_cache_dtype_of_the_release(api):
     """The committed T4 config keeps the KV cache in float16 (auto): see VLLMConfig.kv_cache_dtype."""
     fields = {f["name"]: f for f in api["engine_args"]["fields"]}
     assert "kv_cache_dtype" in fields and VLLMConfig().kv_cache_dtype == "auto"
+
+
+def test_the_fake_tokenizer_takes_the_release_s_parameters(api):
+    """The backend calls encode and apply_chat_template on LLM.get_tokenizer(); the fake's parameters are the
+    release's TokenizerLike ones (vllm/tokenizers/protocol.py)."""
+    from tests.unit.test_llm_backends import FakeTokenizer
+
+    for name, method in api["tokenizer"]["methods"].items():
+        released = [(p["name"], p["kind"]) for p in method["parameters"]]
+        parameters = inspect.signature(getattr(FakeTokenizer, name)).parameters.values()
+        fake = [(p.name, p.kind.name.lower()) for p in parameters if p.name != "self"]
+        assert fake == released, f"FakeTokenizer.{name}{fake} is not vllm {api['version']}'s {released}"
+
+
+def test_the_fake_engine_takes_the_release_s_prompt_schemas(api):
+    from tests.unit.test_llm_backends import FakeLLMEngine
+
+    schemas = api["prompt_schemas"]
+    assert FakeLLMEngine.TOKENS_PROMPT == {f["name"] for f in schemas["TokensPrompt"]}
+    assert FakeLLMEngine.EMBEDS_PROMPT == {f["name"] for f in schemas["EmbedsPrompt"]}
+
+
+def test_the_backend_s_prompts_follow_the_release_s_schemas(api, monkeypatch, tmp_path):
+    """Token prompts and (R2AG) embedding prompts carry every required key of TokensPrompt / EmbedsPrompt and no
+    other key; prompt_embeds is a 2-D torch.Tensor, as vllm/inputs/preprocess.py _process_embeds wants."""
+    import numpy as np
+    import torch
+
+    from tests.unit.test_llm_backends import FakeLLMEngine, FakeTokenizer, model_folder
+
+    engine = FakeLLMEngine()
+
+    class LLM:
+        def __init__(self, **kwargs):
+            self.llm_engine = engine
+            engine.engine_args = kwargs
+
+        def get_tokenizer(self):
+            return FakeTokenizer()
+
+    sampling = lambda **kwargs: types.SimpleNamespace(kwargs=kwargs)  # noqa: E731
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=sampling))
+    config = VLLMConfig(model=str(model_folder(tmp_path / "m")), enable_prompt_embeds=True)
+    llm = create_llm(LLMConfig(backend="vllm", vllm=config))
+    llm.generate([[{"role": "user", "content": "q"}]], GenParams(max_tokens=1))
+    mark = llm.retrieval_placeholder()
+    llm.generate_with_embeddings([[{"role": "user", "content": f"q {mark}"}]], [np.ones((1, 8))],
+                                 GenParams(max_tokens=1))
+    schemas = {name: ({f["name"] for f in fields if not f["annotation"].startswith("NotRequired")},
+                      {f["name"] for f in fields}) for name, fields in api["prompt_schemas"].items() if name != "file"}
+    kinds = []
+    for _, prompt, _ in engine.added:
+        kinds.append(next(name for name, (required, allowed) in schemas.items()
+                          if required <= set(prompt) <= allowed))
+    assert kinds == ["TokensPrompt", "EmbedsPrompt"]
+    embeds = engine.added[1][1]["prompt_embeds"]
+    assert isinstance(embeds, torch.Tensor) and embeds.ndim == 2 and embeds.shape[1] == 8
+
+
+def serve_command(path: Path) -> list[str]:
+    """The `vllm serve ...` command written in a config's header comment (lines continued with a backslash)."""
+    text, command, taking = path.read_text(encoding="utf-8"), [], False
+    for line in text.splitlines():
+        body = line.lstrip("#").strip()
+        if body.startswith("vllm serve "):
+            taking = True
+        if taking:
+            command.extend(body.rstrip("\\").split())
+            if not body.endswith("\\"):
+                break
+    return command
+
+
+def test_the_single_gpu_config_s_vllm_serve_flags_exist_in_the_release(api):
+    """configs/gpu1-llama3-8b-w4a16.yaml's `vllm serve` line (also in the README) uses flags the release's serve
+    parser has: its own, FrontendArgs' and EngineArgs' (a boolean flag also as --no-...)."""
+    from models.config import load_config
+
+    path = ROOT / "configs" / "gpu1-llama3-8b-w4a16.yaml"
+    command = serve_command(path)
+    assert command[:2] == ["vllm", "serve"] and len(command) > 3, f"{path.name}: no `vllm serve` line in its header"
+    cli = api["serve_cli"]
+    known = set(cli["parser_flags"]) | set(cli["frontend_flags"]) | set(cli["engine_flags"])
+    flags = [word.split("=")[0] for word in command if word.startswith("--")]
+    unknown = [f for f in flags if f not in known and not (f.startswith("--no-") and "--" + f[5:] in known)]
+    assert not unknown, f"vllm {api['version']} serve takes no {unknown}"
+    config = load_config(path)
+    served = command[command.index("--served-model-name") + 1]
+    port = command[command.index("--port") + 1]
+    assert config.llm.openai.model == served and config.llm.openai.base_url.endswith(f":{port}/v1")
+    # the context holds the reasoning prompt's references (about 4 characters a token) and its answer
+    length = int(command[command.index("--max-model-len") + 1])
+    assert length >= config.reasoning.max_reference_chars // 4 + config.reasoning.max_tokens
