@@ -2,13 +2,16 @@
 # make test: set up .venv and run the tests (unit and integration; `make browser` first for the report.html test).
 # make bench: the benchmarks (pages: the seed's web page recipe against ours; r2former: R2AG training and injection;
 # hash: HASH-RAG against exact search, FAISS and LSH; kg_reach: the facts the KG stage gets into the prompt;
-# deadline: the worst batch time against its limit, quiet and with every core busy).
+# deadline: the worst batch time against its limit, quiet and with every core busy; ray_eval: questions per second of a
+# local run and a --ray run).
+# make ray: Ray into .venv (requirements-ray.txt) for `local_evaluation.py --ray`; make test-ray: its tests.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+RAY_STAMP := $(VENV)/.ray-installed
 
-.PHONY: setup eval test bench sample check browser
+.PHONY: setup eval test bench sample check browser ray test-ray
 
 # The project itself installs editable last (pyproject.toml: the packages and the crag-* console scripts), built with
 # the venv's setuptools (torch requires it) rather than one fetched for an isolated build.
@@ -22,11 +25,22 @@ $(STAMP): requirements-local.txt pyproject.toml
 
 setup: $(STAMP)
 
+# Ray's pins are resolved against .venv's (requirements-local.txt): installing them changes none of those.
+$(RAY_STAMP): $(STAMP) requirements-ray.txt
+	$(PY) -m pip install --quiet -r requirements-ray.txt
+	touch $(RAY_STAMP)
+
+ray: $(RAY_STAMP)
+
 eval: $(STAMP)
 	$(PY) local_evaluation.py --data data/crag_sample.jsonl --config configs/cpu.yaml --restart --serve-kg
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# tests/ray (a local Ray instance of 2 CPUs: a few minutes) is left out of `make test` (pytest.ini); `.ci/run` runs it.
+test-ray: $(RAY_STAMP)
+	$(PY) -m pytest tests/ray
 
 # Debian's Chromium and ChromeDriver for the report.html test (tests/integration/test_report_html.py skips, saying
 # why, without them). apt-get needs root; `.ci/run` calls this before `make test`.
@@ -37,12 +51,13 @@ browser:
 
 # Speed as ratios against a baseline measured in the same run (see benchmarks/); kg_reach measures reach, not speed.
 # Run as modules from the repository root (benchmarks/ is not installed; hash imports benchmarks.pages).
-bench: $(STAMP)
+bench: $(STAMP) $(RAY_STAMP)
 	$(PY) -m benchmarks.pages
 	$(PY) -m benchmarks.r2former
 	$(PY) -m benchmarks.hash
 	$(PY) -m benchmarks.kg_reach
 	$(PY) -m benchmarks.deadline
+	$(PY) -m benchmarks.ray_eval
 
 # Submission checks with the embedded CPU default (tools/check_submission.py without --cpu checks the GPU config).
 check: $(STAMP)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import os
@@ -104,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
                                  "$CRAG_MOCK_API_URL")
     run_parser.add_argument("--log-level", default="WARNING",
                             help=f"loguru level for the model's logs: {', '.join(LOG_LEVELS)}")
+    run_parser.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                            help="answer on Ray: one UserModel replica per actor, with the GPUs its config needs, "
+                                 "into the same run folder; ADDRESS: a cluster's head (HOST:PORT, ray://HOST:10001 "
+                                 "or auto), none for a local Ray instance (`make ray` installs Ray)")
+    run_parser.add_argument("--ray-actors", type=int, default=None, metavar="N",
+                            help="with --ray: N replicas (default: as many as the cluster's GPUs, or CPUs, hold)")
     run_parser.add_argument("--record-prompts", action="store_true",
                             help="keep every LLM prompt and reply in the question's record (large; shown in "
                                  "report.html); the same as --set record_prompts=true, and no change to the answers")
@@ -159,11 +166,22 @@ def check_ranges(args: argparse.Namespace) -> None:
              ("time_limit", "--time-limit", lambda v: math.isfinite(v) and v >= 0,
               "give seconds per query, or 0 for no limit"),
              ("max_unjudged", "--max-unjudged", lambda v: v >= 0, "give 0 or more"),
+             ("ray_actors", "--ray-actors", lambda v: v >= 1, "give 1 or more replicas, or leave it out for as many "
+                                                              "as the cluster holds"),
              ("show", "--show", lambda v: v >= 0, "give 0 or more questions to print per kind"))
     for name, flag, valid, fix in rules:
         value = getattr(args, name, None)
         if value is not None and not valid(value):
             raise ConfigError(f"{flag} {value}: {fix}")
+    if getattr(args, "ray_actors", None) is not None and getattr(args, "ray", None) is None:
+        raise ConfigError(f"--ray-actors {args.ray_actors}: it counts Ray replicas; add --ray [ADDRESS], or leave "
+                          "it out")
+    if getattr(args, "ray", None) is not None:
+        try:
+            import ray  # noqa: F401 - only whether it can be imported
+        except ImportError:
+            raise ConfigError(f"--ray: Ray is not installed in {sys.prefix}; run `make ray` (it installs "
+                              "requirements-ray.txt), or leave --ray out for a local run") from None
     level = getattr(args, "log_level", None)
     if level is not None and level.upper() not in LOG_LEVELS:
         close = closest(level.upper(), LOG_LEVELS)
@@ -306,16 +324,30 @@ def attribute_misses(records: list[dict], run_manifest: dict | None, data: Path,
     attribute_records(records, lambda ids: page_texts(data, ids, config.references))
 
 
-def run(config: SystemConfig, args: argparse.Namespace, stats: ReadStats, selection: Selection,
-        predictions: Path) -> list[dict]:
-    """The model over the selected examples, in a child process so that a batch over its limit can be stopped."""
-    from models.user_config import UserModel  # after the checks: loading models takes seconds
+def user_model(config: SystemConfig) -> object:
+    """The grader's UserModel for `config` (imported here, after the checks: loading models takes seconds)."""
+    from models.user_config import UserModel
 
-    model = LazyWorker(lambda: UserModel(config))
+    return UserModel(config)
+
+
+def run(config: SystemConfig, args: argparse.Namespace, stats: ReadStats, selection: Selection,
+        predictions: Path, cluster: object | None = None) -> list[dict]:
+    """The model over the selected examples: in a child process, so that a batch over its limit can be stopped, or
+    (`cluster`, --ray) in Ray replicas."""
+    examples = read_examples(args.data, stats, selection=selection)
+    count = functools.partial(count_examples, args.data, selection)
+    if cluster is not None:
+        from evaluation import ray_runner
+
+        gpus = ray_runner.replica_gpus(config)
+        actors = ray_runner.replica_count(cluster, gpus, args.ray_actors)
+        return ray_runner.run_on_ray(functools.partial(user_model, ray_runner.replica_config(config)), examples,
+                                     predictions, actors, gpus, per_query_s=args.time_limit or None, count=count,
+                                     log_level=args.log_level.upper(), forward_env=cluster.address != "local")
+    model = LazyWorker(functools.partial(user_model, config))
     try:
-        return run_model(model, read_examples(args.data, stats, selection=selection), predictions,
-                         per_query_s=args.time_limit or None,
-                         count=lambda answered: count_examples(args.data, selection, answered))
+        return run_model(model, examples, predictions, per_query_s=args.time_limit or None, count=count)
     finally:
         model.close()
 
@@ -423,6 +455,12 @@ def saved_after_interrupt(args: argparse.Namespace, argv: list[str]) -> str:
 def evaluate(args: argparse.Namespace) -> int:
     """`run`, `rejudge` and `merge`: predictions in the run folder (answered now, already there, or gathered from
     the shards), judged, attributed and reported."""
+    with contextlib.ExitStack() as resources:  # with --ray: the Ray connection, for the answers and the judge
+        return evaluate_in(args, resources)
+
+
+def evaluate_in(args: argparse.Namespace, resources: contextlib.ExitStack) -> int:
+    """evaluate(), with `resources` to hold what lasts until the report is written."""
     merging, rejudging = args.command == "merge", args.command == "rejudge"
     try:
         # Every input is checked before any work: the flags' ranges and the log level, the config and its prompts,
@@ -450,6 +488,12 @@ def evaluate(args: argparse.Namespace) -> int:
         # this process) waits until the run is over: loaded before the model's child process forks, it could leave
         # the child's OpenMP threads deadlocked.
         judge = build_judge(args.judge, args.judge_model) if args.judge.startswith("http") else None
+        cluster = None
+        if getattr(args, "ray", None) is not None:
+            from evaluation import ray_runner
+
+            cluster = resources.enter_context(ray_runner.connected(args.ray))
+            print(f"Ray: {cluster.describe()}", file=sys.stderr)
         stats = ReadStats()
         judge_record = {"spec": args.judge, "model": args.judge_model,
                         "prompt_sha256": manifest.file_hash(PromptLibrary().get("judge").path)}
@@ -469,37 +513,51 @@ def evaluate(args: argparse.Namespace) -> int:
             answers = manifest.answer_inputs(config, args.data, args.time_limit or None,
                                              args.serve_kg and config.task > 1)
             run_manifest = manifest.build(answers, selection, judge_record)
+            if cluster is not None:  # how it was answered; a resume without --ray goes on with the same answers
+                run_manifest["ray"] = {"address": cluster.address, "nodes": cluster.nodes, "cpus": cluster.cpus,
+                                       "gpus": cluster.gpus}
             check_resume(out_dir, predictions, run_manifest, args.force_resume)
             manifest.write(out_dir, run_manifest)
             with kg_for_run(config, args.serve_kg) as config:
-                records = run(config, args, stats, selection, predictions)
+                records = run(config, args, stats, selection, predictions, cluster)
         if merging or rejudging:  # the filters hold here too; the shard and the limit were the run's
             records = [r for r in records if selection.keeps(r)]
         if not records:
             source = predictions if merging or rejudging else args.data
             raise EvaluationError(f"the selection keeps no question of {source}; check --domain, --question-type, "
                                   "--static-or-dynamic, --split and --limit")
-        judge = judge or build_judge(args.judge, args.judge_model)
+        if cluster is None:
+            judge = judge or build_judge(args.judge, args.judge_model)
     except (ConfigError, DataError, EvaluationError, BackendUnavailable, PromptError, WorkerError, KGServerError,
             ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    judge_records(records, judge)
+    if cluster is None:
+        judge_records(records, judge)
+        judge_name = judge.name if judge else "rules"
+    else:  # a pool of Ray tasks, each with its judge
+        try:
+            judge_name = ray_runner.judge_on_ray(records, functools.partial(build_judge, args.judge,
+                                                                            args.judge_model),
+                                                 max(1, int(cluster.cpus)), args.log_level.upper())
+        except (ConfigError, BackendUnavailable, OSError) as err:
+            print(f"error: {err}; the answers are in {predictions}: judge them with `rejudge`", file=sys.stderr)
+            return 2
     attribute_misses(records, run_manifest, args.data, config)
     save_judgements(predictions, records)  # each question's record now holds its verdicts too
     summary = score_records(records)
-    summary["judge"] = judge.name if judge else "rules"
+    summary["judge"] = judge_name
     if run_manifest is not None:  # the judge of this report, and when it was written
         manifest.write(out_dir, manifest.finish(run_manifest | {"judge": judge_record | {"name": summary["judge"]}}))
     summary["skipped_lines"] = stats.skipped_lines
     summary["null_predictions"] = sum(r["null_prediction"] for r in records)
     written = write_report(summary, records, out_dir, f"{data_name} with {config.source}, judge {summary['judge']}")
     print(format_table(summary))
-    if judge is None:
+    if args.judge == "rules":
         print("judge: rules only (exact match); sentence answers need an LLM judge, and the organisers' column "
               "leaves them unjudged: --judge local or --judge URL")
-    if judge is not None and summary["judged_by"].get("llm") and "judge_confidence" not in summary:
-        print(f"judge {judge.name}: its server gave no log-probabilities (transformers serve does not offer them), "
+    if args.judge != "rules" and summary["judged_by"].get("llm") and "judge_confidence" not in summary:
+        print(f"judge {judge_name}: its server gave no log-probabilities (transformers serve does not offer them), "
               "so the verdicts carry no confidence")
     if summary["null_predictions"]:
         print(f"predictions that were not a string, read as \"i don't know\": {summary['null_predictions']}")

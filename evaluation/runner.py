@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -9,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from loguru import logger
 from tqdm import tqdm
@@ -60,22 +61,36 @@ def save_judgements(path: Path, judged: list[dict[str, Any]]) -> None:
     os.replace(temporary, path)
 
 
-def _batch_size(model: Any) -> int:
-    size = model.get_batch_size()
+def check_batch_size(size: Any) -> int:
+    """`size` if get_batch_size() may return it, else an EvaluationError (the grader's contract)."""
     if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= MAX_BATCH_SIZE:
         raise EvaluationError(f"get_batch_size() returned {size!r}; the grader accepts an int in 1..{MAX_BATCH_SIZE}")
     return size
 
 
-def _take(examples: Iterator[dict[str, Any]], count: int) -> list[dict[str, Any]]:
+def checked_answers(answers: Any, count: int, timed_out: bool) -> list[str]:
+    """The answers of a batch of `count` queries as recorded: "i don't know" for each when it timed out, else the
+    model's own, which must be a list of `count` strings (an EvaluationError otherwise)."""
+    if timed_out:
+        return [IDK] * count
+    if not isinstance(answers, list) or len(answers) != count or not all(isinstance(a, str) for a in answers):
+        raise EvaluationError(f"batch_generate_answer returned {type(answers).__name__} "
+                              f"for {count} queries; it must return a list of {count} strings")
+    return answers
+
+
+def take(examples: Iterator[dict[str, Any]], count: int) -> list[dict[str, Any]]:
+    """The next batch: up to `count` examples (fewer at the end, none when there are none left)."""
     return [example for _, example in zip(range(count), examples)]
 
 
-def call_with_limit(model: Any, batch: dict[str, list[Any]], limit_s: float | None) -> tuple[Any, float, bool]:
+def call_with_limit(model: Any, batch: dict[str, list[Any]], limit_s: float | None,
+                    wait_late: bool = True) -> tuple[Any, float, bool]:
     """(answers, seconds, timed_out) of model.batch_generate_answer(batch), run in a worker thread.
 
     Past `limit_s` the batch counts as timed out, as the grader would count it. A thread cannot be stopped,
-    so the call is still awaited before the next batch starts (the model is not safe to call twice at once).
+    so the call is still awaited before the next batch starts (the model is not safe to call twice at once);
+    with `wait_late` False it is not, and answers is None: the caller ends the process instead (a Ray replica).
     An exception of the call, KeyboardInterrupt included, is raised here. A model that offers its own
     `call_with_limit` (evaluation.worker.ModelWorker: a child process it can stop) is asked to do it.
     """
@@ -97,10 +112,71 @@ def call_with_limit(model: Any, batch: dict[str, list[Any]], limit_s: float | No
     if timed_out:
         logger.warning("batch of {} exceeded its {:.0f} s limit; its answers count as timed out",
                        len(batch.get("query", [])), limit_s)
+        if not wait_late:
+            return None, time.perf_counter() - started, True
         worker.join()
     if "error" in outcome:
         raise outcome["error"]
     return outcome.get("answers"), time.perf_counter() - started, timed_out
+
+
+class PredictionLog:
+    """A run folder's predictions.jsonl: the records of an earlier run loaded, those answered now appended per batch
+    (flushed and synced, so an interrupted run resumes), and the progress bar over the questions left."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.done = load_predictions(path)
+        self._order: list[str] = []
+        self._out: IO[str] | None = None
+        self._counted: dict[str, int] = {}
+        self.bar: tqdm | None = None
+
+    def pending(self, examples: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        """The examples without a record yet; every example read is kept in the order records() returns."""
+        for example in examples:
+            self._order.append(example["interaction_id"])
+            if example["interaction_id"] not in self.done:
+                yield example
+
+    def records(self) -> list[dict[str, Any]]:
+        """The record of every example read by pending(), in its order (each question once)."""
+        return [self.done[i] for i in dict.fromkeys(self._order)]
+
+    @contextlib.contextmanager
+    def appending(self, total: int | None = None,
+                  count: Callable[[Collection[str]], int] | None = None) -> Iterator[PredictionLog]:
+        """The file open for add(), with a progress bar (on a terminal) of the questions answered now against
+        `total`, the number still to answer; `count(answered ids)` gives it instead, counted in a thread beside the
+        run (a large file takes a while)."""
+        self._counted = _count_beside(count, frozenset(self.done)) if count is not None and total is None else {}
+        with self.path.open("a", encoding="utf-8") as self._out, \
+                tqdm(total=total or self._counted.get("total"), unit="q", desc="answering", disable=None,
+                     smoothing=0.1, dynamic_ncols=True) as self.bar:
+            if self.done:
+                self.bar.set_postfix_str(f"{len(self.done)} already in {self.path.name}", refresh=False)
+            try:
+                yield self
+            finally:
+                self._out, self.bar = None, None
+
+    def add(self, batch: list[dict[str, Any]], answers: list[str], seconds: float, timed_out: bool,
+            traces: Iterable[dict[str, Any]] | None) -> None:
+        """Append the records of one answered batch (`traces`: the model's last_batch_trace, by interaction_id)."""
+        assert self._out is not None and self.bar is not None, "add() belongs inside appending()"
+        by_id = {t.get("interaction_id"): t for t in traces or []}
+        for example, answer in zip(batch, answers, strict=True):
+            record = {key: example.get(key) for key in RECORD_FIELDS}
+            record.update(prediction=answer, batch_seconds=round(seconds, 3), batch_size=len(batch),
+                          timed_out=timed_out, trace=by_id.get(example["interaction_id"]))
+            self.done[example["interaction_id"]] = record
+            self._out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._out.flush()
+        os.fsync(self._out.fileno())
+        if self.bar.total is None and "total" in self._counted:
+            self.bar.total = self._counted["total"]
+        self.bar.update(len(batch))
 
 
 def run_model(model: Any, examples: Iterable[dict[str, Any]], predictions_path: Path,
@@ -110,52 +186,21 @@ def run_model(model: Any, examples: Iterable[dict[str, Any]], predictions_path: 
 
     A batch gets batch size x `per_query_s` seconds (None: no limit); the queries of a batch over it are
     recorded with `timed_out` and the answer "i don't know", whatever the model returned late.
-    The progress bar (on a terminal) counts the questions answered now against `total`, the number still to
-    answer; `count(answered ids)` gives it instead, counted in a thread beside the run (a large file takes a while).
+    `total` and `count`: the progress bar's, as PredictionLog.appending takes them.
     """
-    predictions_path.parent.mkdir(parents=True, exist_ok=True)
-    done = load_predictions(predictions_path)
-    order: list[str] = []
-
-    def pending() -> Iterator[dict[str, Any]]:
-        for example in examples:
-            order.append(example["interaction_id"])
-            if example["interaction_id"] not in done:
-                yield example
-
-    queue = pending()
+    log = PredictionLog(predictions_path)
+    queue = log.pending(examples)
     first = next(queue, None)  # the model is asked for nothing (and need not load) when every answer is there
     if first is None:
-        return [done[i] for i in dict.fromkeys(order)]
+        return log.records()
     queue = itertools.chain([first], queue)
-    counted = _count_beside(count, frozenset(done)) if count is not None and total is None else {}
-    with predictions_path.open("a", encoding="utf-8") as out, \
-            tqdm(total=total or counted.get("total"), unit="q", desc="answering", disable=None, smoothing=0.1,
-                 dynamic_ncols=True) as bar:
-        if done:
-            bar.set_postfix_str(f"{len(done)} already in {predictions_path.name}", refresh=False)
-        while batch := _take(queue, _batch_size(model)):
+    with log.appending(total, count):
+        while batch := take(queue, check_batch_size(model.get_batch_size())):
             limit = len(batch) * per_query_s if per_query_s else None
-            answers, seconds, timed_out = call_with_limit(model, make_batch(batch),
-                                                          limit)
-            if timed_out:
-                answers = [IDK] * len(batch)
-            elif not isinstance(answers, list) or len(answers) != len(batch) or not all(isinstance(a, str) for a in answers):
-                raise EvaluationError(f"batch_generate_answer returned {type(answers).__name__} "
-                                      f"for {len(batch)} queries; it must return a list of {len(batch)} strings")
-            traces = {t.get("interaction_id"): t for t in getattr(model, "last_batch_trace", []) or []}
-            for example, answer in zip(batch, answers):
-                record = {key: example.get(key) for key in RECORD_FIELDS}
-                record.update(prediction=answer, batch_seconds=round(seconds, 3),
-                              batch_size=len(batch), timed_out=timed_out, trace=traces.get(example["interaction_id"]))
-                done[example["interaction_id"]] = record
-                out.write(json.dumps(record, ensure_ascii=False) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-            if bar.total is None and "total" in counted:
-                bar.total = counted["total"]
-            bar.update(len(batch))
-    return [done[i] for i in dict.fromkeys(order)]
+            answers, seconds, timed_out = call_with_limit(model, make_batch(batch), limit)
+            log.add(batch, checked_answers(answers, len(batch), timed_out), seconds, timed_out,
+                    getattr(model, "last_batch_trace", []))
+    return log.records()
 
 
 def _count_beside(count: Callable[[Collection[str]], int], answered: frozenset[str]) -> dict[str, int]:

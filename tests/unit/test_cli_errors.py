@@ -68,6 +68,10 @@ CASES = {
     "prompt of another stage in the config": (
         EVAL, lambda t: ["--config", str(_config(t, "reasoning: prompts/judge.yaml")), "--out", str(t / "r"), *LIMIT],
         "a prompt of another stage"),
+    "--ray-actors without --ray": (EVAL, lambda t: ["--ray-actors", "2", "--out", str(t / "r"), *LIMIT],
+                                   "--ray-actors 2: it counts Ray replicas; add --ray"),
+    "--ray-actors 0": (EVAL, lambda t: ["--ray", "--ray-actors", "0", "--out", str(t / "r"), *LIMIT],
+                       "--ray-actors 0: give 1 or more replicas"),
     "flag that is not a number": (EVAL, lambda t: ["--limit", "x"], "argument --limit: invalid int value"),
     "tune: misspelled prompt in the config": (
         "tools.tune_prompts", lambda t: ["--config", str(_config(t, "reasonng: prompts/reasoning.yaml")), "--variant",

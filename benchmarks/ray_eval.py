@@ -1,0 +1,74 @@
+"""Ray benchmark: questions per second of `local_evaluation.py` run locally and with `--ray` (2 replicas).
+
+Both runs answer the same sample questions with the embedded CPU default (configs/cpu.yaml: SmolLM2 through the hf
+backend; task 1, so no KG server) into fresh run folders, pages processed afresh (no page cache), judged by the
+rules; each is timed end to end, from the command's start to its report, model loading and Ray's start included,
+since that is what a user waits for. The local run goes first: its model process forks before Ray starts.
+
+On one machine of 2 cores the two replicas share the cores that the local run's page workers use, so the ratio
+measures what Ray costs (its start, the actors' model loads, page processing without a pool), not a speed-up. On a
+cluster every replica brings its own GPUs (and CPUs), so the rate grows with the replicas until the driver, which
+reads the data and writes each batch's answers, or the judge binds.
+
+    .venv/bin/python -m benchmarks.ray_eval                 # 8 questions, 2 replicas
+    .venv/bin/python -m benchmarks.ray_eval --limit 13      # the whole sample
+
+It reports and never gates (exit 0); without Ray installed it says so in one line (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLE = REPO / "data" / "crag_sample.jsonl"
+SETTINGS = ["--set", "task=1", "--set", "references.cache=false", "--log-level", "ERROR"]
+
+
+def timed_run(out: Path, limit: int, *extra: str) -> float:
+    """Seconds of one `local_evaluation.py` run of the first `limit` sample questions into `out` (its report, on
+    stdout, is not shown); a failed run is an error."""
+    import local_evaluation
+
+    started = time.perf_counter()
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = local_evaluation.main(["--data", str(SAMPLE), "--out", str(out), "--limit", str(limit), *SETTINGS,
+                                      *extra])
+    if code != 0:
+        raise SystemExit(f"error: the run into {out} exited {code}:\n{printed.getvalue()[-2000:]}")
+    return time.perf_counter() - started
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--limit", type=int, default=8, help="sample questions per run (the sample has 13)")
+    parser.add_argument("--actors", type=int, default=2, help="Ray replicas")
+    args = parser.parse_args(argv)
+    try:
+        import ray  # noqa: F401 - only whether it is there
+    except ImportError:
+        print("ray_eval: Ray is not installed: `make ray` installs requirements-ray.txt", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="ray-eval-") as folder:
+        local = timed_run(Path(folder) / "local", args.limit)
+        on_ray = timed_run(Path(folder) / "ray", args.limit, "--ray", "--ray-actors", str(args.actors))
+    local_rate, ray_rate = args.limit / local, args.limit / on_ray
+    print(f"ray_eval ({args.limit} sample questions, embedded CPU default, end to end):")
+    print(f"  local run (baseline)       {local:7.1f} s   {local_rate:.3f} q/s")
+    print(f"  --ray, {args.actors} replicas          {on_ray:7.1f} s   {ray_rate:.3f} q/s   ratio "
+          f"{ray_rate / local_rate:.2f} x the local run")
+    print("  on this machine's cores that is Ray's overhead, not a speed-up: both runs share the same CPUs; on a "
+          "cluster each replica adds its own GPUs, so q/s grows with the replicas until the driver or the judge "
+          "binds")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
