@@ -84,3 +84,12 @@ def caplog_loguru():
 def write(path: Path, text: str) -> Path:
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` runs, from /proc (Linux): a zombie, dead and not yet reaped by whoever adopted it, does not."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return "State:\tZ" not in status.read()
+    except FileNotFoundError:
+        return False

@@ -19,7 +19,7 @@ ray = pytest.importorskip("ray", reason="Ray is not installed: `make ray` instal
 
 import local_evaluation  # noqa: E402
 from models.config import REPO_ROOT  # noqa: E402
-from tests.conftest import SAMPLE  # noqa: E402
+from tests.conftest import SAMPLE, running  # noqa: E402
 from tests.ray.replicas import scripted_model, stalling_model  # noqa: E402
 
 SETTINGS = ["--set", "task=1", "--set", "attributes.method=none"]  # no KG server, no trained classifier
@@ -157,14 +157,6 @@ sys.exit(local_evaluation.main(sys.argv[3:]))
 """
 
 
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            return "State:\tZ" not in status.read()
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_ctrl_c_stops_the_replicas_and_the_run_resumes(local_run, tmp_path):
     """As from a terminal: SIGINT to the evaluation's process group while a replica hangs in a batch. The
@@ -195,9 +187,9 @@ def test_ctrl_c_stops_the_replicas_and_the_run_resumes(local_run, tmp_path):
         f"local_evaluation.py {' '.join(args)}"), text
     pid = int(stalled(marker)[1])
     end = time.monotonic() + 30
-    while _running(pid) and time.monotonic() < end:
+    while running(pid) and time.monotonic() < end:
         time.sleep(0.1)
-    assert not _running(pid), "a replica outlived the interrupted evaluation"
+    assert not running(pid), "a replica outlived the interrupted evaluation"
     # the same command goes on from there (the marker stays: no replica hangs now) and answers the rest, once each
     resumed = subprocess.run([sys.executable, str(script), str(marker), SAMPLE_IDS[4], *args], cwd=REPO_ROOT, env=env,
                              capture_output=True, text=True, timeout=240)

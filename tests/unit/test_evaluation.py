@@ -14,7 +14,7 @@ from evaluation.judge import CORRECT, MISS, UNJUDGED, WRONG, Item, judge_by_rule
 from evaluation.metrics import Scores, latency
 from evaluation.runner import EvaluationError, load_predictions, run_model
 from models.config import REPO_ROOT, load_config
-from tests.conftest import SAMPLE, write
+from tests.conftest import SAMPLE, running, write
 
 
 def _example(i: int, **extra) -> dict:
@@ -410,15 +410,6 @@ time.sleep(600)
 '''
 
 
-def _running(pid: int) -> bool:
-    """Whether `pid` runs (a zombie, dead and not yet reaped by whoever adopted it, does not)."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            return "State:\tZ" not in status.read()
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_the_model_process_and_its_page_workers_die_with_the_evaluation_even_by_kill_9(tmp_path):
     import contextlib
@@ -434,16 +425,16 @@ def test_the_model_process_and_its_page_workers_die_with_the_evaluation_even_by_
     try:
         children = json.loads(parent.stdout.readline())
         pids = [children["model"], *children["pages"]]
-        assert len(pids) == 3 and all(_running(pid) for pid in pids)
+        assert len(pids) == 3 and all(running(pid) for pid in pids)
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=10)
         deadline = time.monotonic() + 5
-        while any(_running(pid) for pid in pids) and time.monotonic() < deadline:
+        while any(running(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not [pid for pid in pids if _running(pid)], "outlived the killed evaluation"
+        assert not [pid for pid in pids if running(pid)], "outlived the killed evaluation"
     finally:
         for pid in [parent.pid, *pids]:  # what this test started (forked: the same command), should it outlive it
             with contextlib.suppress(OSError):
-                if _running(pid) and str(script).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if running(pid) and str(script).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
                     os.kill(pid, signal.SIGKILL)
         parent.stdout.close()

@@ -15,7 +15,7 @@ import torch
 
 from utils.deadline import Deadline
 from models.config import LLMConfig, OpenAIConfig, VLLMConfig
-from models.llm.base import DEADLINE, LENGTH, BackendUnavailable, GenParams, create_llm, cut_at_stop, cut_short
+from models.llm.base import LENGTH, BackendUnavailable, GenParams, create_llm, cut_at_stop, cut_short
 from models.llm.openai import OpenAIBackend
 from models.llm.vllm import load_input_embeddings
 
