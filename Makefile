@@ -3,15 +3,20 @@
 # make bench: the benchmarks (pages: the seed's web page recipe against ours; r2former: R2AG training and injection;
 # hash: HASH-RAG against exact search, FAISS and LSH; kg_reach: the facts the KG stage gets into the prompt;
 # deadline: the worst batch time against its limit, quiet and with every core busy; ray_eval: questions per second of a
-# local run and a --ray run).
+# local run and a --ray run; quantize: GPTQ and round-to-nearest W4A16 of SmolLM2, time and held-out perplexity).
 # make ray: Ray into .venv (requirements-ray.txt) for `local_evaluation.py --ray`; make test-ray: its tests.
+# make quantize-venv: .venv-quantize (llm-compressor; its pins clash with .venv's) for tools/quantize.py gptq/rtn/eval;
+# make test-quantize: GPTQ W4A16 of the embedded SmolLM2 and the tool's input checks.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 RAY_STAMP := $(VENV)/.ray-installed
+QVENV := .venv-quantize
+QPY := $(QVENV)/bin/python
+QSTAMP := $(QVENV)/.installed
 
-.PHONY: setup eval test bench sample check browser ray test-ray
+.PHONY: setup eval test bench sample check browser ray test-ray quantize-venv test-quantize
 
 # The project itself installs editable last (pyproject.toml: the packages and the crag-* console scripts), built with
 # the venv's setuptools (torch requires it) rather than one fetched for an isolated build.
@@ -32,6 +37,15 @@ $(RAY_STAMP): $(STAMP) requirements-ray.txt
 
 ray: $(RAY_STAMP)
 
+# The quantizer's own venv: llm-compressor pins transformers 5.15-5.17 against .venv's 5.23. torch first, as in .venv.
+$(QSTAMP): requirements-quantize.txt
+	$(PYTHON) -m venv $(QVENV)
+	$(QPY) -m pip install --quiet torch==2.13.0
+	$(QPY) -m pip install --quiet -r requirements-quantize.txt
+	touch $(QSTAMP)
+
+quantize-venv: $(QSTAMP)
+
 eval: $(STAMP)
 	$(PY) local_evaluation.py --data data/crag_sample.jsonl --config configs/cpu.yaml --restart --serve-kg
 
@@ -42,6 +56,14 @@ test: $(STAMP)
 test-ray: $(RAY_STAMP)
 	$(PY) -m pytest tests/ray
 
+# .venv renders the fp16 folder and the calibration texts (our prompts); .venv-quantize quantizes and tests them.
+# `pytest tests/quantize` takes that folder's own pytest.ini, so tests/conftest.py (runtime packages) is not loaded.
+test-quantize: $(STAMP) $(QSTAMP)
+	$(PY) tools/quantize.py gguf --out runs/quantize/test/fp16 --force
+	$(PY) tools/quantize.py texts --model runs/quantize/test/fp16 --limit 4 --held-out 1 \
+		--out runs/quantize/test/texts.jsonl
+	$(QPY) -m pytest tests/quantize -p no:cacheprovider
+
 # Debian's Chromium and ChromeDriver for the report.html test (tests/integration/test_report_html.py skips, saying
 # why, without them). apt-get needs root; `.ci/run` calls this before `make test`.
 browser:
@@ -51,13 +73,14 @@ browser:
 
 # Speed as ratios against a baseline measured in the same run (see benchmarks/); kg_reach measures reach, not speed.
 # Run as modules from the repository root (benchmarks/ is not installed; hash imports benchmarks.pages).
-bench: $(STAMP) $(RAY_STAMP)
+bench: $(STAMP) $(RAY_STAMP) $(QSTAMP)
 	$(PY) -m benchmarks.pages
 	$(PY) -m benchmarks.r2former
 	$(PY) -m benchmarks.hash
 	$(PY) -m benchmarks.kg_reach
 	$(PY) -m benchmarks.deadline
 	$(PY) -m benchmarks.ray_eval
+	$(QPY) -m benchmarks.quantize
 
 # Submission checks with the embedded CPU default (tools/check_submission.py without --cpu checks the GPU config).
 check: $(STAMP)
