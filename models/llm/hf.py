@@ -89,7 +89,12 @@ def resolve_model_folder(config: HFConfig) -> Path:
 
 MIN_PROMPT_TOKENS = 256  # a micro-batch that cannot read this much of each prompt before its deadline is not started
 PREFILL_SHARE = 0.4  # of the time left, what reading the prompts may take; decoding gets the rest
-RATE_MIN_TOKENS = 1024  # a generation that read fewer prompt tokens does not update the measured rate
+WARMUP_TOKENS = 1024  # the prompt read at load to measure the rate
+# A generation that read fewer prompt tokens does not update the measured rate: a short read times the forward
+# pass's fixed cost more than the rate (in benchmarks.deadline under load, rates learnt from 128-token reads, then
+# also timed from before generate's set-up, fell to 15 tokens/s, and no prompt was admitted after). One full chunk
+# (PREFILL_CHUNK_MAX) is enough.
+RATE_MIN_TOKENS = 512
 STEP_WINDOW = 4  # the next decoding step is expected to take as long as the slowest of the last STEP_WINDOW
 PREFILL_CHUNK_S = 0.5  # prompts are read in chunks of about this many seconds, the deadline checked between them
 PREFILL_CHUNK_MIN = 32  # positions: smaller chunks spend more on each forward pass's overhead than they save
@@ -120,7 +125,8 @@ class _DeadlineClock(StoppingCriteria):
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.deadline, self.step_s, self.prefill_tps, self._clock = deadline, step_s, prefill_tps, clock
         self.started = self.last = clock()
-        self.first_token_s: float | None = None
+        self.first_token_s: float | None = None  # from the first forward pass (else from construction)
+        self.read_from: float | None = None  # when the first forward pass began: generate's set-up is not reading
         self.prompt_tokens, self.read_s = 0, 0.0  # of the prompts: tokens read and seconds taken, chunk by chunk
         self.steps: list[float] = []
 
@@ -129,7 +135,10 @@ class _DeadlineClock(StoppingCriteria):
         prompts cannot be read before the deadline."""
         if self.first_token_s is not None or self.deadline is None:
             return  # decoding: the stopping criterion decides
-        self.read_s = elapsed = self._clock() - self.started  # the chunks before this one are read
+        now = self._clock()
+        if self.read_from is None:
+            self.read_from = now
+        self.read_s = elapsed = now - self.read_from  # the chunks before this one are read
         rate = self.prompt_tokens / elapsed if self.prompt_tokens and elapsed > 0 else self.prefill_tps
         if self.deadline.remaining() < tokens / max(rate, 1e-6):
             raise OutOfTime(f"{self.deadline.remaining():.1f} s left; {tokens} prompt tokens to read at "
@@ -139,7 +148,7 @@ class _DeadlineClock(StoppingCriteria):
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: object) -> torch.Tensor:
         now = self._clock()
         if self.first_token_s is None:
-            self.first_token_s = now - self.started
+            self.first_token_s = now - (self.started if self.read_from is None else self.read_from)
         else:
             self.steps.append(now - self.last)
             self.step_s = max(self.steps[-STEP_WINDOW:])
@@ -234,7 +243,7 @@ class HFBackend:
         return outputs
 
     @torch.inference_mode()
-    def _measure_prefill(self, tokens: int = RATE_MIN_TOKENS) -> float:
+    def _measure_prefill(self, tokens: int = WARMUP_TOKENS) -> float:
         """Prompt tokens read per second, from one forward pass over `tokens` tokens (at load; every generation
         then updates it)."""
         ids = torch.full((1, tokens), self.tokenizer.eos_token_id or 0, device=self.config.device)
@@ -319,10 +328,7 @@ class HFBackend:
                 stopping_criteria=StoppingCriteriaList([clock]), **extra)
         except OutOfTime as reason:
             logger.warning("deadline: {} rows given up while reading their prompts ({})", size, reason)
-            # What was read before the refused chunk shows the machine slower than planned: believed at once,
-            # however short (a short read's overhead only errs towards the safe, slower side).
-            if clock.prompt_tokens and clock.read_s > 0:
-                self._prefill_tps = min(self._prefill_tps, clock.prompt_tokens / clock.read_s)
+            self._learn_prefill_rate(clock.prompt_tokens, clock.read_s)  # what the chunks before it showed
             return [[] for _ in range(size)]
         finally:
             hook.remove()

@@ -109,3 +109,18 @@ def test_decoding_passes_are_not_checked_as_prompt_chunks():
     criterion.before_forward(1)  # a decoding pass: the stopping criterion, not the hook, ends decoding
     with pytest.raises(OutOfTime):
         _DeadlineClock(deadline, 0.0, 100.0, clock).before_forward(1)
+
+
+def test_reading_is_timed_from_the_first_forward_pass_not_from_generate_s_set_up():
+    """generate prepares (stop strings, caches) before the first forward pass; counted as reading, a short read
+    looked many times slower than it was and starved the next admissions."""
+    clock = Clock()
+    criterion = _DeadlineClock(Deadline(100.0, clock), 0.0, 100.0, clock)
+    clock.now += 4.0  # generate's set-up
+    criterion.before_forward(100)
+    clock.now += 1.0
+    criterion.before_forward(100)
+    assert criterion.read_s == 1.0 and criterion.prompt_tokens == 200  # 100 tokens/s, not 20
+    clock.now += 1.0
+    criterion(torch.zeros((1, 3), dtype=torch.long), torch.zeros(1, 10))
+    assert criterion.first_token_s == 2.0
