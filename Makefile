@@ -3,7 +3,8 @@
 # make bench: the benchmarks (pages: the seed's web page recipe against ours; r2former: R2AG training and injection;
 # hash: HASH-RAG against exact search, FAISS and LSH; kg_reach: the facts the KG stage gets into the prompt;
 # deadline: the worst batch time against its limit, quiet and with every core busy; ray_eval: questions per second of a
-# local run and a --ray run; quantize: GPTQ and round-to-nearest W4A16 of SmolLM2, time and held-out perplexity).
+# local run and a --ray run; quantize: GPTQ and round-to-nearest W4A16 of SmolLM2, time and held-out perplexity;
+# hf_cuda: the hf backend's deadline clock with an 8B-shaped model on a CUDA GPU, skipped without one).
 # make ray: Ray into .venv (requirements-ray.txt) for `local_evaluation.py --ray`; make test-ray: its tests.
 # make quantize-venv: .venv-quantize (llm-compressor; its pins clash with .venv's) for tools/quantize.py gptq/rtn/eval;
 # make test-quantize: GPTQ W4A16 of the embedded SmolLM2 and the tool's input checks.
@@ -81,6 +82,7 @@ bench: $(STAMP) $(RAY_STAMP) $(QSTAMP)
 	$(PY) -m benchmarks.deadline
 	$(PY) -m benchmarks.ray_eval
 	$(QPY) -m benchmarks.quantize
+	$(PY) -m benchmarks.hf_cuda
 
 # Submission checks with the embedded CPU default (tools/check_submission.py without --cpu checks the GPU config).
 check: $(STAMP)

@@ -98,7 +98,13 @@ RATE_MIN_TOKENS = 512
 STEP_WINDOW = 4  # the next decoding step is expected to take as long as the slowest of the last STEP_WINDOW
 PREFILL_CHUNK_S = 0.5  # prompts are read in chunks of about this many seconds, the deadline checked between them
 PREFILL_CHUNK_MIN = 32  # positions: smaller chunks spend more on each forward pass's overhead than they save
-PREFILL_CHUNK_MAX = 512  # positions x rows: a rate measured on a quieter machine must not make the whole prompt one chunk
+# The most positions x rows in one chunk, whatever the measured rate promises. On a CPU: a rate measured on a quieter
+# machine must not make the whole prompt one chunk. On a GPU, where small chunks are slow (an H100 read eight
+# 883-token prompts of an 8B model in 64-position chunks at 4,700 tokens/s, against 24,000 in one pass), the rate
+# still falls with the length read so far: eight 2,553-token prompts, planned as 2 chunks of 0.5 s at the 34,000
+# tokens/s that eight 1,537-token ones had shown, took 2.8 s against a 1.5 s deadline (benchmarks.hf_cuda).
+PREFILL_CHUNK_MAX = 512
+PREFILL_CHUNK_MAX_GPU = 8192
 
 
 class OutOfTime(Exception):
@@ -128,6 +134,7 @@ class _DeadlineClock(StoppingCriteria):
         self.first_token_s: float | None = None  # from the first forward pass (else from construction)
         self.read_from: float | None = None  # when the first forward pass began: generate's set-up is not reading
         self.prompt_tokens, self.read_s = 0, 0.0  # of the prompts: tokens read and seconds taken, chunk by chunk
+        self._chunk: tuple[int, float] | None = None  # the last chunk's tokens and when it began
         self.steps: list[float] = []
 
     def before_forward(self, tokens: int) -> None:
@@ -140,10 +147,15 @@ class _DeadlineClock(StoppingCriteria):
             self.read_from = now
         self.read_s = elapsed = now - self.read_from  # the chunks before this one are read
         rate = self.prompt_tokens / elapsed if self.prompt_tokens and elapsed > 0 else self.prefill_tps
+        if self._chunk is not None and now > self._chunk[1]:
+            # a chunk attends to all the chunks before it, so later chunks read slower than the average, and the
+            # average alone admits a last chunk that ends past the deadline
+            rate = min(rate, self._chunk[0] / (now - self._chunk[1]))
         if self.deadline.remaining() < tokens / max(rate, 1e-6):
             raise OutOfTime(f"{self.deadline.remaining():.1f} s left; {tokens} prompt tokens to read at "
                             f"{rate:.0f} tokens/s")
         self.prompt_tokens += tokens
+        self._chunk = (tokens, now)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: object) -> torch.Tensor:
         now = self._clock()
@@ -155,6 +167,27 @@ class _DeadlineClock(StoppingCriteria):
         self.last = now
         late = self.deadline is not None and self.deadline.remaining() < self.step_s
         return torch.full((input_ids.shape[0],), late, dtype=torch.bool, device=input_ids.device)
+
+
+def device_clock(device: str | torch.device) -> Callable[[], float]:
+    """`time.perf_counter`, read once the device has run the work queued on it. CUDA kernels run asynchronously: a
+    host clock read straight after a forward pass times its launch, not its run, so a prefill rate measured that way
+    is that of the launches, and the deadline admits prompts the GPU cannot read in time."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return time.perf_counter
+
+    def now() -> float:
+        torch.cuda.synchronize(device)
+        return time.perf_counter()
+    return now
+
+
+def _short(conversations: list[Conversation]) -> bool:
+    """Every conversation surely shorter than MIN_PROMPT_TOKENS tokens, by its characters (a token of text has at
+    least one; the chat template's own tokens are left out): short prompts go while the deadline has not passed."""
+    return all(sum(len(str(turn.get("content") or "")) for turn in conversation) < MIN_PROMPT_TOKENS // 2
+               for conversation in conversations)
 
 
 def _new_tokens(kwargs: dict[str, object]) -> int:
@@ -180,6 +213,7 @@ class HFBackend:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.model = AutoModelForCausalLM.from_pretrained(
             self.folder, dtype=getattr(torch, config.dtype)).to(config.device).eval()
+        self._now = device_clock(config.device)  # every time this backend measures, on the device's clock
         # R2AG's placeholder token id, once it is in the vocabulary (a folder saved with it has it already).
         self._retrieval_id: int | None = self.tokenizer.get_vocab().get(RETRIEVAL_TOKEN)
         self._prefill_tps = self._measure_prefill()  # prompt tokens read per second (a moving average)
@@ -213,30 +247,40 @@ class HFBackend:
                   params: GenParams) -> list[list[str]]:
         """Micro-batch by micro-batch, each admitted only if the deadline affords reading its prompts.
 
-        `_DeadlineClock` stops the decoding, but the prompt is read (prefilled) in one forward pass that nothing
-        interrupts: on a CPU, four 1,700-token prompts took 30 s against a 10 s share (64 s with n = 2, as each
-        sample reads its prompt again). So the prompts of a micro-batch are cut (head and tail kept, as for
+        `_DeadlineClock` stops the decoding and gives up a read the deadline cannot finish, but a prompt read past
+        its share leaves no time to decode. So the prompts of a micro-batch are cut (head and tail kept, as for
         max_input_tokens) to what PREFILL_SHARE of the time left can read at the measured prefill rate when they are
-        longer (counted padded, rows x the longest, as the forward pass reads them), and a micro-batch that could not read even MIN_PROMPT_TOKENS each is not started: those
+        longer (counted padded, rows x the longest, as the forward pass reads them), and a micro-batch that could
+        not read even MIN_PROMPT_TOKENS each is not started (decided before encoding, which takes time too): those
         conversations get no sample. Prompts of at most MIN_PROMPT_TOKENS always go while the deadline has not
         passed."""
         outputs: list[list[str]] = []
         step = max(1, self.config.micro_batch_size)
         n_run = params.n if params.temperature > 0 else 1
+
+        def give_up(count: int, affordable: float) -> None:
+            logger.warning("deadline: {:.2f} s left reads {:.0f} prompt tokens at {:.0f} tokens/s; {} conversations "
+                           "not generated", params.deadline.remaining(), affordable, self._prefill_tps, count)
+            outputs.extend([] for _ in range(count))
+
         for start in range(0, len(conversations), step):
             part = slice(start, start + step)
             count, rows = len(conversations[part]), None if embeddings is None else embeddings[part]
+            affordable = 0.0 if params.deadline is None else \
+                self._prefill_tps * max(params.deadline.remaining(), 0.0) * PREFILL_SHARE / n_run
+            if params.deadline is not None and (params.deadline.expired() or (
+                    affordable / count < MIN_PROMPT_TOKENS and not _short(conversations[part]))):
+                # before encoding: templating and tokenising eight 3,000-token prompts took 0.08 s, and made a batch
+                # overrun a 1.5 s deadline (benchmarks.hf_cuda --smoke)
+                give_up(count, affordable)
+                continue
             inputs = self._encode(conversations[part], rows)
             if params.deadline is not None:
-                affordable = self._prefill_tps * max(params.deadline.remaining(), 0.0) * PREFILL_SHARE / n_run
                 height, width = inputs["attention_mask"].shape  # the padded batch is what the forward pass reads
-                if params.deadline.expired() or (height * width > affordable and width > MIN_PROMPT_TOKENS):
+                if height * width > affordable and width > MIN_PROMPT_TOKENS:
                     limit = int(affordable / count)
-                    if limit < MIN_PROMPT_TOKENS:
-                        logger.warning("deadline: {:.1f} s left reads {:.0f} prompt tokens at {:.0f} tokens/s; {} "
-                                       "conversations not generated", params.deadline.remaining(), affordable,
-                                       self._prefill_tps, count)
-                        outputs.extend([] for _ in range(count))
+                    if limit < MIN_PROMPT_TOKENS:  # prompts of many tokens per character (byte fallback)
+                        give_up(count, affordable)
                         continue
                     inputs = self._encode(conversations[part], rows, limit)
             outputs.extend(self._generate_batch(inputs, count, params))
@@ -247,10 +291,13 @@ class HFBackend:
         """Prompt tokens read per second, from one forward pass over `tokens` tokens (at load; every generation
         then updates it)."""
         ids = torch.full((1, tokens), self.tokenizer.eos_token_id or 0, device=self.config.device)
-        self.model(input_ids=ids[:, :16])  # the first pass pays one-time set-up costs
-        started = time.perf_counter()
+        # The first pass pays one-time set-up costs. On a GPU the first large one does: on an H100 an 8B model's
+        # first 1,024-token pass (after a 16-token one) read 1,554 tokens/s, the next 24,000 (benchmarks.hf_cuda).
+        # On a CPU a short one is enough, and a second long one would add 3 s to every load (SmolLM2: 317 tokens/s).
+        self.model(input_ids=ids[:, :16] if self.model.device.type == "cpu" else ids)
+        started = self._now()
         self.model(input_ids=ids)
-        return tokens / max(time.perf_counter() - started, 1e-6)
+        return tokens / max(self._now() - started, 1e-6)
 
     def prompt_ids(self, conversation: Conversation, embeddings: np.ndarray | torch.Tensor | None = None,
                    limit: int | None = None) -> tuple[list[int], np.ndarray | torch.Tensor | None]:
@@ -311,13 +358,14 @@ class HFBackend:
             extra.update(stop_strings=params.stop, tokenizer=self.tokenizer)
         if self._retrieval_id is not None:
             extra["suppress_tokens"] = [self._retrieval_id]
-        clock = _DeadlineClock(params.deadline, self._step_s, self._prefill_tps)
+        clock = _DeadlineClock(params.deadline, self._step_s, self._prefill_tps, self._now)
         if params.top_logprobs:  # the raw logits of every step, to give each row's most likely tokens
             extra.update(return_dict_in_generate=True, output_logits=True)
         rows, width = inputs["attention_mask"].shape
         if "input_ids" in inputs and params.deadline is not None:  # read in chunks the deadline can stop between
             planned = int(self._prefill_tps * PREFILL_CHUNK_S / (rows * n_run))
-            extra["prefill_chunk_size"] = max(min(planned, PREFILL_CHUNK_MAX // (rows * n_run)), PREFILL_CHUNK_MIN)
+            cap = PREFILL_CHUNK_MAX if self.model.device.type == "cpu" else PREFILL_CHUNK_MAX_GPU
+            extra["prefill_chunk_size"] = max(min(planned, cap // (rows * n_run)), PREFILL_CHUNK_MIN)
         hook = self.model.register_forward_pre_hook(
             lambda module, args, kwargs: clock.before_forward(_new_tokens(kwargs)), with_kwargs=True)
         try:

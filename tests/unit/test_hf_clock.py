@@ -111,6 +111,14 @@ def test_decoding_passes_are_not_checked_as_prompt_chunks():
         _DeadlineClock(deadline, 0.0, 100.0, clock).before_forward(1)
 
 
+def test_a_chunk_is_expected_to_read_as_slowly_as_the_last_one_when_that_is_slower_than_the_average():
+    # each chunk attends to the ones before it: 0.1 s, then 0.3 s per 100 tokens. With 0.25 s left, the average
+    # (500 tokens/s: 0.2 s) would start the third chunk; the last one's rate (0.3 s) does not
+    clock = Clock()
+    assert read_chunks(clock, Deadline(0.65, clock), [(100, 0.1), (100, 0.3), (100, 0.5)], rate=1000.0) == 2
+    assert clock.now == pytest.approx(0.4)
+
+
 def test_reading_is_timed_from_the_first_forward_pass_not_from_generate_s_set_up():
     """generate prepares (stop strings, caches) before the first forward pass; counted as reading, a short read
     looked many times slower than it was and starved the next admissions."""
@@ -124,3 +132,16 @@ def test_reading_is_timed_from_the_first_forward_pass_not_from_generate_s_set_up
     clock.now += 1.0
     criterion(torch.zeros((1, 3), dtype=torch.long), torch.zeros(1, 10))
     assert criterion.first_token_s == 2.0
+
+
+def test_on_cuda_the_backend_reads_the_clock_after_the_device_has_run_its_queued_work(monkeypatch):
+    # CUDA kernels run asynchronously: a host clock read right after a forward pass times its launch. On an H100
+    # (benchmarks/hf_cuda.py, an 8B-shaped model) the launch-timed rate was 1.4 to 2 times the real one.
+    from models.llm import hf
+
+    synced: list[torch.device] = []
+    monkeypatch.setattr(hf.torch.cuda, "synchronize", lambda device=None: synced.append(device))
+    assert hf.device_clock("cpu") is hf.time.perf_counter
+    now = hf.device_clock("cuda:1")
+    first = now()
+    assert now() >= first and synced == [torch.device("cuda:1")] * 2
