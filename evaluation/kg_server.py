@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 import re
 import subprocess
 import sys
@@ -22,9 +23,10 @@ class KGServerError(RuntimeError):
 
 @contextlib.contextmanager
 def fixture_kg(*extra_args: str, startup_s: float = 60.0) -> Iterator[str]:
-    """Run the fixture KG server for the block; yields its base URL. `extra_args` go to tools/kg_server.py."""
-    process = subprocess.Popen([sys.executable, str(SERVER), "--port", "0", *extra_args], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+    """Run the fixture KG server for the block; yields its base URL. `extra_args` go to tools/kg_server.py. The
+    server ends with this process, kill -9 included (`--parent-pid`)."""
+    command = [sys.executable, str(SERVER), "--port", "0", "--parent-pid", str(os.getpid()), *extra_args]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output: collections.deque[str] = collections.deque(maxlen=40)
     announced = threading.Event()
 

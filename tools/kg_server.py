@@ -53,6 +53,7 @@ import asyncio
 import heapq
 import json
 import math
+import os
 import socket
 import sqlite3
 import string
@@ -70,6 +71,7 @@ from pydantic import BaseModel, ValidationError
 from rank_bm25 import BM25Okapi
 
 from utils.kg_api import ENDPOINTS
+from utils.processes import die_with_parent
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -522,10 +524,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8000, help="0: a free port (printed)")
     parser.add_argument("--faults", action="store_true", help="odd argument values trigger failures (tests)")
     parser.add_argument("--slow-s", type=float, default=3.0, help="the delay of a __slow__ reply")
+    parser.add_argument("--parent-pid", type=int, help="end when this process ends (evaluation/kg_server.py passes "
+                        "its own pid, so a killed evaluation leaves no server behind)")
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535 or not 0 <= args.slow_s < float("inf"):
         print(f"error: --port {args.port}, --slow-s {args.slow_s}: the port must be in 0..65535 (0: a free one) and "
               "--slow-s 0 or more seconds", file=sys.stderr)
+        return 2
+    if args.parent_pid is not None and args.parent_pid != os.getppid():
+        print(f"error: --parent-pid {args.parent_pid}: not this server's parent process (give the pid of the process "
+              "that starts it, or leave it out)", file=sys.stderr)
         return 2
     if not args.data.is_dir():
         print(f"error: {args.data}: no such fixture folder (give --data a folder of open/movie/finance/music/"
@@ -543,6 +551,10 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:
         print(f"error: cannot listen on {args.host}:{args.port} ({err}); choose another --port", file=sys.stderr)
         return 2
+    if args.parent_pid is not None:
+        # a watcher thread, not the kernel's parent-death signal: that one follows the thread that started this
+        # process, and the caller may start it from any thread
+        die_with_parent(args.parent_pid, forked_by_main_thread=False)
     print(f"KG server on http://{args.host}:{sock.getsockname()[1]}", flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     server.run(sockets=[sock])

@@ -93,6 +93,7 @@ CASES = {
                                   "no such folder"),
     "budget: required flags missing": ("tools.budget_plan", lambda t: [], "required: --prefill-tps"),
     "kg server: port out of range": ("tools.kg_server", lambda t: ["--port", "70000"], "--port 70000"),
+    "kg server: not its parent": ("tools.kg_server", lambda t: ["--parent-pid", "1"], "not this server's parent"),
     "screenshot: zero width": ("tools.screenshot", lambda t: [str(SAMPLE), str(t / "p.png"), "--width", "0"],
                                "--width 0"),
 }

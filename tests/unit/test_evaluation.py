@@ -438,3 +438,56 @@ def test_the_model_process_and_its_page_workers_die_with_the_evaluation_even_by_
                 if running(pid) and str(script).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
                     os.kill(pid, signal.SIGKILL)
         parent.stdout.close()
+
+
+EVALUATION_WITH_KG = '''
+import time
+from evaluation.kg_server import fixture_kg
+
+with fixture_kg() as url:
+    print(url, flush=True)
+    time.sleep(600)
+'''
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_served_kg_dies_with_the_evaluation_even_by_kill_9(tmp_path):
+    """`--serve-kg`'s server, started by evaluation/kg_server.py, outlived a kill -9 of the evaluation before."""
+    import os
+    import signal
+    import urllib.request
+    from pathlib import Path
+
+    script = tmp_path / "parent.py"
+    script.write_text(EVALUATION_WITH_KG)
+    parent = subprocess.Popen([sys.executable, str(script)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+
+    def children() -> list[int]:  # from /proc/PID/stat: "pid (comm) state ppid ..."
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) if entry.name.isdigit() else 0
+                if ppid == parent.pid:
+                    found.append(int(entry.name))
+            except OSError:  # a process that ended while being read
+                pass
+        return found
+
+    server = None
+    try:
+        url = parent.stdout.readline().strip()
+        with urllib.request.urlopen(url + "/", timeout=5):
+            pass
+        [server] = children()
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while running(server) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not running(server), "the KG server outlived the killed evaluation"
+    finally:
+        parent.kill()
+        if server is not None and running(server):
+            os.kill(server, signal.SIGKILL)
+        parent.stdout.close()
