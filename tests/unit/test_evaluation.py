@@ -1,9 +1,15 @@
 import bz2
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
+import urllib.request
+from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -410,35 +416,41 @@ time.sleep(600)
 '''
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_the_model_process_and_its_page_workers_die_with_the_evaluation_even_by_kill_9(tmp_path):
-    import contextlib
-    import os
-    import signal
-    from pathlib import Path
-
+def outlive_kill_9(tmp_path, source: str, started: Callable[[subprocess.Popen], list[int]]) -> list[int]:
+    """Run the Python `source` as an evaluation would be run, take the pids of the processes it started
+    (`started(parent)` reads them from its output), kill -9 it and give them 5 s to end: the pids still running.
+    Those are killed afterwards."""
     script = tmp_path / "parent.py"
-    script.write_text(EVALUATION_LIKE_PARENT)
+    script.write_text(source)
     parent = subprocess.Popen([sys.executable, str(script)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
-    pids = []
+    pids: list[int] = []
     try:
-        children = json.loads(parent.stdout.readline())
-        pids = [children["model"], *children["pages"]]
-        assert len(pids) == 3 and all(running(pid) for pid in pids)
+        pids = started(parent)
+        assert pids and all(running(pid) for pid in pids)
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=10)
         deadline = time.monotonic() + 5
         while any(running(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not [pid for pid in pids if running(pid)], "outlived the killed evaluation"
+        return [pid for pid in pids if running(pid)]
     finally:
-        for pid in [parent.pid, *pids]:  # what this test started (forked: the same command), should it outlive it
+        parent.kill()
+        for pid in pids:
             with contextlib.suppress(OSError):
-                if running(pid) and str(script).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if running(pid):
                     os.kill(pid, signal.SIGKILL)
         parent.stdout.close()
 
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_model_process_and_its_page_workers_die_with_the_evaluation_even_by_kill_9(tmp_path):
+    def started(parent: subprocess.Popen) -> list[int]:
+        children = json.loads(parent.stdout.readline())
+        assert len(children["pages"]) == 2
+        return [children["model"], *children["pages"]]
+
+    assert not outlive_kill_9(tmp_path, EVALUATION_LIKE_PARENT, started), "outlived the killed evaluation"
 
 EVALUATION_WITH_KG = '''
 import time
@@ -453,41 +465,18 @@ with fixture_kg() as url:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_the_served_kg_dies_with_the_evaluation_even_by_kill_9(tmp_path):
     """`--serve-kg`'s server, started by evaluation/kg_server.py, outlived a kill -9 of the evaluation before."""
-    import os
-    import signal
-    import urllib.request
-    from pathlib import Path
 
-    script = tmp_path / "parent.py"
-    script.write_text(EVALUATION_WITH_KG)
-    parent = subprocess.Popen([sys.executable, str(script)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
-
-    def children() -> list[int]:  # from /proc/PID/stat: "pid (comm) state ppid ..."
-        found = []
-        for entry in Path("/proc").iterdir():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) if entry.name.isdigit() else 0
-                if ppid == parent.pid:
-                    found.append(int(entry.name))
-            except OSError:  # a process that ended while being read
-                pass
-        return found
-
-    server = None
-    try:
+    def started(parent: subprocess.Popen) -> list[int]:  # the children, from /proc/PID/stat: "pid (comm) state ppid"
         url = parent.stdout.readline().strip()
         with urllib.request.urlopen(url + "/", timeout=5):
             pass
-        [server] = children()
-        parent.send_signal(signal.SIGKILL)
-        parent.wait(timeout=10)
-        deadline = time.monotonic() + 5
-        while running(server) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not running(server), "the KG server outlived the killed evaluation"
-    finally:
-        parent.kill()
-        if server is not None and running(server):
-            os.kill(server, signal.SIGKILL)
-        parent.stdout.close()
+        children = []
+        for entry in Path("/proc").iterdir():
+            with contextlib.suppress(OSError):  # a process that ended while being read
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) if entry.name.isdigit() else 0
+                if ppid == parent.pid:
+                    children.append(int(entry.name))
+        assert len(children) == 1
+        return children
+
+    assert not outlive_kill_9(tmp_path, EVALUATION_WITH_KG, started), "the KG server outlived the killed evaluation"
