@@ -123,12 +123,15 @@ import json, os, sys, time, types
 
 
 class FakeModel:
-    """Answers one question a batch slowly, with two page worker processes, and writes the pids it runs in."""
+    """Answers one question a batch, with two page worker processes, and writes the pids it runs in. From the
+    third batch on it is slow (20 s, inside the 30 s limit), so the run cannot end before the Ctrl-C reaches it
+    (a 0.2 s batch throughout once let a busy machine finish all 13 before the signal)."""
 
     def __init__(self, config):
         from utils.pages import PageProcessor, PageSettings
 
         self.pages = PageProcessor(PageSettings(), workers=2, use_cache=False)
+        self.batches = 0
         with open(os.environ["FAKE_MODEL_PIDS"], "w") as out:
             json.dump({"model": os.getpid(), "pages": [p.pid for p in self.pages._pool._pool]}, out)
 
@@ -137,7 +140,8 @@ class FakeModel:
 
     def batch_generate_answer(self, batch):
         self.pages.process([("<p>some text</p>", "p")], 5.0)
-        time.sleep(0.2)
+        self.batches += 1
+        time.sleep(0.2 if self.batches <= 2 else 20)
         return ["i don't know"] * len(batch["query"])
 
 
