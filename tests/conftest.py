@@ -17,6 +17,11 @@ from utils.kg_api import KGClient
 SAMPLE = REPO_ROOT / "data" / "crag_sample.jsonl"
 SHARED_CRAG = REPO_ROOT.parent / "shared" / "crag_sample" / "crag_public_sample_5.jsonl.bz2"
 
+# The first lines of a script a Ctrl-C test runs: SIGINT handled as in a terminal's foreground job. A test run started
+# in the background by a non-interactive shell (`make test &`, nohup) inherits SIGINT ignored, and so would the
+# script: the evaluation then never sees the test's Ctrl-C (a fresh-clone `.ci/run` started that way failed twice).
+AS_FROM_A_TERMINAL = "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+
 
 def to_batch(examples: list[dict[str, Any]]) -> dict[str, list[Any]]:
     return make_batch(examples)

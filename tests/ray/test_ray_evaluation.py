@@ -19,7 +19,7 @@ ray = pytest.importorskip("ray", reason="Ray is not installed: `make ray` instal
 
 import local_evaluation  # noqa: E402
 from models.config import REPO_ROOT  # noqa: E402
-from tests.conftest import SAMPLE, running  # noqa: E402
+from tests.conftest import AS_FROM_A_TERMINAL, SAMPLE, running  # noqa: E402
 from tests.ray.replicas import scripted_model, stalling_model  # noqa: E402
 
 SETTINGS = ["--set", "task=1", "--set", "attributes.method=none"]  # no KG server, no trained classifier
@@ -145,7 +145,7 @@ def test_a_batch_over_its_deadline_is_i_dont_know_and_its_replica_starts_afresh(
     assert len(built) == 3 and pid in built and len(set(built)) == 3  # two replicas, and the hanging one afresh
 
 
-STALLING_EVALUATION = """
+STALLING_EVALUATION = AS_FROM_A_TERMINAL + """
 import functools, sys
 from pathlib import Path
 

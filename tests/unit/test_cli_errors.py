@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from models.config import REPO_ROOT
-from tests.conftest import SAMPLE, write
+from tests.conftest import AS_FROM_A_TERMINAL, SAMPLE, write
 
 CPU = REPO_ROOT / "configs" / "cpu.yaml"
 
@@ -118,14 +118,14 @@ def test_bad_input_is_one_line_and_exit_2(case, tmp_path, capsys, monkeypatch):
 
 # --- Ctrl-C: an evaluation of a scripted model in a child process gets SIGINT, as from a terminal -------------
 
-FAKE_EVALUATION = '''
+FAKE_EVALUATION = AS_FROM_A_TERMINAL + '''
 import json, os, sys, time, types
 
 
 class FakeModel:
     """Answers one question a batch, with two page worker processes, and writes the pids it runs in. From the
-    third batch on it is slow (20 s, inside the 30 s limit), so the run cannot end before the Ctrl-C reaches it
-    (a 0.2 s batch throughout once let a busy machine finish all 13 before the signal)."""
+    third batch on it is slow (20 s, inside the 30 s limit), so the run cannot end before the Ctrl-C reaches it,
+    however busy the machine."""
 
     def __init__(self, config):
         from utils.pages import PageProcessor, PageSettings
