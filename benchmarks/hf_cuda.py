@@ -1,7 +1,7 @@
 """The hf backend on a CUDA GPU: does its deadline clock hold with a model of a real size?
 
 Builds a Llama-3-8B-shaped model (32 layers, hidden 4096, 32 heads and 8 KV heads, MLP 14336) with random weights
-in float16 on the GPU, with the embedded SmolLM2's tokenizer and vocabulary (so 7.0 B parameters rather than 8.0 B),
+in float16 on the GPU, with the embedded SmolLM2's tokenizer and vocabulary (so 7.4 B parameters rather than 8.0 B),
 saves it, and loads it through HFBackend as a config naming that folder would. Random weights never emit an end
 token: every generation runs to max_tokens or to the deadline, so this measures time, not answers. It prints:
 
@@ -143,12 +143,13 @@ def run_case(backend, name: str, convs, deadline_s: float | None, max_tokens: in
 
     params = GenParams(max_tokens=max_tokens, deadline=None if deadline_s is None else Deadline(deadline_s))
     STEPS.clear()
-    started = device_clock(backend.config.device)()
+    now = device_clock(backend.config.device)
+    started = now()
     if embeddings is None:
         out = backend.generate(convs, params)
     else:
         out = backend.generate_with_embeddings(convs, embeddings, params)
-    seconds = time.perf_counter() - started
+    seconds = now() - started
     answered = sum(1 for samples in out if samples)
     lengths = [len(backend.tokenizer(s[0], add_special_tokens=False)["input_ids"]) for s in out if s]
     reasons = sorted({getattr(s[0], "finish_reason", "") for s in out if s})
