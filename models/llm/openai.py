@@ -41,6 +41,7 @@ class OpenAIBackend:
         self.client = openai.OpenAI(base_url=config.base_url, api_key=os.environ.get(config.api_key_env) or "EMPTY",
                                     max_retries=0, timeout=config.request_timeout_s)
         self.logprobs_refused = False  # the server answered a request for log-probabilities with HTTP 400
+        self.n_ignored = False  # the server answered a request for n samples with fewer (said once)
         logger.info("openai backend: model {} at {}", config.model, config.base_url)
 
     def probe(self) -> None:
@@ -97,6 +98,10 @@ class OpenAIBackend:
                 reply = self._post(timeout, model=self.config.model, messages=messages, max_tokens=params.max_tokens,
                                    temperature=params.temperature, n=n, stop=params.stop or None, seed=params.seed,
                                    **logprobs)
+                if len(reply) < n and not self.n_ignored:  # transformers serve ignores n
+                    self.n_ignored = True
+                    logger.warning("{} returned {} of {} samples for one request: it ignores n; set "
+                                   "llm.openai.native_n: false", self.config.base_url, len(reply), n)
                 return [Sample(cut_at_stop(choice["text"], params.stop).strip(), choice["finish_reason"],
                                choice["top_logprobs"]) for choice in reply]
             except (openai.BadRequestError, openai.UnprocessableEntityError) as err:

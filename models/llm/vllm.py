@@ -162,18 +162,24 @@ class VLLMBackend:
                 logger.warning("vllm refused prompt {}: {}", request_id, " ".join(str(err).split())[:200])
                 request_id = None
             ids.append(request_id)
-        latest = {}  # request id -> its newest RequestOutput (cumulative text)
+        # SamplingParams' default output kind (CUMULATIVE): each RequestOutput carries whole texts so far, but with
+        # n > 1 only one child's (its `index`), and a finished child is not sent again (ParentRequest.get_outputs,
+        # vllm/v1/engine/parallel_sampling.py), so samples are kept per request and index.
+        samples: dict[str, dict[int, object]] = {}
+        finished: set[str] = set()
         while engine.has_unfinished_requests():
             if params.deadline is not None and params.deadline.expired():
-                cut = [i for i in ids if i is not None and not (i in latest and latest[i].finished)]
-                engine.abort_request(cut)
+                cut = [i for i in ids if i is not None and i not in finished]
+                engine.abort_request(cut)  # a parent's id aborts its children
                 logger.warning("deadline reached: {} of {} requests aborted, their text so far kept", len(cut),
                                len(ids))
                 break
             for output in engine.step():
-                latest[output.request_id] = output
-        return [[Sample(choice.text.strip(), _finish(choice, latest[i].finished), top_logprobs(choice.logprobs))
-                 for choice in latest[i].outputs] if i in latest else [] for i in ids]
+                samples.setdefault(output.request_id, {}).update((c.index, c) for c in output.outputs)
+                if output.finished:
+                    finished.add(output.request_id)
+        return [[Sample(choice.text.strip(), _finish(choice), top_logprobs(choice.logprobs))
+                 for _, choice in sorted(samples.get(i, {}).items())] for i in ids]
 
 
 def _expired(params: GenParams, count: int) -> bool:
@@ -183,8 +189,9 @@ def _expired(params: GenParams, count: int) -> bool:
     return False
 
 
-def _finish(choice, finished: bool) -> str:
-    if not finished:
+def _finish(choice) -> str:
+    """A sample's own finish reason: a child still running when its request was aborted has none."""
+    if choice.finish_reason is None:
         return DEADLINE
     return LENGTH if choice.finish_reason == "length" else STOP
 

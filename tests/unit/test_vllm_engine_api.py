@@ -84,7 +84,7 @@ def test_the_fake_engine_has_the_release_s_step_driver_methods(api):
     """VLLMBackend.generate drives LLM.llm_engine with add_request / step / abort_request /
     has_unfinished_requests, and reads LLM.get_tokenizer(); the unit tests' fake engine (FakeLLMEngine) must
     take exactly the parameters the pinned release's methods take, or those tests prove nothing."""
-    from tests.unit.test_llm_backends import FakeLLMEngine
+    from tests.vllm_fake import FakeLLMEngine
 
     methods = api["llm_engine"]["methods"]
     for name in ("add_request", "step", "abort_request", "has_unfinished_requests"):
@@ -108,16 +108,29 @@ def test_the_backend_calls_the_engine_only_as_the_release_allows(api):
         assert len(call.args) <= min(len(released), 3) and {k.arg for k in call.keywords} <= set(released)
 
 
-def test_kv_cache_dtype_is_a_cache_dtype_of_the_release(api):
-    """The committed T4 config keeps the KV cache in float16 (auto): see VLLMConfig.kv_cache_dtype."""
-    fields = {f["name"]: f for f in api["engine_args"]["fields"]}
-    assert "kv_cache_dtype" in fields and VLLMConfig().kv_cache_dtype == "auto"
+def test_the_t4_config_s_kv_cache_dtype_is_one_of_the_release_s(api):
+    """The T4 config keeps the KV cache in the model's float16 ("auto"; fp8 needs a newer GPU): the value it
+    resolves to, and that the release's EngineArgs has the field."""
+    from models.config import load_config
+
+    config = load_config(ROOT / "configs" / "t4x4-llama3-70b-gptq.yaml")
+    assert config.llm.backend == "vllm" and config.llm.vllm.kv_cache_dtype == "auto"
+    assert "kv_cache_dtype" in {f["name"] for f in api["engine_args"]["fields"]}
+
+
+def test_the_backend_reads_outputs_of_the_release_s_default_kind(api, passed):
+    """VLLMBackend merges CUMULATIVE outputs by index; it passes no output_kind, so the release's default must be
+    CUMULATIVE (a DELTA default would keep one token per sample, FINAL_ONLY would lose finished samples at the
+    deadline)."""
+    fields = {f["name"]: f for f in api["sampling_params"]["fields"]}
+    assert fields["output_kind"]["default"] == "RequestOutputKind.CUMULATIVE"
+    assert all("output_kind" not in kwargs for kwargs in passed["sampling"])
 
 
 def test_the_fake_tokenizer_takes_the_release_s_parameters(api):
     """The backend calls encode and apply_chat_template on LLM.get_tokenizer(); the fake's parameters are the
     release's TokenizerLike ones (vllm/tokenizers/protocol.py)."""
-    from tests.unit.test_llm_backends import FakeTokenizer
+    from tests.vllm_fake import FakeTokenizer
 
     for name, method in api["tokenizer"]["methods"].items():
         released = [(p["name"], p["kind"]) for p in method["parameters"]]
@@ -127,7 +140,7 @@ def test_the_fake_tokenizer_takes_the_release_s_parameters(api):
 
 
 def test_the_fake_engine_takes_the_release_s_prompt_schemas(api):
-    from tests.unit.test_llm_backends import FakeLLMEngine
+    from tests.vllm_fake import FakeLLMEngine
 
     schemas = api["prompt_schemas"]
     assert FakeLLMEngine.TOKENS_PROMPT == {f["name"] for f in schemas["TokensPrompt"]}
@@ -140,7 +153,7 @@ def test_the_backend_s_prompts_follow_the_release_s_schemas(api, monkeypatch, tm
     import numpy as np
     import torch
 
-    from tests.unit.test_llm_backends import FakeLLMEngine, FakeTokenizer, model_folder
+    from tests.vllm_fake import FakeLLMEngine, FakeTokenizer, SamplingParams, model_folder
 
     engine = FakeLLMEngine()
 
@@ -152,8 +165,7 @@ def test_the_backend_s_prompts_follow_the_release_s_schemas(api, monkeypatch, tm
         def get_tokenizer(self):
             return FakeTokenizer()
 
-    sampling = lambda **kwargs: types.SimpleNamespace(kwargs=kwargs)  # noqa: E731
-    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=sampling))
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams))
     config = VLLMConfig(model=str(model_folder(tmp_path / "m")), enable_prompt_embeds=True)
     llm = create_llm(LLMConfig(backend="vllm", vllm=config))
     llm.generate([[{"role": "user", "content": "q"}]], GenParams(max_tokens=1))

@@ -1,0 +1,240 @@
+"""VLLMBackend on a fake engine that follows vLLM's V1 engine (tests/vllm_fake.py): parameters, parallel sampling,
+the deadline's abort, prompt refusal and R2AG's prompt embeddings."""
+
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from models.config import LLMConfig, VLLMConfig
+from models.llm.base import DEADLINE, LENGTH, STOP, BackendUnavailable, GenParams, create_llm, cut_short
+from models.llm.vllm import load_input_embeddings
+from tests.vllm_fake import FakeLLMEngine, RequestOutputKind, SamplingParams, install, model_folder
+from utils.deadline import Deadline
+
+HI = [{"role": "user", "content": "hi"}]
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+class Clock:
+    """A clock that the fake engine advances by one second per step."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def tick(self) -> None:
+        self.now += 1.0
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    return install(monkeypatch)
+
+
+def drain(engine: FakeLLMEngine) -> list:
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs.extend(engine.step())
+    return outputs
+
+
+# The fake engine itself: vLLM's parallel-sampling semantics, so that the backend's tests mean something.
+
+def test_each_output_of_a_parent_carries_one_child_and_a_finished_child_is_not_sent_again():
+    engine = FakeLLMEngine(words=1)
+    engine.add_request("r", {"prompt_token_ids": [1, 2]}, SamplingParams(n=3, temperature=0.7, max_tokens=8))
+    outputs = drain(engine)
+    assert all(output.request_id == "r" and len(output.outputs) == 1 for output in outputs)
+    finished = [(o.outputs[0].index, o.outputs[0].text) for o in outputs if o.outputs[0].finish_reason]
+    assert finished == [(0, " out"), (1, " red red"), (2, " sun sun sun")]  # each once
+    assert [o.finished for o in outputs][-1] and not any(o.finished for o in outputs[:-1])
+
+
+def test_delta_outputs_carry_only_the_new_tokens():
+    engine = FakeLLMEngine(words=2)
+    engine.add_request("r", {"prompt_token_ids": [1]},
+                       SamplingParams(n=2, temperature=0.7, max_tokens=8, logprobs=0,
+                                      output_kind=RequestOutputKind.DELTA))
+    texts: dict[int, str] = {}
+    for output in drain(engine):
+        (choice,) = output.outputs
+        assert len(choice.token_ids) == len(choice.logprobs) == 1
+        texts[choice.index] = texts.get(choice.index, "") + choice.text
+    assert texts == {0: " out out", 1: " red red red"}
+
+
+def test_final_only_emits_all_children_at_once_and_nothing_before():
+    engine = FakeLLMEngine(words=1)
+    engine.add_request("r", {"prompt_token_ids": [1]},
+                       SamplingParams(n=3, temperature=0.7, output_kind=RequestOutputKind.FINAL_ONLY))
+    (output,) = drain(engine)
+    assert output.finished and [c.text for c in output.outputs] == [" out", " red red", " sun sun sun"]
+    engine.add_request("s", {"prompt_token_ids": [1]},
+                       SamplingParams(n=3, temperature=0.7, output_kind=RequestOutputKind.FINAL_ONLY))
+    assert engine.step() + engine.step() == []  # two children done, none emitted: an abort now would lose them
+
+
+def test_aborting_a_parent_aborts_its_children():
+    engine = FakeLLMEngine(words=5)
+    engine.add_request("r", {"prompt_token_ids": [1]}, SamplingParams(n=3, temperature=0.7))
+    engine.step()
+    engine.abort_request(["r"])
+    assert not engine.has_unfinished_requests() and engine.step() == []
+
+
+def test_the_sampled_token_is_in_its_step_s_log_probabilities_whatever_its_rank():
+    engine = FakeLLMEngine(words=1)
+    engine.add_request("r", {"prompt_token_ids": [1]}, SamplingParams(n=2, temperature=0.7, logprobs=1))
+    choices = {o.outputs[0].index: o.outputs[0] for o in drain(engine)}
+    first, second = choices[0].logprobs[0], choices[1].logprobs[0]
+    assert {t: (lp.rank, lp.logprob) for t, lp in first.items()} == {100: (1, -0.1)}
+    assert {t: (lp.rank, lp.logprob) for t, lp in second.items()} == {8: (1, -0.05), 101: (2, -0.2)}
+
+
+def test_the_fake_sampling_params_refuse_what_vllm_refuses():
+    with pytest.raises(ValueError, match="n must be 1 when using greedy sampling"):
+        SamplingParams(n=3, temperature=0.0)
+    with pytest.raises(ValueError, match="max_tokens must be at least 1"):
+        SamplingParams(max_tokens=0)
+    assert SamplingParams(n=2, temperature=0.5, seed=7).child(1).kwargs == {"n": 1, "temperature": 0.5, "seed": 8}
+
+
+# The backend.
+
+def test_vllm_backend_maps_config_and_params(fake_vllm):
+    config = LLMConfig(backend="vllm", vllm=VLLMConfig(model="/w/llama", tensor_parallel_size=4,
+                                                       quantization="gptq", dtype="float16"))
+    llm = create_llm(config)
+    assert fake_vllm["init"]["tensor_parallel_size"] == 4 and fake_vllm["init"]["quantization"] == "gptq"
+    assert fake_vllm["init"]["enable_prompt_embeds"] is False
+    out = llm.generate([HI, HELLO], GenParams(max_tokens=2, temperature=0.7, n=3, stop=["X"], seed=5))
+    assert out == [["out out", "red red", "sun sun"]] * 2 and cut_short(out[0][0]) == LENGTH
+    engine, tokenizer = fake_vllm["engine"], fake_vllm["tokenizer"]
+    ids = [tokenizer.encode(text, add_special_tokens=False) for text in ("<s> user: hi assistant:",
+                                                                        "<s> user: hello assistant:")]
+    assert [prompt for _, prompt, _ in engine.added] == [{"prompt_token_ids": ids[0]}, {"prompt_token_ids": ids[1]}]
+    assert ids[0][0] == 1 and ids[0].count(1) == 1  # one BOS: the template's, none added
+    assert engine.added[0][2] == {"n": 3, "temperature": 0.7, "max_tokens": 2, "stop": ["X"], "seed": 5,
+                                  "logprobs": None}
+    assert len({request_id for request_id, _, _ in engine.added}) == 2 and out[0][0].top_logprobs == ()
+    scored = llm.generate([HI, HELLO], GenParams(max_tokens=1, top_logprobs=2))
+    assert engine.added[-1][2]["logprobs"] == 2 and scored[0][0].top_logprobs == ({" out": -0.1, " in": -2.5},)
+    assert llm.generate([HI, HELLO], GenParams(deadline=Deadline(0))) == [[], []]
+    assert len({request_id for request_id, _, _ in engine.added}) == 4  # ids are never reused
+    assert not hasattr(llm, "generate_with_embeddings")  # R2AG prompt mode falls back (models/system.py)
+
+
+@pytest.mark.parametrize("n", [1, 3, 5])
+def test_every_sample_of_n_comes_back_in_order_with_its_own_finish_reason(monkeypatch, n):
+    """vLLM runs n > 1 as n child requests, each output carrying one child's completion: the backend returns
+    all n (child k says its word 2 + k times, or stops at max_tokens 4), with each child's log-probabilities."""
+    built = install(monkeypatch, FakeLLMEngine(words=2))
+    llm = create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model="/w/llama")))
+    ((*samples,), (*others,)) = llm.generate([HI, HELLO], GenParams(max_tokens=4, temperature=0.7, n=n,
+                                                                    top_logprobs=1))
+    expected = ["out out", "red red red", "sun sun sun sun", "ice ice ice ice", "owl owl owl owl"][:n]
+    assert samples == others == expected
+    assert [s.finish_reason for s in samples] == [STOP, STOP, LENGTH, LENGTH, LENGTH][:n]
+    assert samples[0].top_logprobs == ({" out": -0.1},) * 2
+    if n > 1:
+        assert samples[1].top_logprobs == ({" at": -0.05, " red": -0.2},) * 3
+    assert not built["engine"].has_unfinished_requests()
+
+
+def test_at_the_deadline_finished_children_are_kept_and_the_rest_cut_short(monkeypatch, caplog_loguru):
+    """Children 0 and 1 finish before the deadline (steps 1 and 2, one second each); child 2 is aborted through
+    its parent and keeps its text so far as DEADLINE, which the stages read as cut short."""
+    clock = Clock()
+    built = install(monkeypatch, FakeLLMEngine(words=1, on_step=clock.tick))
+    llm = create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model="/w/llama")))
+    out = llm.generate([HI, HELLO], GenParams(max_tokens=10, temperature=0.7, n=3, deadline=Deadline(1.5, clock)))
+    assert out == [["out", "red red", "sun sun"]] * 2
+    assert [s.finish_reason for s in out[0]] == [STOP, STOP, DEADLINE] and cut_short(out[0][2]) == DEADLINE
+    engine = built["engine"]
+    assert engine.steps == 2 and engine.aborted == ["crag-0", "crag-1"] and not engine.has_unfinished_requests()
+    assert "deadline reached: 2 of 2 requests aborted" in caplog_loguru.text
+
+
+def test_vllm_a_prompt_the_engine_refuses_costs_its_conversation_only(fake_vllm, caplog_loguru):
+    llm = create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model="/w/llama", max_model_len=8)))
+    long = [{"role": "user", "content": " ".join(["word"] * 20)}]
+    out = llm.generate([[{"role": "user", "content": "hi"}], long], GenParams(max_tokens=3))
+    assert out == [["out out out"], []] and len(fake_vllm["engine"].added) == 1
+    assert "vllm refused prompt crag-1: The decoder prompt (length 23) is longer" in caplog_loguru.text
+
+
+def test_vllm_r2ag_sends_whole_prompts_as_input_embeddings(fake_vllm, tmp_path):
+    """Placeholders are cut out of the template's text, the pieces tokenized and looked up in the folder's input
+    embeddings, and each placeholder's position takes its retrieval vector; no placeholder: token ids."""
+    folder = model_folder(tmp_path / "llama")
+    llm = create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model=str(folder), enable_prompt_embeds=True)))
+    assert fake_vllm["init"]["enable_prompt_embeds"] is True and llm.hidden_size == 8
+    mark = llm.retrieval_placeholder()
+    vectors = np.arange(16, dtype=np.float32).reshape(2, 8) / 8
+    conversations = [[{"role": "system", "content": "answer"}, {"role": "user", "content": f"a {mark}b c {mark}"}],
+                     [{"role": "user", "content": "no references"}]]
+    out = llm.generate_with_embeddings(conversations, [vectors, np.zeros((0, 8))], GenParams(max_tokens=3))
+    assert out == [["out out out"]] * 2
+    (_, first, _), (_, second, _) = fake_vllm["engine"].added
+    tokenizer = fake_vllm["tokenizer"]
+    assert second == {"prompt_token_ids": tokenizer.apply_chat_template(conversations[1], add_generation_prompt=True,
+                                                                        tokenize=True)}
+    assert set(first) == {"prompt_embeds"}
+    embeds = first["prompt_embeds"]
+    pieces = ["<s> system: answer user: a", "b c", "assistant:"]
+    ids = [tokenizer.encode(piece, add_special_tokens=False) for piece in pieces]
+    table = load_input_embeddings(folder)
+    assert embeds.dtype == torch.bfloat16 and embeds.shape == (len(ids[0]) + 1 + len(ids[1]) + 1 + len(ids[2]), 8)
+    slots = [len(ids[0]), len(ids[0]) + 1 + len(ids[1])]
+    assert torch.equal(embeds[slots], torch.from_numpy(vectors).to(torch.bfloat16))
+    kept = [i for i in range(len(embeds)) if i not in slots]
+    assert torch.equal(embeds[kept], table[[t for piece in ids for t in piece]])
+
+
+def test_vllm_r2ag_checks_counts_widths_and_the_folder(fake_vllm, tmp_path):
+    folder = model_folder(tmp_path / "sharded", hidden=6, shards=2)
+    llm = create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model=str(folder), enable_prompt_embeds=True,
+                                                               dtype="float16")))
+    assert llm.hidden_size == 6  # found through the index, in the second shard
+    conversation = [[{"role": "user", "content": f"x {llm.retrieval_placeholder()}"}]]
+    with pytest.raises(ValueError, match="1 retrieval placeholders in the prompt, 2 embeddings"):
+        llm.generate_with_embeddings(conversation, [np.ones((2, 6))], GenParams())
+    with pytest.raises(ValueError, match=r"shape \(1, 4\), the model's hidden size is 6"):
+        llm.generate_with_embeddings(conversation, [np.ones((1, 4))], GenParams())
+    with pytest.raises(ValueError, match="1 retrieval placeholders in the prompt, 0 embeddings"):
+        llm.generate_with_embeddings(conversation, [np.zeros((0, 6))], GenParams())
+    llm.generate_with_embeddings(conversation, [np.ones((1, 6))], GenParams(max_tokens=1))
+    assert fake_vllm["engine"].added[-1][1]["prompt_embeds"].dtype == torch.float16  # the configured dtype
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text("{}")
+    fake_vllm.pop("init")
+    with pytest.raises(BackendUnavailable, match="no model.embed_tokens.weight in its safetensors"):
+        create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model=str(bare), enable_prompt_embeds=True)))
+    assert "init" not in fake_vllm  # refused before the engine starts
+
+
+def test_the_fake_engine_refuses_embeddings_unless_enabled(fake_vllm, tmp_path):
+    """The release's check, so that a backend that forgot to pass enable_prompt_embeds fails here."""
+    engine = FakeLLMEngine()
+    engine.engine_args = {"model": str(model_folder(tmp_path / "m"))}
+    params = SamplingParams(max_tokens=1)
+    with pytest.raises(ValueError, match="You must set `--enable-prompt-embeds`"):
+        engine.add_request("r", {"prompt_embeds": torch.zeros(3, 8)}, params)
+    engine.engine_args["enable_prompt_embeds"] = True
+    with pytest.raises(RuntimeError, match="hidden size 8"):
+        engine.add_request("r", {"prompt_embeds": torch.zeros(3, 5)}, params)
+    engine.add_request("r", {"prompt_embeds": torch.zeros(1, 3, 8)}, params)
+    assert engine.has_unfinished_requests()
+
+
+def test_vllm_missing_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(BackendUnavailable, match="vllm is not installed"):
+        create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model="x")))
+
+
