@@ -21,16 +21,25 @@ class Sample(str):
     """A generated text that knows why generation ended: STOP (end of sequence or a stop string), LENGTH
     (max_tokens reached) or DEADLINE (cut by the batch deadline). A plain str counts as STOP.
 
-    `top_logprobs` holds, for each generated token, the `GenParams.top_logprobs` most likely tokens with their
-    log-probabilities, where they were asked for and the backend gives them; else it is empty."""
+    Where they were asked for (`GenParams.logprobs`, `GenParams.top_logprobs`) and the backend gives them:
+    `tokens` and `token_logprobs` are the generated tokens (text, in order, before the text was cut at a stop
+    string and stripped) and each one's log-probability; `top_logprobs` holds, for each generated token, the
+    `GenParams.top_logprobs` most likely tokens with their log-probabilities. Else they are empty."""
 
     finish_reason: str
     top_logprobs: TopLogprobs
+    tokens: tuple[str, ...]
+    token_logprobs: tuple[float, ...]
 
-    def __new__(cls, text: str, finish_reason: str = STOP, top_logprobs: TopLogprobs = ()) -> Sample:
+    def __new__(cls, text: str, finish_reason: str = STOP, top_logprobs: TopLogprobs = (),
+                tokens: tuple[str, ...] = (), token_logprobs: tuple[float, ...] = ()) -> Sample:
+        if len(tokens) != len(token_logprobs):
+            raise ValueError(f"{len(tokens)} tokens, {len(token_logprobs)} log-probabilities")
         sample = super().__new__(cls, text)
         sample.finish_reason = finish_reason
         sample.top_logprobs = top_logprobs
+        sample.tokens = tuple(tokens)
+        sample.token_logprobs = tuple(token_logprobs)
         return sample
 
 
@@ -56,6 +65,7 @@ class GenParams:
     seed: int | None = None
     deadline: Deadline | None = None
     top_logprobs: int = 0  # ask for the k most likely tokens at each step (Sample.top_logprobs); 0: none
+    logprobs: bool = False  # ask for the generated tokens and their log-probabilities (Sample.tokens, token_logprobs)
 
 
 class LLM(Protocol):

@@ -359,7 +359,8 @@ class HFBackend:
         if self._retrieval_id is not None:
             extra["suppress_tokens"] = [self._retrieval_id]
         clock = _DeadlineClock(params.deadline, self._step_s, self._prefill_tps, self._now)
-        if params.top_logprobs:  # the raw logits of every step, to give each row's most likely tokens
+        scored = params.logprobs or params.top_logprobs > 0
+        if scored:  # the raw logits of every step: the generated tokens' log-probabilities and the most likely ones
             extra.update(return_dict_in_generate=True, output_logits=True)
         rows, width = inputs["attention_mask"].shape
         if "input_ids" in inputs and params.deadline is not None:  # read in chunks the deadline can stop between
@@ -382,18 +383,18 @@ class HFBackend:
             hook.remove()
         self._step_s = clock.step_s
         self._learn_prefill_rate(rows * width * n_run, clock.first_token_s)  # padded, read once per sample
-        generated = output.sequences if params.top_logprobs else output
+        generated = output.sequences if scored else output
         # From input ids, generate returns prompt and continuation; from input embeddings, the continuation only.
         prompt_length = inputs["input_ids"].shape[1] if "input_ids" in inputs else 0
         continuation = generated[:, prompt_length:]
         texts = self.tokenizer.batch_decode(continuation, skip_special_tokens=True)
         ran_out = LENGTH if continuation.shape[1] >= params.max_tokens else DEADLINE  # else the clock stopped it
         ends = self._end_ids()
-        alternatives = self._top_logprobs(output.logits, continuation, ends, params.top_logprobs) \
-            if params.top_logprobs else [()] * len(texts)
+        scores = self._logprobs(output.logits, continuation, ends, params.top_logprobs) if scored \
+            else [((), (), ())] * len(texts)
         samples = [Sample(cut_at_stop(text, params.stop).strip(),
                           STOP if bool(torch.isin(row, ends).any()) or any(s and s in text for s in params.stop)
-                          else ran_out, top) for text, row, top in zip(texts, continuation, alternatives)]
+                          else ran_out, *score) for text, row, score in zip(texts, continuation, scores)]
         return [samples[i * n_run:(i + 1) * n_run] * (params.n // n_run) for i in range(size)]
 
     def _learn_prefill_rate(self, tokens: int, seconds: float | None) -> None:
@@ -405,17 +406,23 @@ class HFBackend:
         rate = tokens / max(seconds, 1e-6)
         self._prefill_tps = rate if rate < self._prefill_tps else 0.5 * (self._prefill_tps + rate)
 
-    def _top_logprobs(self, logits: tuple[torch.Tensor, ...], continuation: torch.Tensor, ends: torch.Tensor,
-                      k: int) -> list[TopLogprobs]:
-        """Per row, for each token up to the row's end: the k most likely tokens (decoded) and their
-        log-probabilities under the model's raw distribution."""
-        steps = torch.stack(logits, dim=1).float().log_softmax(dim=-1).topk(k, dim=-1)  # rows x steps x k
+    def _logprobs(self, logits: tuple[torch.Tensor, ...], continuation: torch.Tensor, ends: torch.Tensor,
+                  k: int) -> list[tuple[TopLogprobs, tuple[str, ...], tuple[float, ...]]]:
+        """Per row, for each token up to the row's end, under the model's raw distribution (log-softmax of the
+        logits, before temperature): the k most likely tokens (decoded) with their log-probabilities, and the
+        generated token (decoded) with its own, which sampling need not have taken from the top k."""
+        steps = torch.stack(logits, dim=1).float().log_softmax(dim=-1)  # rows x steps x vocabulary
+        own = steps.gather(-1, continuation[:, :steps.shape[1]].unsqueeze(-1)).squeeze(-1).tolist()
+        top = steps.topk(k, dim=-1) if k else None
         rows = []
-        for row, values, ids in zip(continuation, steps.values.tolist(), steps.indices.tolist()):
+        for index, row in enumerate(continuation):
             ended = torch.isin(row, ends).nonzero()
-            length = int(ended[0]) + 1 if len(ended) else len(values)
-            rows.append(tuple({self.tokenizer.decode([i]): v for i, v in zip(step_ids, step_values)}
-                              for step_ids, step_values in zip(ids[:length], values[:length])))
+            length = min(int(ended[0]) + 1 if len(ended) else steps.shape[1], steps.shape[1])
+            alternatives = () if top is None else tuple(
+                {self.tokenizer.decode([i]): v for i, v in zip(ids, values)}
+                for ids, values in zip(top.indices[index, :length].tolist(), top.values[index, :length].tolist()))
+            tokens = tuple(self.tokenizer.decode([i]) for i in row[:length].tolist())
+            rows.append((alternatives, tokens, tuple(own[index][:length])))
         return rows
 
     def _end_ids(self) -> torch.Tensor:

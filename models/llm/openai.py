@@ -92,8 +92,8 @@ class OpenAIBackend:
             # Servers that offer log-probabilities (vLLM, OpenAI) return them; transformers serve ignores the
             # fields; a server that refuses them (HTTP 400 or 422 naming them) is asked again without, and never again
             # with them.
-            logprobs = ({"logprobs": True, "top_logprobs": params.top_logprobs}
-                        if params.top_logprobs and not self.logprobs_refused else {})
+            logprobs = ({"logprobs": True, **({"top_logprobs": params.top_logprobs} if params.top_logprobs else {})}
+                        if (params.logprobs or params.top_logprobs) and not self.logprobs_refused else {})
             try:
                 reply = self._post(timeout, model=self.config.model, messages=messages, max_tokens=params.max_tokens,
                                    temperature=params.temperature, n=n, stop=params.stop or None, seed=params.seed,
@@ -103,7 +103,7 @@ class OpenAIBackend:
                     logger.warning("{} returned {} of {} samples for one request: it ignores n; set "
                                    "llm.openai.native_n: false", self.config.base_url, len(reply), n)
                 return [Sample(cut_at_stop(choice["text"], params.stop).strip(), choice["finish_reason"],
-                               choice["top_logprobs"]) for choice in reply]
+                               choice["top_logprobs"], choice["tokens"], choice["token_logprobs"]) for choice in reply]
             except (openai.BadRequestError, openai.UnprocessableEntityError) as err:
                 if not logprobs or "logprob" not in str(err).lower():
                     raise NoReply(f"refused ({type(err).__name__}: {_short(err)})") from None
@@ -157,7 +157,8 @@ class OpenAIBackend:
 
 
 def read_choices(body: bytes) -> list[dict]:
-    """The choices of a chat completion body, each {"text", "finish_reason" (STOP or LENGTH), "top_logprobs"};
+    """The choices of a chat completion body, each {"text", "finish_reason" (STOP or LENGTH), "top_logprobs",
+    "tokens", "token_logprobs"};
     ReplyRefused for a body that is not JSON or has no list of choices. A choice without a message reads as
     empty text (the stages treat it as no answer)."""
     try:
@@ -173,7 +174,8 @@ def read_choices(body: bytes) -> list[dict]:
         content = message.get("content")
         choices.append({"text": content if isinstance(content, str) else "",
                         "finish_reason": LENGTH if choice.get("finish_reason") == "length" else STOP,
-                        "top_logprobs": top_logprobs(choice.get("logprobs"))})
+                        "top_logprobs": top_logprobs(choice.get("logprobs")),
+                        **dict(zip(("tokens", "token_logprobs"), chosen(choice.get("logprobs"))))})
     return choices
 
 
@@ -187,3 +189,13 @@ def top_logprobs(logprobs: object) -> TopLogprobs:
                   if isinstance(alt, dict) and isinstance(alt.get("token"), str)
                   and isinstance(alt.get("logprob"), (int, float))}
                  for token in content if isinstance(token, dict))
+
+
+def chosen(logprobs: object) -> tuple[tuple[str, ...], tuple[float, ...]]:
+    """A choice's generated tokens (`logprobs.content[i].token`) and their own log-probabilities
+    (`.logprob`); empty where the server sent none, or any entry is malformed."""
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not isinstance(content, list) or not all(isinstance(t, dict) and isinstance(t.get("token"), str)
+                                                and isinstance(t.get("logprob"), (int, float)) for t in content):
+        return (), ()
+    return tuple(t["token"] for t in content), tuple(float(t["logprob"]) for t in content)

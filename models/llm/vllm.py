@@ -117,7 +117,8 @@ class VLLMBackend:
     def sampling_params(self, params: GenParams):
         return self._vllm.SamplingParams(n=params.n, temperature=params.temperature, max_tokens=params.max_tokens,
                                          stop=params.stop or None, seed=params.seed,
-                                         logprobs=params.top_logprobs or None)
+                                         logprobs=params.top_logprobs if params.logprobs or params.top_logprobs
+                                         else None)
 
     def generate(self, conversations: list[Conversation], params: GenParams) -> list[list[str]]:
         """Prompts are the tokenizer's chat template, as token ids (a string would get a second BOS)."""
@@ -178,8 +179,8 @@ class VLLMBackend:
                 samples.setdefault(output.request_id, {}).update((c.index, c) for c in output.outputs)
                 if output.finished:
                     finished.add(output.request_id)
-        return [[Sample(choice.text.strip(), _finish(choice), top_logprobs(choice.logprobs))
-                 for _, choice in sorted(samples.get(i, {}).items())] for i in ids]
+        return [[Sample(choice.text.strip(), _finish(choice), top_logprobs(choice.logprobs, params.top_logprobs),
+                        *chosen(choice)) for _, choice in sorted(samples.get(i, {}).items())] for i in ids]
 
 
 def _expired(params: GenParams, count: int) -> bool:
@@ -196,8 +197,18 @@ def _finish(choice) -> str:
     return LENGTH if choice.finish_reason == "length" else STOP
 
 
-def top_logprobs(steps) -> TopLogprobs:
-    """vLLM's per-token alternatives ({token id: Logprob(logprob, rank, decoded_token)}, or None where not
-    asked for) as token text -> log-probability."""
-    return tuple({alt.decoded_token: alt.logprob for alt in step.values() if alt.decoded_token is not None}
-                 for step in steps or ())
+def top_logprobs(steps, k: int) -> TopLogprobs:
+    """vLLM's per-token entries ({token id: Logprob(logprob, rank, decoded_token)}, or None where not asked for)
+    as the k most likely tokens' text -> log-probability (an entry also holds the sampled token, whatever its
+    rank: vllm/v1/engine/logprobs.py)."""
+    return tuple({alt.decoded_token: alt.logprob for alt in step.values()
+                  if alt.decoded_token is not None and alt.rank is not None and alt.rank <= k}
+                 for step in steps or ()) if k else ()
+
+
+def chosen(choice) -> tuple[tuple[str, ...], tuple[float, ...]]:
+    """The generated tokens' text and log-probabilities: each step's entry for the sampled token id."""
+    if not choice.logprobs:
+        return (), ()
+    entries = [step[token] for token, step in zip(choice.token_ids, choice.logprobs) if token in step]
+    return tuple(e.decoded_token or "" for e in entries), tuple(float(e.logprob) for e in entries)

@@ -122,8 +122,29 @@ def test_openai_returns_the_log_probabilities_a_server_offers():
         server.close()
     assert sample == "Correct. same person" and len(sample.top_logprobs) == 3
     assert sample.top_logprobs[0] == pytest.approx({"Correct.": math.log(0.9), " Incorrect": math.log(0.08)})
+    assert sample.tokens == ("Correct.", "same", "person")
+    assert sample.token_logprobs == pytest.approx((math.log(0.9),) * 3)
     assert server.requests[0]["body"]["top_logprobs"] == 2 and "logprobs" not in server.requests[1]["body"]
-    assert plain.top_logprobs == ()
+    assert plain.top_logprobs == plain.tokens == plain.token_logprobs == ()
+
+
+def test_openai_gives_each_generated_token_s_own_log_probability_whatever_its_rank():
+    """`logprobs: true` alone (no top_logprobs): content[i].logprob is the generated token's, also where a
+    sampled token was not the most likely."""
+    unlikely = ChatServer(answer_with=lambda body: "Incorrect",
+                          logprobs_with=lambda word, body: [("Correct", -0.2), (word, -1.9)])
+    ignoring = ChatServer(answer_with=lambda body: "Incorrect", kind="transformers")
+    try:
+        (sample,), = _backend(unlikely.url).generate([[{"role": "user", "content": "q"}]],
+                                                     GenParams(temperature=0.7, logprobs=True))
+        (ignored,), = _backend(ignoring.url).generate([[{"role": "user", "content": "q"}]], GenParams(logprobs=True))
+    finally:
+        unlikely.close()
+        ignoring.close()
+    body = unlikely.requests[0]["body"]
+    assert body["logprobs"] is True and "top_logprobs" not in body
+    assert (sample.tokens, sample.token_logprobs, sample.top_logprobs) == (("Incorrect",), (-1.9,), ({},))
+    assert ignored == "Incorrect" and ignored.tokens == ignored.token_logprobs == ()
 
 
 def test_openai_without_log_probabilities_answers_from_the_text(caplog_loguru):

@@ -121,10 +121,14 @@ def test_vllm_backend_maps_config_and_params(fake_vllm):
     assert engine.added[0][2] == {"n": 3, "temperature": 0.7, "max_tokens": 2, "stop": ["X"], "seed": 5,
                                   "logprobs": None}
     assert len({request_id for request_id, _, _ in engine.added}) == 2 and out[0][0].top_logprobs == ()
+    assert out[0][0].tokens == out[0][0].token_logprobs == ()  # not asked for
+    chosen = llm.generate([HI], GenParams(max_tokens=2, logprobs=True))[0][0]
+    assert engine.added[-1][2]["logprobs"] == 0 and chosen.top_logprobs == ()
+    assert (chosen.tokens, chosen.token_logprobs) == ((" out", " out"), (-0.1, -0.1))
     scored = llm.generate([HI, HELLO], GenParams(max_tokens=1, top_logprobs=2))
     assert engine.added[-1][2]["logprobs"] == 2 and scored[0][0].top_logprobs == ({" out": -0.1, " in": -2.5},)
     assert llm.generate([HI, HELLO], GenParams(deadline=Deadline(0))) == [[], []]
-    assert len({request_id for request_id, _, _ in engine.added}) == 4  # ids are never reused
+    assert len({request_id for request_id, _, _ in engine.added}) == 5  # ids are never reused
     assert not hasattr(llm, "generate_with_embeddings")  # R2AG prompt mode falls back (models/system.py)
 
 
@@ -140,8 +144,10 @@ def test_every_sample_of_n_comes_back_in_order_with_its_own_finish_reason(monkey
     assert samples == others == expected
     assert [s.finish_reason for s in samples] == [STOP, STOP, LENGTH, LENGTH, LENGTH][:n]
     assert samples[0].top_logprobs == ({" out": -0.1},) * 2
-    if n > 1:
-        assert samples[1].top_logprobs == ({" at": -0.05, " red": -0.2},) * 3
+    assert (samples[0].tokens, samples[0].token_logprobs) == ((" out",) * 2, (-0.1,) * 2)
+    if n > 1:  # sampled, child 1 chose the second most likely token: not in its top 1, still its own log-prob
+        assert samples[1].top_logprobs == ({" at": -0.05},) * 3
+        assert (samples[1].tokens, samples[1].token_logprobs) == ((" red",) * 3, (-0.2,) * 3)
     assert not built["engine"].has_unfinished_requests()
 
 
