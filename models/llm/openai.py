@@ -42,6 +42,7 @@ class OpenAIBackend:
                                     max_retries=0, timeout=config.request_timeout_s)
         self.logprobs_refused = False  # the server answered a request for log-probabilities with HTTP 400
         self.n_ignored = False  # the server answered a request for n samples with fewer (said once)
+        self.logprobs_ignored = False  # the server answered a request for log-probabilities without them (said once)
         logger.info("openai backend: model {} at {}", config.model, config.base_url)
 
     def probe(self) -> None:
@@ -102,6 +103,9 @@ class OpenAIBackend:
                     self.n_ignored = True
                     logger.warning("{} returned {} of {} samples for one request: it ignores n; set "
                                    "llm.openai.native_n: false", self.config.base_url, len(reply), n)
+                if logprobs and reply and not any(choice["tokens"] for choice in reply) and not self.logprobs_ignored:
+                    self.logprobs_ignored = True  # transformers serve ignores the fields
+                    logger.warning("{} gives no log-probabilities: the samples carry none", self.config.base_url)
                 return [Sample(cut_at_stop(choice["text"], params.stop).strip(), choice["finish_reason"],
                                choice["top_logprobs"], choice["tokens"], choice["token_logprobs"]) for choice in reply]
             except (openai.BadRequestError, openai.UnprocessableEntityError) as err:

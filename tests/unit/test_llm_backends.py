@@ -128,7 +128,7 @@ def test_openai_returns_the_log_probabilities_a_server_offers():
     assert plain.top_logprobs == plain.tokens == plain.token_logprobs == ()
 
 
-def test_openai_gives_each_generated_token_s_own_log_probability_whatever_its_rank():
+def test_openai_gives_each_generated_token_s_own_log_probability_whatever_its_rank(caplog_loguru):
     """`logprobs: true` alone (no top_logprobs): content[i].logprob is the generated token's, also where a
     sampled token was not the most likely."""
     unlikely = ChatServer(answer_with=lambda body: "Incorrect",
@@ -145,6 +145,7 @@ def test_openai_gives_each_generated_token_s_own_log_probability_whatever_its_ra
     assert body["logprobs"] is True and "top_logprobs" not in body
     assert (sample.tokens, sample.token_logprobs, sample.top_logprobs) == (("Incorrect",), (-1.9,), ({},))
     assert ignored == "Incorrect" and ignored.tokens == ignored.token_logprobs == ()
+    assert caplog_loguru.text.count("gives no log-probabilities") == 1
 
 
 def test_openai_without_log_probabilities_answers_from_the_text(caplog_loguru):
