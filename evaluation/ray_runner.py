@@ -158,8 +158,9 @@ class Replica:
     """One UserModel in a Ray actor, built by `factory()`; asked for one batch at a time, its deadline measured here.
     Its replies are ("ok", value) or ("error", one line): the driver raises the error as the local run would."""
 
-    def __init__(self, factory: Callable[[], Any], log_level: str) -> None:
+    def __init__(self, factory: Callable[[], Any], log_level: str, clock: Callable[[], float]) -> None:
         _log_at(log_level)
+        self.clock = clock
         started = time.perf_counter()
         self.model, self.error = None, None
         try:
@@ -182,7 +183,8 @@ class Replica:
         """("ok", (answers, trace, seconds, timed_out, next batch size)). Past `limit_s` it replies at once with
         timed_out set, leaving the late call running: the driver then restarts this actor."""
         try:
-            answers, seconds, timed_out = call_with_limit(self.model, batch, limit_s, wait_late=False)
+            answers, seconds, timed_out = call_with_limit(self.model, batch, limit_s, wait_late=False,
+                                                          clock=self.clock)
             if timed_out:
                 return "ok", (None, [], seconds, True, None)
             trace = getattr(self.model, "last_batch_trace", []) or []
@@ -214,14 +216,16 @@ class Actor:
 class ReplicaPool:
     """The replicas of one run, started together and ended together (also on Ctrl-C)."""
 
-    def __init__(self, factory: Callable[[], Any], count: int, gpus: float, log_level: str, forward_env: bool) -> None:
+    def __init__(self, factory: Callable[[], Any], count: int, gpus: float, log_level: str, forward_env: bool,
+                 clock: Callable[[], float]) -> None:
         env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV)} if forward_env else {}
         remote = ray.remote(Replica)
         options = {"num_cpus": 1, "num_gpus": gpus, "max_restarts": -1, "max_task_retries": 0,
                    **({"runtime_env": {"env_vars": env}} if env else {})}
         token = uuid.uuid4().hex[:8]  # names are unique in a Ray namespace: two runs on one cluster do not clash
         names = [f"{ACTOR_PREFIX}-{token}-{i}" for i in range(count)]
-        self.actors = [Actor(remote.options(name=name, **options).remote(factory, log_level), name) for name in names]
+        self.actors = [Actor(remote.options(name=name, **options).remote(factory, log_level, clock), name)
+                       for name in names]
 
     def probe(self, actor: Actor) -> Any:
         """A ready() call that waits while Ray restarts the actor, and fails only once it is dead for good."""
@@ -240,15 +244,16 @@ class ReplicaPool:
 def run_on_ray(factory: Callable[[], Any], examples: Iterable[dict[str, Any]], predictions_path: Path,
                actors: int, gpus: float, per_query_s: float | None = 30.0,
                count: Callable[[Collection[str]], int] | None = None, log_level: str = "WARNING",
-               forward_env: bool = False) -> list[dict[str, Any]]:
+               forward_env: bool = False, clock: Callable[[], float] = time.monotonic) -> list[dict[str, Any]]:
     """run_model's records (every example once, in order; those of an earlier run kept), answered by `actors`
-    replicas built by `factory()`, each with `gpus` GPUs. No replica starts when every answer is there."""
+    replicas built by `factory()`, each with `gpus` GPUs and its batches' deadlines by `clock` (called in the
+    replica's process). No replica starts when every answer is there."""
     log = PredictionLog(predictions_path)
     queue = log.pending(examples)
     first = next(queue, None)
     if first is None:
         return log.records()
-    pool = ReplicaPool(factory, actors, gpus, log_level, forward_env)
+    pool = ReplicaPool(factory, actors, gpus, log_level, forward_env, clock)
     print(f"starting {actors} UserModel replicas on Ray ({gpus:g} GPU{'s' * (gpus != 1)} each)", file=sys.stderr)
     try:
         with log.appending(count=count):

@@ -18,7 +18,9 @@ from tqdm import tqdm
 from models.config import MAX_BATCH_SIZE
 from utils.answers import IDK
 from utils.batch import make_batch
+from utils.deadline import Deadline
 
+LOOK_S = 0.5  # how often a running batch's deadline is looked at
 RECORD_FIELDS = ("interaction_id", "query", "answer", "alt_answers", "domain", "question_type", "static_or_dynamic",
                  "popularity", "split")
 
@@ -50,15 +52,21 @@ def load_predictions(path: Path) -> dict[str, dict[str, Any]]:
 
 def save_judgements(path: Path, judged: list[dict[str, Any]]) -> None:
     """Write the judged records (verdicts, the judge's reasons, attribution) over their lines of `path`; the
-    lines of other questions stay as they are. The file is replaced at once, so a crash leaves the old one."""
+    lines of other questions stay as they are. The new file is written beside it (`.tmp`, read by nothing) and
+    renamed over it, so a crash at any point leaves the old one."""
     updates = {r["interaction_id"]: r for r in judged}
-    temporary = path.with_name(path.name + ".tmp")
-    with temporary.open("w", encoding="utf-8") as out:
-        for interaction_id, record in load_predictions(path).items():
-            out.write(json.dumps(updates.get(interaction_id, record), ensure_ascii=False) + "\n")
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(temporary, path)
+    records = load_predictions(path)
+    staged = path.with_name(path.name + ".tmp")  # one a crash left is written over
+    try:
+        with staged.open("w", encoding="utf-8") as out:
+            for interaction_id, record in records.items():
+                out.write(json.dumps(updates.get(interaction_id, record), ensure_ascii=False) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(staged, path)
+    except BaseException:  # the old file stays, and so would a half-written one beside it
+        staged.unlink(missing_ok=True)
+        raise
 
 
 def check_batch_size(size: Any) -> int:
@@ -84,18 +92,19 @@ def take(examples: Iterator[dict[str, Any]], count: int) -> list[dict[str, Any]]
     return [example for _, example in zip(range(count), examples)]
 
 
-def call_with_limit(model: Any, batch: dict[str, list[Any]], limit_s: float | None,
-                    wait_late: bool = True) -> tuple[Any, float, bool]:
+def call_with_limit(model: Any, batch: dict[str, list[Any]], limit_s: float | None, wait_late: bool = True,
+                    clock: Callable[[], float] = time.monotonic) -> tuple[Any, float, bool]:
     """(answers, seconds, timed_out) of model.batch_generate_answer(batch), run in a worker thread.
 
-    Past `limit_s` the batch counts as timed out, as the grader would count it. A thread cannot be stopped,
-    so the call is still awaited before the next batch starts (the model is not safe to call twice at once);
-    with `wait_late` False it is not, and answers is None: the caller ends the process instead (a Ray replica).
-    An exception of the call, KeyboardInterrupt included, is raised here. A model that offers its own
+    Answers that come past `limit_s` by `clock` count as timed out, as the grader would count them. A thread cannot
+    be stopped, so the call is still awaited before the next batch starts (the model is not safe to call twice at
+    once); with `wait_late` False it is not, and answers is None: the caller ends the process instead (a Ray
+    replica). An exception of the call, KeyboardInterrupt included, is raised here. A model that offers its own
     `call_with_limit` (evaluation.worker.ModelWorker: a child process it can stop) is asked to do it.
     """
     if hasattr(model, "call_with_limit"):
         return model.call_with_limit(batch, limit_s)
+    deadline = Deadline(limit_s, clock) if limit_s is not None else None
     outcome: dict[str, Any] = {}
 
     def call() -> None:
@@ -103,21 +112,26 @@ def call_with_limit(model: Any, batch: dict[str, list[Any]], limit_s: float | No
             outcome["answers"] = model.batch_generate_answer(batch)
         except BaseException as err:  # re-raised in the caller's thread below
             outcome["error"] = err
+        outcome["late"] = deadline is not None and deadline.expired()  # when the answers came, not when looked at
 
-    started = time.perf_counter()
+    started = clock()
     worker = threading.Thread(target=call, name="batch_generate_answer", daemon=True)
     worker.start()
-    worker.join(limit_s)
-    timed_out = worker.is_alive()
+    if deadline is None:
+        worker.join()
+    else:  # looked at every LOOK_S: the deadline holds by `clock`, which need not keep the pace of a sleep
+        while worker.is_alive() and not deadline.expired():
+            worker.join(min(deadline.remaining(), LOOK_S))
+    timed_out = worker.is_alive() or outcome.get("late", False)
     if timed_out:
         logger.warning("batch of {} exceeded its {:.0f} s limit; its answers count as timed out",
                        len(batch.get("query", [])), limit_s)
         if not wait_late:
-            return None, time.perf_counter() - started, True
+            return None, clock() - started, True
         worker.join()
     if "error" in outcome:
         raise outcome["error"]
-    return outcome.get("answers"), time.perf_counter() - started, timed_out
+    return outcome.get("answers"), clock() - started, timed_out
 
 
 class PredictionLog:
@@ -181,11 +195,12 @@ class PredictionLog:
 
 def run_model(model: Any, examples: Iterable[dict[str, Any]], predictions_path: Path,
               total: int | None = None, per_query_s: float | None = 30.0,
-              count: Callable[[Collection[str]], int] | None = None) -> list[dict[str, Any]]:
+              count: Callable[[Collection[str]], int] | None = None,
+              clock: Callable[[], float] = time.monotonic) -> list[dict[str, Any]]:
     """Records for every example, in order: loaded from an earlier run where present, else predicted now.
 
-    A batch gets batch size x `per_query_s` seconds (None: no limit); the queries of a batch over it are
-    recorded with `timed_out` and the answer "i don't know", whatever the model returned late.
+    A batch gets batch size x `per_query_s` seconds by `clock` (None: no limit); the queries of a batch over it
+    are recorded with `timed_out` and the answer "i don't know", whatever the model returned late.
     `total` and `count`: the progress bar's, as PredictionLog.appending takes them.
     """
     log = PredictionLog(predictions_path)
@@ -197,7 +212,7 @@ def run_model(model: Any, examples: Iterable[dict[str, Any]], predictions_path: 
     with log.appending(total, count):
         while batch := take(queue, check_batch_size(model.get_batch_size())):
             limit = len(batch) * per_query_s if per_query_s else None
-            answers, seconds, timed_out = call_with_limit(model, make_batch(batch), limit)
+            answers, seconds, timed_out = call_with_limit(model, make_batch(batch), limit, clock=clock)
             log.add(batch, checked_answers(answers, len(batch), timed_out), seconds, timed_out,
                     getattr(model, "last_batch_trace", []))
     return log.records()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,14 @@ from typing import Any
 from models.config import SystemConfig
 from models.system import CragSystem
 from tests.fakes import HashEmbedder, ScriptedLLM
+
+_stalled = threading.Event()  # set in the process of the replica that hangs
+
+
+def stall_clock() -> float:
+    """time.monotonic, a day on in the process of a replica once it hangs (Stalling): its batch is then past any
+    limit at once, and every other batch keeps the time it has by the wall."""
+    return time.monotonic() + (86_400.0 if _stalled.is_set() else 0.0)
 
 
 def scripted_model(config: SystemConfig) -> CragSystem:
@@ -19,7 +28,8 @@ def scripted_model(config: SystemConfig) -> CragSystem:
 
 class Stalling:
     """scripted_model, except that the first batch holding `stall_on` (in any replica: `marker` is the flag) writes
-    the name and pid of the Ray actor answering it to `marker` (two lines) and hangs for 5 minutes."""
+    the name and pid of the Ray actor answering it to `marker` (two lines) and hangs until its process is killed
+    (10 minutes at most, so that a broken tree fails rather than hangs)."""
 
     def __init__(self, config: SystemConfig, marker: Path, stall_on: str) -> None:
         self.model, self.marker, self.stall_on = scripted_model(config), marker, stall_on
@@ -43,7 +53,8 @@ class Stalling:
             except FileExistsError:
                 pass
             else:
-                time.sleep(300)
+                _stalled.set()
+                time.sleep(600)
         return self.model.batch_generate_answer(batch)
 
 

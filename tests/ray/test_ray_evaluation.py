@@ -18,9 +18,10 @@ import pytest
 ray = pytest.importorskip("ray", reason="Ray is not installed: `make ray` installs requirements-ray.txt")
 
 import local_evaluation  # noqa: E402
+from evaluation import ray_runner  # noqa: E402
 from models.config import REPO_ROOT  # noqa: E402
 from tests.conftest import AS_FROM_A_TERMINAL, SAMPLE, running  # noqa: E402
-from tests.ray.replicas import scripted_model, stalling_model  # noqa: E402
+from tests.ray.replicas import scripted_model, stall_clock, stalling_model  # noqa: E402
 
 SETTINGS = ["--set", "task=1", "--set", "attributes.method=none"]  # no KG server, no trained classifier
 SAMPLE_IDS = [json.loads(line)["interaction_id"] for line in SAMPLE.read_text(encoding="utf-8").splitlines()]
@@ -104,11 +105,11 @@ def test_killing_a_replica_mid_batch_loses_no_question_and_answers_none_twice(lo
     marker, stall_on = tmp_path / "stalled", SAMPLE_IDS[4]
     monkeypatch.setattr(local_evaluation, "user_model", functools.partial(stalling_model, marker, stall_on))
     killed: list[str] = []
+    finished = threading.Event()
 
     def kill_the_stalled_replica():  # the replica hanging in the batch of `stall_on`, while it answers it
-        end = time.monotonic() + 120
-        while not stalled(marker) and time.monotonic() < end:
-            time.sleep(0.05)
+        while not stalled(marker) and not finished.is_set():
+            time.sleep(0.05)  # how often it looks, nothing else
         if stalled(marker):
             killed.append(stalled(marker)[0])
             ray.kill(ray.get_actor(killed[0]))
@@ -116,8 +117,11 @@ def test_killing_a_replica_mid_batch_loses_no_question_and_answers_none_twice(lo
     killer = threading.Thread(target=kill_the_stalled_replica, daemon=True)
     killer.start()
     out = tmp_path / "run"
-    assert evaluate(out, local_run.parent / "cache", "--ray", "--ray-actors", "2", "--time-limit", "60") == 0
-    killer.join(timeout=5)
+    try:  # no time limit: the hanging batch ends by the kill only
+        assert evaluate(out, local_run.parent / "cache", "--ray", "--ray-actors", "2", "--time-limit", "0") == 0
+    finally:
+        finished.set()
+        killer.join()
     err = capsys.readouterr().err
     assert killed and f"replica {killed[0]} died under a batch" in err, err
     ids = [r["interaction_id"] for r in predictions(out)]
@@ -128,16 +132,19 @@ def test_killing_a_replica_mid_batch_loses_no_question_and_answers_none_twice(lo
 
 def test_a_batch_over_its_deadline_is_i_dont_know_and_its_replica_starts_afresh(local_run, cluster, tmp_path,
                                                                                monkeypatch, capsys):
-    marker, stall_on = tmp_path / "stalled", SAMPLE_IDS[0]  # the first batch hangs; 4 s is its limit
+    """The grader's 30 s a query (120 s a batch of 4), which no batch here comes near by the wall; the hanging
+    first batch is past it at once by the replicas' clock (tests.ray.replicas.stall_clock)."""
+    marker, stall_on = tmp_path / "stalled", SAMPLE_IDS[0]
     monkeypatch.setattr(local_evaluation, "user_model", functools.partial(stalling_model, marker, stall_on))
+    monkeypatch.setattr(ray_runner, "run_on_ray", functools.partial(ray_runner.run_on_ray, clock=stall_clock))
     out = tmp_path / "run"
-    assert evaluate(out, local_run.parent / "cache", "--ray", "--ray-actors", "2", "--time-limit", "1") == 0
+    assert evaluate(out, local_run.parent / "cache", "--ray", "--ray-actors", "2", "--time-limit", "30") == 0
     err = capsys.readouterr().err
     name, pid = stalled(marker)
-    assert f"exceeded its 4 s limit on replica {name}: the replica is restarted" in err, err
+    assert f"exceeded its 120 s limit on replica {name}: the replica is restarted" in err, err
     late = [r for r in predictions(out) if r["timed_out"]]
     assert sorted(r["interaction_id"] for r in late) == sorted(SAMPLE_IDS[:4])  # the first batch of 4
-    assert all(r["prediction"] == "i don't know" and 4 <= r["batch_seconds"] < 30 for r in late)
+    assert all(r["prediction"] == "i don't know" for r in late)
     assert json.loads((out / "report.json").read_text())["timed_out"] == 4
     on_time = {k: v for k, v in answers(out).items() if k not in SAMPLE_IDS[:4]}
     assert on_time == {k: v for k, v in answers(local_run).items() if k not in SAMPLE_IDS[:4]}
@@ -170,13 +177,13 @@ def test_ctrl_c_stops_the_replicas_and_the_run_resumes(local_run, tmp_path):
     with (tmp_path / "stderr.txt").open("w") as stderr:
         process = subprocess.Popen([sys.executable, str(script), str(marker), SAMPLE_IDS[4], *args], cwd=REPO_ROOT,
                                    env=env, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True)
-    try:
-        end = time.monotonic() + 120
+    try:  # the waits below end as soon as what they wait for happens; their bounds only stop a broken tree
+        end = time.monotonic() + 600
         while not stalled(marker) and process.poll() is None and time.monotonic() < end:
             time.sleep(0.1)
         assert stalled(marker), (tmp_path / "stderr.txt").read_text()
         os.killpg(process.pid, signal.SIGINT)
-        assert process.wait(timeout=60) == 130
+        assert process.wait(timeout=300) == 130
     finally:
         if process.poll() is None:
             process.kill()
@@ -186,13 +193,13 @@ def test_ctrl_c_stops_the_replicas_and_the_run_resumes(local_run, tmp_path):
         f"interrupted: {saved} answers are saved in {out / 'predictions.jsonl'}; resume with: python "
         f"local_evaluation.py {' '.join(args)}"), text
     pid = int(stalled(marker)[1])
-    end = time.monotonic() + 30
+    end = time.monotonic() + 300
     while running(pid) and time.monotonic() < end:
         time.sleep(0.1)
     assert not running(pid), "a replica outlived the interrupted evaluation"
     # the same command goes on from there (the marker stays: no replica hangs now) and answers the rest, once each
     resumed = subprocess.run([sys.executable, str(script), str(marker), SAMPLE_IDS[4], *args], cwd=REPO_ROOT, env=env,
-                             capture_output=True, text=True, timeout=240)
+                             capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr
     ids = [r["interaction_id"] for r in predictions(out)]
     assert len(ids) == len(set(ids)) and sorted(ids) == sorted(SAMPLE_IDS)

@@ -119,13 +119,13 @@ def test_bad_input_is_one_line_and_exit_2(case, tmp_path, capsys, monkeypatch):
 # --- Ctrl-C: an evaluation of a scripted model in a child process gets SIGINT, as from a terminal -------------
 
 FAKE_EVALUATION = AS_FROM_A_TERMINAL + '''
-import json, os, sys, time, types
+import json, os, sys, threading, types
 
 
 class FakeModel:
-    """Answers one question a batch, with two page worker processes, and writes the pids it runs in. From the
-    third batch on it is slow (20 s, inside the 30 s limit), so the run cannot end before the Ctrl-C reaches it,
-    however busy the machine."""
+    """Answers one question a batch, with two page worker processes, and writes the pids it runs in. The third
+    batch hangs until the process is killed (the test runs with no time limit), so the run cannot end before the
+    Ctrl-C reaches it, however busy the machine."""
 
     def __init__(self, config):
         from utils.pages import PageProcessor, PageSettings
@@ -141,7 +141,8 @@ class FakeModel:
     def batch_generate_answer(self, batch):
         self.pages.process([("<p>some text</p>", "p")], 5.0)
         self.batches += 1
-        time.sleep(0.2 if self.batches <= 2 else 20)
+        if self.batches == 3:
+            threading.Event().wait()
         return ["i don't know"] * len(batch["query"])
 
 
@@ -166,12 +167,14 @@ def _start_evaluation(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, Pat
     return process, pids, err
 
 
-def _wait_for(condition, seconds: float) -> bool:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
+def _wait_for(condition, process: subprocess.Popen) -> bool:
+    """Whether `condition()` came true before `process` ended; given up after 5 minutes (a broken tree), a wait
+    no run of the fake model comes near."""
+    end = time.monotonic() + 300
+    while process.poll() is None and time.monotonic() < end:
         if condition():
             return True
-        time.sleep(0.05)
+        time.sleep(0.05)  # how often it looks, nothing else
     return condition()
 
 
@@ -190,11 +193,11 @@ def _answers(path: Path) -> int:
 
 def test_ctrl_c_stops_an_evaluation_with_one_line_saying_what_was_saved(tmp_path):
     out = tmp_path / "run"
-    process, pids, err = _start_evaluation(tmp_path, "--out", str(out), "--restart")
+    process, pids, err = _start_evaluation(tmp_path, "--out", str(out), "--restart", "--time-limit", "0")
     try:
-        assert _wait_for(lambda: _answers(out / "predictions.jsonl") >= 2, 30), err.read_text()
+        assert _wait_for(lambda: _answers(out / "predictions.jsonl") >= 2, process), err.read_text()
         os.killpg(process.pid, signal.SIGINT)
-        assert process.wait(timeout=30) == 130, err.read_text()
+        assert process.wait(timeout=120) == 130, err.read_text()
     finally:  # what this test started, should it outlive the test (the model process and page workers included)
         children = json.loads(pids.read_text()) if pids.exists() else {"model": None, "pages": []}
         for pid in (process.pid, children["model"], *children["pages"]):
@@ -203,8 +206,9 @@ def test_ctrl_c_stops_an_evaluation_with_one_line_saying_what_was_saved(tmp_path
     lines = [line for line in text.splitlines() if line.strip()]
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
     saved = _answers(out / "predictions.jsonl")
+    assert saved == 2  # the third batch hung until the Ctrl-C
     assert lines[-1] == (f"interrupted: {saved} answers are saved in {out / 'predictions.jsonl'}; resume with: python "
-                         f"local_evaluation.py --data {SAMPLE} --out {out}"), text  # --restart left out
+                         f"local_evaluation.py --data {SAMPLE} --out {out} --time-limit 0"), text  # --restart left out
     assert sum(line.startswith("interrupted") for line in lines) == 1
 
 

@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -18,9 +19,11 @@ from evaluation import manifest
 from evaluation.data import DataError, ReadStats, Selection, alternative_answers, read_examples
 from evaluation.judge import CORRECT, MISS, UNJUDGED, WRONG, Item, judge_by_rules
 from evaluation.metrics import Scores, latency
-from evaluation.runner import EvaluationError, load_predictions, run_model
+from evaluation.runner import (EvaluationError, call_with_limit, load_predictions, run_model,
+                               save_judgements)
 from models.config import REPO_ROOT, load_config
 from tests.conftest import SAMPLE, running, write
+from utils.batch import make_batch
 
 
 def _example(i: int, **extra) -> dict:
@@ -108,24 +111,125 @@ def test_run_appends_and_resumes(tmp_path):
     assert all(r["prediction"] == r["answer"] for r in records)
 
 
-class SlowModel(CountingModel):
+class SteppedClock:
+    """A clock for batch deadlines that stands still until a test moves it: a batch is late by it, never by how
+    fast the machine runs."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class LateModel(CountingModel):
+    """Answers the batch holding id0 an hour after it was asked, by `clock`; `release`, when given, is awaited
+    before that batch returns (a call still running when its caller looks), a minute at most: a caller that
+    waits for the call fails a test rather than hangs it."""
+
+    def __init__(self, clock: SteppedClock, release: threading.Event | None = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.clock, self.release = clock, release
+
     def batch_generate_answer(self, batch):
         if "id0" in batch["interaction_id"]:
-            time.sleep(0.6)
+            self.clock.now += 3600
+            if self.release is not None:
+                self.release.wait(60)
         return super().batch_generate_answer(batch)
 
 
-def test_batches_over_the_time_limit_are_marked_timed_out(tmp_path):
-    records = run_model(SlowModel(batch_size=2), iter([_example(i) for i in range(4)]), tmp_path / "p.jsonl",
-                        per_query_s=0.1)  # 0.2 s per batch of 2; the first batch sleeps 0.6 s
+def test_batches_over_the_time_limit_are_marked_timed_out(tmp_path, caplog_loguru):
+    clock = SteppedClock()
+    model = LateModel(clock, batch_size=2)
+    records = run_model(model, iter([_example(i) for i in range(4)]), tmp_path / "p.jsonl", per_query_s=30,
+                        clock=clock)  # 60 s a batch of 2; the first answers an hour late
     assert [r["timed_out"] for r in records] == [True, True, False, False]
     assert [r["prediction"] for r in records] == ["i don't know", "i don't know", "a2", "a3"]
+    assert [r["batch_seconds"] for r in records] == [3600.0, 3600.0, 0.0, 0.0]  # measured by the deadline's clock
+    assert model.seen == ["id0", "id1", "id2", "id3"]  # the late call was awaited before the next batch
+    assert "batch of 2 exceeded its 60 s limit" in caplog_loguru.text
+
+
+def test_a_late_batch_is_left_running_when_its_caller_can_stop_the_process():
+    """A Ray replica's call (wait_late=False): past its limit by the clock, the reply comes while the call still
+    runs, however long the limit is by the wall."""
+    clock, release = SteppedClock(), threading.Event()
+    model = LateModel(clock, release)
+    try:
+        reply = call_with_limit(model, make_batch([_example(0)]), 600.0, wait_late=False, clock=clock)
+        still_running = not model.seen
+    finally:
+        release.set()
+    assert reply == (None, 3600.0, True) and still_running
 
 
 def test_torn_last_line_is_dropped(tmp_path):
     path = write(tmp_path / "p.jsonl", json.dumps({"interaction_id": "a"}) + "\n{\"interaction_id\": \"b")
     assert list(load_predictions(path)) == ["a"]
     assert path.read_text().endswith("}\n")
+
+
+def _answered(folder: Path, count: int = 5) -> Path:
+    """predictions.jsonl of `count` answered, unjudged questions; each record over 8 KB, so that every record
+    written reaches the file before the next is serialised (Python buffers 8 KB)."""
+    folder.mkdir()
+    lines = [json.dumps({"interaction_id": f"id{i}", "prediction": f"a{i}", "trace": {"notes": "n" * 9000}})
+             for i in range(count)]
+    return write(folder / "predictions.jsonl", "\n".join(lines) + "\n")
+
+
+KILLED_WHILE_REWRITING = """
+import json, os, signal, sys
+from pathlib import Path
+from types import SimpleNamespace
+
+from evaluation import runner
+
+path = Path(sys.argv[1])
+judged = [dict(record, verdict="correct") for record in runner.load_predictions(path).values()]
+serialised = []
+
+
+def dumps(record, **kwargs):  # kill -9 as the third record is serialised: two are written, three not
+    serialised.append(record)
+    if len(serialised) == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return json.dumps(record, **kwargs)
+
+
+runner.json = SimpleNamespace(dumps=dumps, loads=json.loads, JSONDecodeError=json.JSONDecodeError)
+runner.save_judgements(path, judged)
+"""
+
+
+def test_a_crash_while_the_judged_records_are_written_leaves_the_old_file(tmp_path):
+    path = _answered(tmp_path / "run")
+    before = path.read_bytes()
+    script = write(tmp_path / "rewrite.py", KILLED_WHILE_REWRITING)
+    crashed = subprocess.run([sys.executable, str(script), str(path)], cwd=REPO_ROOT,
+                             env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert crashed.returncode == -signal.SIGKILL
+    assert path.read_bytes() == before
+    # a resume reads the old records (the two judged ones the crash left beside them are not read) and asks the
+    # model for nothing; the next rewrite leaves no file but predictions.jsonl
+    model = CountingModel()
+    records = run_model(model, iter([_example(i) for i in range(5)]), path)
+    assert model.seen == [] and [r.get("verdict") for r in records] == [None] * 5
+    save_judgements(path, [dict(r, verdict="correct") for r in records])
+    assert [r["verdict"] for r in load_predictions(path).values()] == ["correct"] * 5
+    assert [p.name for p in path.parent.iterdir()] == ["predictions.jsonl"]
+
+
+def test_a_rewrite_that_fails_half_way_leaves_the_old_file_and_nothing_beside(tmp_path):
+    path = _answered(tmp_path / "run")
+    before = path.read_bytes()
+    judged = [dict(record, verdict="correct") for record in load_predictions(path).values()]
+    judged[2]["attribution"] = {"score": object()}  # a value JSON cannot write, as the third record is written
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        save_judgements(path, judged)
+    assert path.read_bytes() == before
+    assert [p.name for p in path.parent.iterdir()] == ["predictions.jsonl"]
 
 
 @pytest.mark.parametrize("model, message", [
@@ -245,16 +349,27 @@ def test_interrupted_and_resumed_run_reports_like_an_uninterrupted_one(tmp_path)
     assert strip(score_records(resumed)) == strip(score_records(straight))
 
 
-def test_model_worker_stops_a_late_batch_and_starts_afresh(tmp_path):
+class HangingModel(CountingModel):
+    """Hangs in the batch holding id0 until its process is killed."""
+
+    def batch_generate_answer(self, batch):
+        if "id0" in batch["interaction_id"]:
+            threading.Event().wait()
+        return super().batch_generate_answer(batch)
+
+
+def test_model_worker_stops_a_late_batch_and_starts_afresh():
     from evaluation.worker import ModelWorker
 
-    worker = ModelWorker(lambda: SlowModel(batch_size=2))
+    worker = ModelWorker(lambda: HangingModel(batch_size=2))
     try:
         first_pid = worker._process.pid
-        records = run_model(worker, iter([_example(i) for i in range(4)]), tmp_path / "p.jsonl", per_query_s=0.1)
-        assert [r["timed_out"] for r in records] == [True, True, False, False]
-        assert [r["prediction"] for r in records] == ["i don't know", "i don't know", "a2", "a3"]
-        assert worker._process.pid != first_pid  # the late child was killed; a fresh one answered the rest
+        late = worker.call_with_limit(make_batch([_example(0), _example(1)]), 0.5)  # it hangs: past any limit
+        assert (late[0], late[2]) == (None, True)
+        assert not running(first_pid)  # the late child was killed...
+        # ...and a fresh one answers the next batch (a limit it cannot miss; None would hang a broken tree)
+        answers, _, timed_out = worker.call_with_limit(make_batch([_example(2), _example(3)]), 300.0)
+        assert (answers, timed_out) == (["a2", "a3"], False) and worker._process.pid != first_pid
     finally:
         worker.close()
 
@@ -418,8 +533,8 @@ time.sleep(600)
 
 def outlive_kill_9(tmp_path, source: str, started: Callable[[subprocess.Popen], list[int]]) -> list[int]:
     """Run the Python `source` as an evaluation would be run, take the pids of the processes it started
-    (`started(parent)` reads them from its output), kill -9 it and give them 5 s to end: the pids still running.
-    Those are killed afterwards."""
+    (`started(parent)` reads them from its output), kill -9 it and wait for them to end: the pids still running
+    after a minute (a watcher thread looks twice a second). Those are killed afterwards."""
     script = tmp_path / "parent.py"
     script.write_text(source)
     parent = subprocess.Popen([sys.executable, str(script)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True,
@@ -429,10 +544,10 @@ def outlive_kill_9(tmp_path, source: str, started: Callable[[subprocess.Popen], 
         pids = started(parent)
         assert pids and all(running(pid) for pid in pids)
         parent.send_signal(signal.SIGKILL)
-        parent.wait(timeout=10)
-        deadline = time.monotonic() + 5
+        parent.wait(timeout=60)
+        deadline = time.monotonic() + 60
         while any(running(pid) for pid in pids) and time.monotonic() < deadline:
-            time.sleep(0.05)
+            time.sleep(0.05)  # how often it looks, nothing else
         return [pid for pid in pids if running(pid)]
     finally:
         parent.kill()
@@ -468,7 +583,7 @@ def test_the_served_kg_dies_with_the_evaluation_even_by_kill_9(tmp_path):
 
     def started(parent: subprocess.Popen) -> list[int]:  # the children, from /proc/PID/stat: "pid (comm) state ppid"
         url = parent.stdout.readline().strip()
-        with urllib.request.urlopen(url + "/", timeout=5):
+        with urllib.request.urlopen(url + "/", timeout=60):
             pass
         children = []
         for entry in Path("/proc").iterdir():
