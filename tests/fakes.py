@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import io
+import json
+import threading
 from collections.abc import Callable
+from typing import Any
+
+import requests
+import urllib3
+from requests.structures import CaseInsensitiveDict
 
 from models.llm.base import Conversation, GenParams
 from models.prompting import PROMPT_DIR
+from tools.kg_server import KnowledgeGraph, answer, read_body
 from utils.bag_embedder import BagOfWordsEmbedder
-from utils.kg_api import KGClient
+from utils.kg_api import ENDPOINTS, KGClient
 
 
 SEED_REPLY = "Thinking.\n===START===\n## Answer: paris\n## False Premise: no\n===END==="
@@ -53,15 +62,53 @@ HashEmbedder = BagOfWordsEmbedder  # bag of words hashed into 512 dimensions: te
 
 
 class RecordingKG(KGClient):
-    """A client whose server is a dict of endpoint name -> result (or function of the request body): records
-    every call that would have been sent. Exact like the real server: a name it does not hold answers None."""
+    """The KG client (utils/kg_api.py KGClient) with only its HTTP send (`KGClient._send`) replaced: each request is
+    answered in this process as tools/kg_server.py's route answers it (`read_body`, then `answer`), and the reply
+    goes through the client's own reading, result type check, cache and counters.
+
+    A body that does not fit the endpoint's request model answers HTTP 422. An endpoint in `answers` answers its
+    value, or its function of the body's fields (a function that raises is HTTP 500, as a raising endpoint of
+    theirs). Every other endpoint answers what the organisers' mock API (facebookresearch/CRAG mock_api/server.py,
+    mock_api/cragapi/{open,movie,finance,music,sports}.py) answers for a name it does not hold, from
+    tools/kg_server.py's KnowledgeGraph holding nothing: [] for the name searches, the Grammy by-year lists (years
+    1957-2019) and award years; 0 for the Grammy counts; [null, null] for a lifespan and a Billboard rank; HTTP 500
+    for an Oscar year outside 1990-2021; null elsewhere.
+
+    `sent`: every request, (endpoint name, JSON body), in arrival order. The kg stage makes the calls of a batch's
+    queries from `kg.concurrency` threads, as against the real server, so their order across queries is not fixed.
+    """
 
     def __init__(self, answers: dict[str, object]) -> None:
         super().__init__("http://unused.invalid")
         self.answers = answers
         self.sent: list[tuple[str, dict]] = []
+        self._paths = {endpoint.path: endpoint.name for endpoint in ENDPOINTS.values()}
+        self._nothing = KnowledgeGraph(None).functions()
+        self._serving = threading.Lock()  # theirs runs one endpoint function at a time, on its event loop
 
-    def _post(self, endpoint, body, deadline):
-        self.sent.append((endpoint.name, body))
-        answer = self.answers.get(endpoint.name)
-        return True, answer(body) if callable(answer) else answer
+    def _send(self, url: str, body: dict[str, Any], timeout: tuple[float, float]) -> requests.Response:
+        name = self._paths[url.removeprefix(self.base_url)]
+        raw = json.dumps(body).encode()
+        with self._serving:
+            self.sent.append((name, json.loads(raw)))
+            values, problem = read_body(name, raw)
+            if problem is not None:
+                status, content = 422, {"detail": problem}
+            elif name in self.answers:
+                held = self.answers[name]
+                status, content = answer(lambda **fields: held(fields) if callable(held) else held, name, values)
+            else:
+                status, content = answer(self._nothing[name], name, values)
+        payload, media = b"Internal Server Error", "text/plain"
+        if status != 500:
+            try:  # rendered as FastAPI's JSONResponse renders it: what it cannot render is HTTP 500
+                payload = json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+                media = "application/json"
+            except (TypeError, ValueError):
+                status = 500
+        reply = requests.Response()
+        reply.status_code, reply.url = status, url
+        reply.headers = CaseInsensitiveDict({"Content-Type": media, "Content-Length": str(len(payload))})
+        reply.raw = urllib3.HTTPResponse(body=io.BytesIO(payload), headers=dict(reply.headers), status=status,
+                                         preload_content=False)
+        return reply

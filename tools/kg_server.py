@@ -198,13 +198,14 @@ def _text(value: Any) -> str:
 
 
 class KnowledgeGraph:
-    """The fixture data and one function per endpoint, each taking the request body's fields."""
+    """The fixture data and one function per endpoint, each taking the request body's fields. `folder` None:
+    a graph that holds nothing, whose endpoints answer what they answer for a name they do not hold."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path | None) -> None:
         data = {}
         for domain in DOMAINS:
-            path = folder / f"{domain}.json"
-            data[domain] = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+            path = folder / f"{domain}.json" if folder is not None else None
+            data[domain] = json.loads(path.read_text(encoding="utf-8")) if path and path.is_file() else {}
         self._load_open(data["open"])
         self._load_movie(data["movie"])
         self._load_finance(data["finance"])
@@ -468,6 +469,28 @@ class KnowledgeGraph:
         return self._sql(f"select * from play_by_play where game_id in ({ids})")
 
 
+def read_body(name: str, raw: bytes) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
+    """(the fields of a request body to endpoint `name`, None), or ({}, FastAPI's 422 detail) when the body does
+    not fit the endpoint's request model (theirs: pydantic's validation, with its coercions)."""
+    model = BODIES[name]
+    if model is None:
+        return {}, None
+    try:
+        return model.model_validate_json(raw or b"").model_dump(), None
+    except ValidationError as err:
+        return {}, [{"type": e["type"], "loc": ["body", *e["loc"]], "msg": e["msg"]} for e in err.errors()]
+
+
+def answer(function: Callable[..., Any], name: str, values: dict[str, Any]) -> tuple[int, Any]:
+    """(200, {"result": ...}) from an endpoint's function, or (500, "Internal Server Error") when it raises: theirs
+    lets the exception through and uvicorn answers HTTP 500."""
+    try:
+        return 200, {"result": function(**values)}
+    except Exception as err:  # noqa: BLE001
+        logger.debug("KG fixture {}({}) raised {!r}: HTTP 500", name, values, err)
+        return 500, "Internal Server Error"
+
+
 def create_app(folder: Path, faults: bool = False, slow_s: float = 3.0) -> FastAPI:
     graph = KnowledgeGraph(folder)
     functions = graph.functions()
@@ -478,17 +501,12 @@ def create_app(folder: Path, faults: bool = False, slow_s: float = 3.0) -> FastA
         return {"message": "The CRAG API service is running"}
 
     def route(name: str):
-        endpoint, model = ENDPOINTS[name], BODIES[name]
+        endpoint = ENDPOINTS[name]
 
         async def handle(request: Request) -> Response:
-            values: dict[str, Any] = {}
-            if model is not None:
-                raw = await request.body()
-                try:
-                    values = model.model_validate_json(raw or b"").model_dump()
-                except ValidationError as err:
-                    detail = [{"type": e["type"], "loc": ["body", *e["loc"]], "msg": e["msg"]} for e in err.errors()]
-                    return JSONResponse({"detail": detail}, status_code=422)
+            values, problem = read_body(name, await request.body())
+            if problem is not None:
+                return JSONResponse({"detail": problem}, status_code=422)
             fault = next((v for v in values.values() if faults and isinstance(v, str) and v in FAULTS), None)
             if fault == "__slow__":
                 await asyncio.sleep(slow_s)
@@ -500,12 +518,8 @@ def create_app(folder: Path, faults: bool = False, slow_s: float = 3.0) -> FastA
                 return PlainTextResponse("<html>not json", media_type="application/json")
             elif fault == "__wrongtype__":
                 return JSONResponse({"result": {"unexpected": True} if endpoint.returns != (dict,) else 42})
-            try:
-                result = functions[name](**values)
-            except Exception as err:  # noqa: BLE001 (theirs lets it through: uvicorn answers HTTP 500)
-                logger.debug("KG fixture {}({}) raised {!r}: HTTP 500", name, values, err)
-                return PlainTextResponse("Internal Server Error", status_code=500)
-            return JSONResponse({"result": result})
+            status, content = answer(functions[name], name, values)
+            return JSONResponse(content) if status == 200 else PlainTextResponse(content, status_code=status)
 
         handle.__name__ = name
         app.post(endpoint.path)(handle)

@@ -16,7 +16,8 @@ attempt that waited its whole read timeout, a trickling reply included) mark the
 once, without a request. After `down_s` seconds the next call first sends a probe (`GET /`, waiting at most
 PROBE_READ_S for the reply): calls resume only when it answers, and then one more failure marks the server down
 again; a probe that gets no answer keeps it down another `down_s`. A reply of any kind (HTTP 4xx and 5xx
-included) resets the count. `probe()` asks once, at start-up, whether a server is there.
+included) resets the count. `probe()` asks once, at start-up, whether a server is there. Down time and the time an
+attempt without a deadline has left are read on the client's `clock` (time.monotonic unless a test injects one).
 
 Nothing raises: a failure (server down, HTTP error, garbage JSON, a reply too large or too slow, a result of the
 wrong type, a call that does not match the table) returns None and is logged once per endpoint and kind of failure.
@@ -30,6 +31,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,14 +163,15 @@ class KGClient:
 
     def __init__(self, base_url: str | None = None, connect_timeout_s: float = 1.0, read_timeout_s: float = 5.0,
                  retries: int = 2, backoff_s: float = 0.2, down_after: int = 3, down_s: float = 30.0,
-                 max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES) -> None:
+                 max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES, clock: Callable[[], float] = time.monotonic) -> None:
         self.base_url = (base_url or os.environ.get(KG_URL_ENV) or DEFAULT_KG_URL).rstrip("/")
         self.connect_timeout_s, self.read_timeout_s = connect_timeout_s, read_timeout_s
         self.retries, self.backoff_s = retries, backoff_s
         self.down_after, self.down_s = max(1, down_after), down_s
         self.max_reply_bytes = max_reply_bytes
+        self._clock = clock
         self._failures = 0      # failures in a row without an answer (see the module docstring)
-        self._down_until = 0.0  # 0: up; else down, and no probe before this time (time.monotonic())
+        self._down_until: float | None = None  # None: up; else down, and no probe before this time (on `clock`)
         self._probing = False   # a probe is in flight: the other calls return None meanwhile
         self.requests_sent = 0  # POSTs, retries included (probes are not counted here)
         self.probes_sent = 0    # probes of a server marked down
@@ -187,7 +190,7 @@ class KGClient:
     @property
     def down(self) -> bool:
         """Whether the server is marked down (calls answer None at once until a probe answers)."""
-        return self._down_until != 0.0
+        return self._down_until is not None
 
     def probe(self) -> bool:
         """Whether a server answers at base_url (any HTTP reply counts), within the client's timeouts; logged."""
@@ -241,9 +244,9 @@ class KGClient:
         timeouts) answers."""
         read_s = min(self.read_timeout_s, PROBE_READ_S)
         with self._lock:
-            if not self._down_until:
+            if self._down_until is None:
                 return True
-            if self._probing or time.monotonic() < self._down_until:
+            if self._probing or self._clock() < self._down_until:
                 return False
             if deadline is not None and not deadline.can_afford(self.connect_timeout_s + read_s):
                 return False
@@ -254,9 +257,9 @@ class KGClient:
         with self._lock:
             self._probing = False
             if answered:  # resume, on probation: one more failure marks it down again
-                self._down_until, self._failures = 0.0, self.down_after - 1
+                self._down_until, self._failures = None, self.down_after - 1
             else:
-                self._down_until = time.monotonic() + self.down_s
+                self._down_until = self._clock() + self.down_s
         if answered:
             logger.info("KG server at {} answers a probe again (HTTP {}): KG calls resume", self.base_url, answer)
         else:
@@ -272,21 +275,18 @@ class KGClient:
         for attempt in range(self.retries + 1):
             if attempt and self.down:  # marked down meanwhile, by this call's timeouts or another call's
                 break
-            if deadline is None:
-                left = self.connect_timeout_s + self.read_timeout_s
-            else:
-                left = deadline.remaining()
-                if left <= 0:
-                    self._log(endpoint.name, "deadline", "no time left for the call")
-                    return False, None
-            ends = time.monotonic() + left
+            time_left = self._time_left(deadline)
+            left = time_left()
+            if left <= 0:
+                self._log(endpoint.name, "deadline", "no time left for the call")
+                return False, None
             connect_s, read_s = min(self.connect_timeout_s, left), min(self.read_timeout_s, left)
             whole = connect_s >= self.connect_timeout_s and read_s >= self.read_timeout_s  # not cut by `deadline`
             with self._lock:
                 self.requests_sent += 1
             sent += 1
             try:
-                reply = self._session().post(url, json=body, timeout=(connect_s, read_s), stream=True)
+                reply = self._send(url, body, (connect_s, read_s))
             except requests.RequestException as err:
                 failure = f"{type(err).__name__}: {err}"
                 kind = "timeout" if isinstance(err, requests.Timeout) else "connection"
@@ -296,7 +296,7 @@ class KGClient:
                         self._answered()
                         kind, failure = "server error", f"HTTP {reply.status_code}"
                     else:
-                        content, kind, failure = self._content(reply, ends, read_s)
+                        content, kind, failure = self._content(reply, time_left, read_s)
                         if content is not None:
                             self._answered()
                             return self._read(endpoint, reply.status_code, content)
@@ -316,10 +316,23 @@ class KGClient:
             self._count_failure(kind)
         return False, None
 
-    def _content(self, reply: requests.Response, ends: float, read_s: float) -> tuple[bytes | None, str, str]:
+    def _time_left(self, deadline: Deadline | None) -> Callable[[], float]:
+        """The seconds left to an attempt starting now, as a function: `deadline`'s, or without one
+        connect_timeout_s + read_timeout_s from now on the client's clock."""
+        if deadline is not None:
+            return deadline.remaining
+        ends = self._clock() + self.connect_timeout_s + self.read_timeout_s
+        return lambda: max(0.0, ends - self._clock())
+
+    def _send(self, url: str, body: dict[str, Any], timeout: tuple[float, float]) -> requests.Response:
+        """The HTTP send of one attempt: the reply, its body not yet read (raises requests' errors)."""
+        return self._session().post(url, json=body, timeout=timeout, stream=True)
+
+    def _content(self, reply: requests.Response, time_left: Callable[[], float],
+                 read_s: float) -> tuple[bytes | None, str, str]:
         """(the reply's body, "", "") or (None, kind, why): "too large" over `max_reply_bytes` (announced or
-        read), "timeout" when it is still arriving at `ends` (time.monotonic()) or a read waits `read_s` in vain,
-        "connection" when the connection breaks. One read at a time, each waiting no longer than `ends` allows,
+        read), "timeout" when it is still arriving once `time_left()` is 0 or a read waits `read_s` in vain,
+        "connection" when the connection breaks. One read at a time, each waiting no longer than `time_left()`,
         and no more than `max_reply_bytes` (and one read) held."""
         cap = self.max_reply_bytes
         announced = reply.headers.get("Content-Length", "")
@@ -332,7 +345,7 @@ class KGClient:
         body = bytearray()
         try:
             while True:
-                left = ends - time.monotonic()
+                left = time_left()
                 if left <= 0:
                     return None, "timeout", (f"reply still arriving at the deadline, {len(body)} bytes read "
                                              f"(a server trickling its reply)")
@@ -348,7 +361,7 @@ class KGClient:
                     return None, "too large", (f"reply over kg.max_reply_bytes ({cap} bytes): refused after reading "
                                                f"{len(body)} bytes")
         except urllib3.exceptions.ReadTimeoutError as err:
-            if time.monotonic() >= ends:
+            if time_left() <= 0:
                 return None, "timeout", f"reply still arriving at the deadline, {len(body)} bytes read"
             return None, "timeout", f"reply stalled ({err}), {len(body)} bytes read"
         except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError) as err:
@@ -361,12 +374,12 @@ class KGClient:
 
     def _count_failure(self, kind: str) -> None:
         with self._lock:
-            if self._down_until:
+            if self._down_until is not None:
                 return
             self._failures += 1
             if self._failures < self.down_after:
                 return
-            self._down_until, self._failures = time.monotonic() + self.down_s, 0
+            self._down_until, self._failures = self._clock() + self.down_s, 0
         logger.warning("KG server at {} unreachable {} times in a row (last: {}): marked down; KG calls answer "
                        "nothing at once for {:.0f} s, then resume once a probe (GET /) answers", self.base_url,
                        self.down_after, kind, self.down_s)

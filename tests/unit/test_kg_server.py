@@ -5,7 +5,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from models.config import REPO_ROOT
+from tests.fakes import RecordingKG
 from tools.kg_server import CutoffSearch, OkapiSearch, create_app, normalize
+from utils.kg_api import ENDPOINTS
 
 SOCCER_KEY = "('ENG-Premier League', '2324', 'Manchester Utd', '2024-03-09 Manchester Utd-Everton')"
 
@@ -198,3 +200,37 @@ def test_the_two_bm25_variants():
     assert CutoffSearch(corpus, cutoff=1.0).top("the beatles") == [["the", "beatles"]]  # "the" falls under it
     assert CutoffSearch(corpus, cutoff=-1.0).top("the beatles")[0] == ["the", "beatles"]
     assert len(CutoffSearch(corpus, cutoff=-1.0).top("the beatles")) == 3
+
+
+NOWHERE = {str: "no such name at all", int: 0, list: ["no such game"]}  # an argument data/kg does not hold
+MISSES = [(name, {arg.name: NOWHERE[arg.type] for arg in endpoint.args}) for name, endpoint in ENDPOINTS.items()
+          if endpoint.args] + [("music_grammy_get_best_album_by_year", {"year": 2013}),  # in range, no row
+                               ("movie_get_year_info", {"year": "2012"}), ("movie_get_year_info", {"year": "2023"})]
+
+
+@pytest.mark.parametrize("name, args", MISSES, ids=[f"{name}-{args}" for name, args in MISSES])
+def test_the_recording_double_answers_what_this_server_answers_for_what_it_does_not_hold(kg, name, args):
+    """tests/fakes.py RecordingKG holding nothing replies as this server over data/kg does for a name, id, year or
+    rank its fixtures do not hold: the same HTTP status and body. Its reply is that of its HTTP send, the one
+    method of the client it replaces."""
+    endpoint = ENDPOINTS[name]
+    theirs = kg.post(endpoint.path, json=endpoint.body(args))
+    double = RecordingKG({})
+    ours = double._send(double.base_url + endpoint.path, endpoint.body(args), (1.0, 1.0))
+    assert ours.status_code == theirs.status_code
+    assert (ours.json() if ours.status_code == 200 else ours.text) == \
+        (theirs.json() if theirs.status_code == 200 else theirs.text)
+
+
+def test_the_recording_double_replies_through_the_client():
+    """The client's checks run on the double's replies: a result of the wrong type is no result, the server's
+    HTTP 500 is one try, an answer is cached; every request is counted and recorded as sent."""
+    double = RecordingKG({"finance_get_eps": "6.43",
+                          "finance_get_pe_ratio": lambda body: {"AAPL": 28.5}[body["query"]]})
+    assert double.finance_get_eps("AAPL") is None  # a string where the endpoint returns a number
+    assert double.finance_get_pe_ratio("AAPL") == double.finance_get_pe_ratio("AAPL") == 28.5
+    assert double.finance_get_pe_ratio("MSFT") is None  # the function raised: HTTP 500
+    assert double.movie_get_year_info("1980") is None and double.movie_get_year_info("1980") is None
+    assert double.requests_sent == 4 and double.sent == [
+        ("finance_get_eps", {"query": "AAPL"}), ("finance_get_pe_ratio", {"query": "AAPL"}),
+        ("finance_get_pe_ratio", {"query": "MSFT"}), ("movie_get_year_info", {"query": "1980"})]
