@@ -308,12 +308,16 @@ class CalculatorConfig:
 @dataclass
 class ReasoningConfig:
     """`max_reference_chars`: references enter the prompt best first while they fit this many characters.
-    `summariser_max_tokens`: the backup summariser's answer length, used when the output cannot be parsed."""
+    `summariser_max_tokens`: the backup summariser's answer length, used when the output cannot be parsed.
+    `samples`: that many extra answers sampled at `sample_temperature` beside the answer, which stays the answer;
+    the share that agree with it is the `reasoning.agreement` signal (self-consistency). 0: none, no extra call."""
 
     max_tokens: int = 96
     temperature: float = 0.0
     max_reference_chars: int = 4000
     summariser_max_tokens: int = 32
+    samples: int = field(default=0, metadata=at_least(0))
+    sample_temperature: float = field(default=0.7, metadata=at_least(0.01))
 
 
 @dataclass

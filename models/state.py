@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+Signal = float | int | bool | str | None
+
 # The QueryState fields the grader's batch fills (models/system.py unpack_batch); stages write the others.
 BATCH_INPUTS = frozenset({"index", "interaction_id", "query", "query_time", "pages"})
 
@@ -78,6 +80,9 @@ class QueryState:
     done: bool = False
     done_reason: str = ""
     trace: list[StageRecord] = field(default_factory=list)
+    # What the stages knew of how sure the answer is, by name ("reasoning.answer_logprob_mean", ...): the answer
+    # gate's inputs (models/gate.py), kept on every record, gate or no gate.
+    signals: dict[str, Signal] = field(default_factory=dict)
     # With the config's `record_prompts` on: every LLM conversation of this query, in call order, as {"stage",
     # "prompt" (its name), "messages", "replies" (the samples' texts)}; StageContext.generate appends them.
     prompts: list[dict[str, Any]] = field(default_factory=list)
@@ -86,7 +91,7 @@ class QueryState:
         """What the query went through, for the run folder's per-question record: the reason for its answer,
         each stage's status and seconds, the predicted attributes, the references chosen for the prompt (best
         first; the prompt takes them while they fit), the KG calls and results, the calculator's lines, the
-        knowledge extractor's answer and the multi-hop route; with `record_prompts` on, every LLM conversation and
+        knowledge extractor's answer, the multi-hop route and the confidence signals; with `record_prompts` on, every LLM conversation and
         its replies (`prompts`; no such key when none was recorded)."""
         record = {"interaction_id": self.interaction_id, "reason": self.done_reason,
                   "stages": [dataclasses.asdict(r) for r in self.trace],
@@ -95,7 +100,7 @@ class QueryState:
                                   "relevance": r.relevance, "text": r.text} for r in self.references],
                   "kg_calls": self.kg_calls, "kg_results": self.kg_results, "calculations": self.calculations,
                   "knowledge": self.knowledge, "route": self.route, "steps": self.steps,
-                  "sub_queries": self.sub_queries}
+                  "sub_queries": self.sub_queries, "signals": self.signals}
         if self.prompts:
             record["prompts"] = self.prompts
         return record

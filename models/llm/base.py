@@ -43,6 +43,23 @@ class Sample(str):
         return sample
 
 
+def span_logprobs(sample: str, span: str) -> list[float]:
+    """The log-probabilities of the generated tokens that spell `span` (its last occurrence in the generated
+    text, as the stages read the last answer line): every token overlapping it. Empty where the sample carries
+    no tokens or the span is not in their text."""
+    tokens, logprobs = getattr(sample, "tokens", ()), getattr(sample, "token_logprobs", ())
+    text = "".join(tokens)
+    start = text.rfind(span) if span else -1
+    if start < 0:
+        return []
+    end, at, chosen = start + len(span), 0, []
+    for token, logprob in zip(tokens, logprobs):
+        if at < end and at + len(token) > start:
+            chosen.append(logprob)
+        at += len(token)
+    return chosen
+
+
 def cut_short(text: str, answer: str | None = None) -> str | None:
     """Why a generation ended before the model finished it (LENGTH or DEADLINE), or None when it finished, or
     when `answer` (read from `text`) sits on a line that ended before the cut.

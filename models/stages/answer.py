@@ -3,10 +3,15 @@ query leaves by."""
 
 from __future__ import annotations
 
+import re
+
 from models.config import SystemConfig
 from models.stages.base import STAGES, Stage, StageContext
-from models.state import QueryState
-from utils.answers import IDK, final_answer
+from models.state import QueryState, Signal
+from utils.answers import IDK, final_answer, is_idk, is_invalid, normalize_text
+from utils.grader_tokens import grader_token_count
+
+_NUMBER = re.compile(r"[-+$€£]?\d[\d,]*(?:\.\d+)?\s*(?:%|percent|million|billion|thousand)?")
 
 
 @STAGES.register("precheck")
@@ -60,3 +65,21 @@ class AnswerStage(Stage):
             if change:
                 state.done_reason = f"{state.done_reason}; {change}" if state.done_reason else change
             state.done = True
+            state.signals.update(outcome_signals(state))
+
+
+def outcome_signals(state: QueryState) -> dict[str, Signal]:
+    """The signals any strategy leaves on a query, read off its state once it has an answer: the references' scores
+    (best first), the KG calls, the predicted attributes, the knowledge extractor's agreement and the answer's form."""
+    scores = sorted((r.score for r in state.references), reverse=True)
+    answer = normalize_text(state.answer or "")
+    knowledge = None if state.knowledge is None or is_idk(state.knowledge) else normalize_text(state.knowledge)
+    return {"references.count": len(scores), "references.best": scores[0] if scores else None,
+            "references.top3_mean": sum(scores[:3]) / len(scores[:3]) if scores else None,
+            "kg.calls": len(state.kg_calls), "kg.answered": sum(bool(c.get("answered")) for c in state.kg_calls),
+            "kg.lines": len(state.kg_results),
+            "attributes.domain": state.domain, "attributes.dynamism": state.dynamism,
+            "knowledge.agrees": None if knowledge is None else knowledge == answer,
+            "answer.grader_tokens": grader_token_count(state.answer or ""),
+            "answer.number": bool(_NUMBER.fullmatch(answer)), "answer.yes_no": answer in ("yes", "no"),
+            "answer.invalid": is_invalid(answer), "answer.route": state.route or "single"}

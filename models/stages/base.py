@@ -186,12 +186,13 @@ class StageContext:
     def generate(self, conversations: list, *, owners: Sequence[QueryState], max_tokens: int,
                  temperature: float = 0.0, n: int = 1, stop: list[str] | None = None, seed: int | None = None,
                  deadline: Deadline | None = None, embeddings: list[np.ndarray] | None = None,
-                 states: Iterable[QueryState] = ()) -> list[list[Sample]]:
+                 states: Iterable[QueryState] = (), logprobs: bool = False) -> list[list[Sample]]:
         """The samples of each conversation, in one backend call ending by `deadline` (default: the stage's work
         deadline). `owners` names the query each conversation is for, one to one: with the config's
         `record_prompts` on, the conversation and its samples are added to that query's `prompts`. `embeddings`
         (R2AG prompt mode) go with the conversations to the backend's generate_with_embeddings. Each distinct
-        state in `states` counts one LLM step (multi-step stages pass them)."""
+        state in `states` counts one LLM step (multi-step stages pass them). `logprobs`: the samples carry their
+        tokens' log-probabilities where the backend gives them (Sample.tokens, token_logprobs)."""
         if len(owners) != len(conversations):
             raise ValueError(f"stage {self.stage.name!r}: {len(owners)} owners for {len(conversations)} conversations")
         if not conversations:
@@ -199,7 +200,7 @@ class StageContext:
         for state in {id(s): s for s in states}.values():
             state.steps += 1
         params = GenParams(max_tokens=max_tokens, temperature=temperature, n=n, stop=list(stop or []), seed=seed,
-                           deadline=deadline or self.work_deadline())
+                           deadline=deadline or self.work_deadline(), logprobs=logprobs)
         outputs = well_formed(self.llm.generate(conversations, params) if embeddings is None
                               else self.llm.generate_with_embeddings(conversations, embeddings, params),
                               len(conversations), self.stage.name)

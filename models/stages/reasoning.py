@@ -9,11 +9,11 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from loguru import logger
 
-from models.llm.base import Conversation, cut_short
+from models.llm.base import Conversation, Sample, cut_short, span_logprobs
 from models.prompting import Messages, Prompt
 from models.stages.base import STAGES, Stage, StageContext
 from models.state import QueryState, Reference
-from utils.answers import IDK, INVALID
+from utils.answers import IDK, INVALID, normalize_text
 
 START, END = "===START===", "===END==="
 _BLOCK = re.compile(re.escape(START) + r"(.*?)(?:" + re.escape(END) + r"|\Z)", re.DOTALL)
@@ -113,6 +113,15 @@ def place_embeddings(conversation: Conversation, vectors: np.ndarray, placeholde
     return placed, vectors[order].reshape(len(order), vectors.shape[-1])
 
 
+def answer_signals(state: QueryState, sample: Sample, answer: str, summariser: bool) -> None:
+    """The confidence signals of an answer read from `sample`: its line's tokens' mean and lowest
+    log-probability (None where the backend gives none) and whether the backup summariser gave it."""
+    logprobs = span_logprobs(sample, answer)
+    state.signals.update({"reasoning.answer_logprob_mean": sum(logprobs) / len(logprobs) if logprobs else None,
+                          "reasoning.answer_logprob_min": min(logprobs) if logprobs else None,
+                          "reasoning.summariser": summariser})
+
+
 def first_line(output: str) -> str:
     """The summariser's answer: its first non-empty line, without an "Answer:" label or leading "[n]" citations."""
     line = next((line.strip() for line in output.splitlines() if line.strip()), "")
@@ -142,7 +151,7 @@ class ReasoningStage(Stage):
                                        placeholder) for c, rows in zip(conversations, vectors)]
             conversations, embeddings = [c for c, _ in placed], [e for _, e in placed]
         outputs = ctx.generate(conversations, owners=states, max_tokens=settings.max_tokens,
-                               temperature=settings.temperature, stop=[END], embeddings=embeddings)
+                               temperature=settings.temperature, stop=[END], embeddings=embeddings, logprobs=True)
         unparsed: list[QueryState] = []
         for state, samples in zip(states, outputs):
             if not samples or not samples[0].strip():
@@ -152,12 +161,35 @@ class ReasoningStage(Stage):
             parsed = parse_whole(samples[0])
             if parsed is None:  # no answer, or half of one: the summariser answers
                 unparsed.append(state)
-            elif parsed.false_premise:
-                state.answer = INVALID
-            else:
-                state.answer = parsed.answer
+                continue
+            state.answer = INVALID if parsed.false_premise else parsed.answer
+            answer_signals(state, samples[0], parsed.answer, summariser=False)
+        for state in states:
+            state.signals["references.in_prompt"] = len(fit_references(state.references,
+                                                                       settings.max_reference_chars))
+        if settings.samples:
+            self._agreement([(s, c, e) for s, c, e in zip(states, conversations, embeddings or [None] * len(states))
+                             if s.answer is not None and not s.done], ctx)
         if unparsed:
             self._summarise(unparsed, ctx)
+
+    @staticmethod
+    def _agreement(answered: list[tuple[QueryState, Conversation, np.ndarray | None]], ctx: StageContext) -> None:
+        """Self-consistency: `reasoning.samples` more answers at `sample_temperature` for each answered query, and
+        the share that agree with its answer after normalisation (`reasoning.agreement`; None when none came)."""
+        if not answered:
+            return
+        settings = ctx.settings
+        states, conversations, rows = zip(*answered)
+        outputs = ctx.generate(list(conversations), owners=list(states), max_tokens=settings.max_tokens,
+                               temperature=settings.sample_temperature, n=settings.samples, stop=[END],
+                               embeddings=None if rows[0] is None else list(rows))
+        for state, samples in zip(states, outputs):
+            read = [parse_whole(sample) for sample in samples]
+            votes = [INVALID if p.false_premise else p.answer for p in read if p is not None]
+            state.signals["reasoning.agreement"] = (
+                sum(normalize_text(v) == normalize_text(state.answer) for v in votes) / len(samples)
+                if samples else None)
 
     @staticmethod
     def _retrieval_embeddings(states: list[QueryState], ctx: StageContext) -> list[np.ndarray | None]:
@@ -183,12 +215,13 @@ class ReasoningStage(Stage):
                                        references=prompt_evidence(s, settings.max_reference_chars)[0])
                          for s in states]
         outputs = ctx.generate(conversations, owners=states, max_tokens=settings.summariser_max_tokens,
-                               deadline=deadline)
+                               deadline=deadline, logprobs=True)
         for state, samples in zip(states, outputs):
             answer = first_line(samples[0]) if samples else ""
             if answer and (reason := cut_short(samples[0], answer)):
                 state.finish(IDK, f"the summariser's generation was cut short ({reason})")
             elif answer:
                 state.answer = answer
+                answer_signals(state, samples[0], answer, summariser=True)
             else:
                 state.finish(IDK, "reasoning output unparsable and the summariser returned nothing")

@@ -1,0 +1,81 @@
+"""Confidence signals on every record (trace.signals): the answer line's log-probabilities, self-consistency, the
+summariser, the references, the KG, the attributes and the answer's form."""
+
+import math
+import re
+
+import pytest
+
+from models.llm.base import Sample, span_logprobs
+from tests.conftest import to_batch
+from tests.fakes import ScriptedLLM, by_prompt
+from utils.grader_tokens import grader_token_count
+
+REASONING = "I read [1].\n===START===\n## Answer: christopher nolan\n## False Premise: no\n===END==="
+
+
+def scored(text: str, logprob_of=lambda word: -0.1) -> Sample:
+    """`text` as a backend gives it with log-probabilities: one token per word, its leading whitespace included."""
+    tokens = re.findall(r"\s*\S+\s*$|\s*\S+", text)
+    return Sample(text, tokens=tuple(tokens), token_logprobs=tuple(logprob_of(t.strip()) for t in tokens))
+
+
+def test_span_logprobs_takes_the_tokens_that_spell_the_span_s_last_occurrence():
+    sample = Sample("a b. a b", tokens=("a", " b", ".", " a", " b"), token_logprobs=(-1.0, -2.0, -3.0, -4.0, -5.0))
+    assert span_logprobs(sample, "a b") == [-4.0, -5.0]
+    assert span_logprobs(sample, "b. a") == [-2.0, -3.0, -4.0]  # partly covered tokens count
+    assert span_logprobs(sample, "zzz") == [] and span_logprobs("a b", "a") == []  # absent; no tokens
+
+
+def test_the_answer_line_s_log_probabilities_and_the_retrieval_signals(make_system, sample_examples):
+    unsure = {"christopher": -0.2, "nolan": -1.4}
+    llm = ScriptedLLM(by_prompt(reasoning=lambda conv: scored(REASONING, lambda w: unsure.get(w, -0.01))))
+    system = make_system(llm)
+    assert system.batch_generate_answer(to_batch(sample_examples[:1])) == ["christopher nolan"]
+    (record,) = system.last_batch_trace
+    signals = record["signals"]
+    assert signals["reasoning.answer_logprob_mean"] == pytest.approx((-0.2 - 1.4) / 2)
+    assert signals["reasoning.answer_logprob_min"] == pytest.approx(-1.4)
+    assert signals["reasoning.summariser"] is False and "reasoning.agreement" not in signals  # samples: 0
+    assert llm.calls[0][1].logprobs is True
+    scores = sorted((r["score"] for r in record["references"]), reverse=True)
+    assert signals["references.count"] == len(scores) > 3 and 1 <= signals["references.in_prompt"] <= len(scores)
+    assert signals["references.best"] == pytest.approx(scores[0], abs=1e-4)
+    assert signals["references.top3_mean"] == pytest.approx(sum(scores[:3]) / 3, abs=1e-4)
+    assert (signals["kg.calls"], signals["kg.answered"], signals["kg.lines"]) == (0, 0, 0)
+    assert signals["answer.grader_tokens"] == grader_token_count("christopher nolan") > 0 and signals["answer.route"] == "single"
+    assert not signals["answer.number"] and not signals["answer.yes_no"] and not signals["answer.invalid"]
+    assert signals["knowledge.agrees"] is None  # the knowledge stage is off in this config
+
+
+def test_without_log_probabilities_the_signals_are_missing_not_zero(make_system, sample_examples):
+    system = make_system(ScriptedLLM(by_prompt(reasoning=REASONING)))
+    system.batch_generate_answer(to_batch(sample_examples[:1]))
+    signals = system.last_batch_trace[0]["signals"]
+    assert signals["reasoning.answer_logprob_mean"] is None and signals["reasoning.answer_logprob_min"] is None
+
+
+def test_self_consistency_counts_the_samples_that_agree(make_system, sample_examples, cpu_config):
+    cpu_config.reasoning.samples = 4
+    votes = iter(["christopher nolan", "Christopher Nolan.", "steven spielberg", "<nothing parsable>"])
+
+    def reply(conversation):
+        return REASONING if not llm.calls[-1][1].n > 1 else (
+            f"===START===\n## Answer: {next(votes)}\n## False Premise: no\n===END===")
+
+    llm = ScriptedLLM(by_prompt(reasoning=reply))
+    system = make_system(llm)
+    system.batch_generate_answer(to_batch(sample_examples[:1]))
+    sampled = llm.calls[-1][1]
+    assert (sampled.n, sampled.temperature) == (4, cpu_config.reasoning.sample_temperature)
+    assert system.last_batch_trace[0]["signals"]["reasoning.agreement"] == 0.5  # normalised: 2 of 4 agree
+
+
+def test_the_summariser_s_answer_is_flagged_and_scored(make_system, sample_examples):
+    llm = ScriptedLLM(by_prompt(reasoning="no block at all", summariser=lambda conv: scored("Paris\n",
+                                                                                            lambda w: math.log(0.5))))
+    system = make_system(llm)
+    assert system.batch_generate_answer(to_batch(sample_examples[:1])) == ["Paris"]
+    signals = system.last_batch_trace[0]["signals"]
+    assert signals["reasoning.summariser"] is True
+    assert signals["reasoning.answer_logprob_mean"] == pytest.approx(math.log(0.5))
