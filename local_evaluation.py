@@ -40,14 +40,14 @@ from models.config import (DOMAINS, DYNAMISM, ConfigError, HFConfig, OpenAIConfi
                            add_config_arguments, config_from_args, config_label)
 from models.llm.base import BackendUnavailable
 from models.prompting import PROMPT_DIR, PromptError, PromptLibrary, load_prompt
-from tools import CommandParser, check_out, interrupted
+from tools import CommandParser, check_out, check_out_file, interrupted
 from utils.cache import JsonCache, cache_root
 from utils.names import closest
 
 DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "crag_sample.jsonl"
 
 
-COMMANDS = ("run", "rejudge", "merge", "calibrate", "compare")
+COMMANDS = ("run", "rejudge", "merge", "calibrate", "compare", "gate")
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")  # loguru's
 RUN_HELP = "answer the selected questions (resuming the run folder), judge them, write the report (the default)"
 
@@ -130,6 +130,25 @@ def build_parser() -> argparse.ArgumentParser:
     compare_parser.add_argument("b", type=Path, help="run folder B")
     compare_parser.add_argument("--out", type=Path, default=None, help="where compare.json goes (default: folder B)")
     compare_parser.add_argument("--show", type=int, default=10, help="flipped questions printed per kind")
+    gate_parser = commands.add_parser(
+        "gate", help="the answer gate: fit one on judged runs, or see what one does to a run",
+        description="P(correct | the signals on each record), learnt from judged run folders; an answer under the "
+                    "threshold becomes \"i don't know\" (a config names the file with answer.gate).")
+    gate_commands = gate_parser.add_subparsers(dest="gate_command", metavar="fit|eval", required=True)
+    fit_parser = gate_commands.add_parser("fit", help="fit a gate on judged run folders of one setup",
+                                          description="Logistic regression on the records' signals, its "
+                                                      "regularisation and threshold chosen by cross-validation "
+                                                      "grouped by question; prints what it would save and cost.")
+    fit_parser.add_argument("runs", type=Path, nargs="+", metavar="RUN", help="judged run folders (--out of run)")
+    fit_parser.add_argument("--out", type=Path, required=True, help="the gate file to write (JSON)")
+    fit_parser.add_argument("--rules-wrong-is-wrong", action="store_true",
+                            help="take an answer that matches no gold answer exactly as wrong (data with short "
+                                 "gold answers); without it such answers are left out unless an LLM judged them")
+    eval_parser = gate_commands.add_parser("eval", help="apply a gate to a judged run folder (no model loads)",
+                                           description="The run's score with and without the gate, paired, and "
+                                                       "the answers it withholds.")
+    eval_parser.add_argument("gate", type=Path, metavar="FILE", help="a gate file (gate fit --out)")
+    eval_parser.add_argument("run", type=Path, metavar="RUN", help="a judged run folder")
     return parser
 
 
@@ -385,6 +404,24 @@ def calibrate_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def gate_command(args: argparse.Namespace) -> int:
+    """`gate fit` and `gate eval` (evaluation/gate.py)."""
+    from evaluation import gate
+    from models.gate import GateError
+    from training.gate import TooFewLabels
+
+    try:
+        if args.gate_command == "fit":
+            check_out_file(args.out)
+            print(gate.fit(args.runs, args.out, args.rules_wrong_is_wrong))
+        else:
+            print(gate.evaluate(args.gate, args.run))
+    except (ConfigError, GateError, TooFewLabels, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def compare_command(args: argparse.Namespace) -> int:
     """`compare A B`: run B against run A on the selected questions both answered (same data file)."""
     from evaluation.compare import compare_records, format_comparison, write_comparison
@@ -429,6 +466,8 @@ def main(argv: list[str] | None = None) -> int:
             return calibrate_command(args)
         if args.command == "compare":
             return compare_command(args)
+        if args.command == "gate":
+            return gate_command(args)
         return evaluate(args)
     except KeyboardInterrupt:
         return interrupted(saved_after_interrupt(args, argv))
@@ -437,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
 def saved_after_interrupt(args: argparse.Namespace, argv: list[str]) -> str:
     """What Ctrl-C left behind and the command that goes on from there (a run resumes: --restart is left out)."""
     predictions = getattr(args, "predictions", None)
-    if args.command in ("calibrate", "compare") or predictions is None:
+    if args.command in ("calibrate", "compare", "gate") or predictions is None:
         return "nothing was written"
     script = os.path.relpath(__file__)
     script = __file__ if script.startswith("..") else script

@@ -26,6 +26,7 @@ from loguru import logger
 from evaluation.data import Selection, data_pieces
 from models.config import REPO_ROOT, SystemConfig
 from models.prompting import PromptLibrary
+from utils.trees import differences
 
 MANIFEST = "manifest.json"
 # Config keys that change where files go, how work is spread or what is recorded, never an answer.
@@ -100,17 +101,6 @@ def build(answers: dict[str, Any], selection: Selection, judge: dict[str, Any]) 
                 "dynamism": sorted(selection.dynamism)},
             "judge": judge, **_commit(), "packages": _versions(),
             "started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "finished": None}
-
-
-def differences(old: Any, new: Any, where: str = "") -> list[str]:
-    """The dotted keys whose values differ between two manifests' parts, with both values when short."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        return [d for key in sorted(set(old) | set(new), key=str)
-                for d in differences(old.get(key), new.get(key), f"{where}.{key}" if where else str(key))]
-    if old == new:
-        return []
-    shown = f" ({old!r} -> {new!r})" if len(repr(old)) + len(repr(new)) < 80 else ""
-    return [f"{where}{shown}"]
 
 
 def load(folder: Path) -> dict[str, Any] | None:

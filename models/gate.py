@@ -1,0 +1,139 @@
+"""The answer gate: P(correct | a query's confidence signals) by a logistic model read from a JSON file, and the
+threshold under which an answer is withheld ("i don't know"). Fitting is in training/gate.py.
+
+A gate file holds readable numbers only (never a pickle): the columns the signals become, their scaling, the
+weights, the threshold, what it was fit on and its figures. Columns: a number (a bool counts 0/1) with a column
+saying it was missing; a category (a string signal) one column per value seen at fit time. A missing number takes
+the fit's mean (0 once standardised) and sets its missing column, at fit time and at apply time alike.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from models.state import Signal
+from utils.trees import differences
+
+FORMAT = "crag-answer-gate/1"
+
+
+class GateError(ValueError):
+    """A gate file that cannot be read, or a gate the configuration cannot feed; the message says which."""
+
+
+@dataclass(frozen=True)
+class Column:
+    """One input of the logistic model: `kind` "number" (the signal's value), "missing" (1 where the signal is
+    missing) or "category" (1 where the signal equals `value`)."""
+
+    signal: str
+    kind: str
+    value: str | None = None
+
+
+# The prompts whose wording moves the reasoning signals (the answer line and its log-probabilities).
+SIGNAL_PROMPTS = ("reasoning", "summariser")
+
+
+def signal_setup(config: dict[str, Any], prompt_hashes: dict[str, str]) -> dict[str, Any]:
+    """What produces the signals a gate reads, from a resolved config as plain JSON (a run manifest's
+    `answers.config`) and the prompt files' hashes: the LLM (backend, model, and for hf its dtype), the reasoning
+    settings and the reasoning prompts. A gate fit on one setup is refused by a config of another."""
+    llm = config.get("llm") or {}
+    backend = llm.get("backend")
+    chosen = llm.get(backend) or {}
+    model = {"backend": backend, "model": chosen.get("model")}
+    if backend == "hf":
+        model["dtype"] = chosen.get("dtype")
+    return {"llm": model, "reasoning": config.get("reasoning"),
+            "prompts": {name: prompt_hashes.get(name) for name in SIGNAL_PROMPTS}}
+
+
+def columns_for(examples: list[dict[str, Signal]]) -> list[Column]:
+    """The columns of a set of examples' signals: a number and its missing flag per numeric signal, one column per
+    category value seen; sorted by signal name so a gate reads the same on every machine."""
+    numeric, categories = set(), {}
+    for signals in examples:
+        for name, value in signals.items():
+            if isinstance(value, str):
+                categories.setdefault(name, set()).add(value)
+            elif value is not None:
+                numeric.add(name)
+    columns = []
+    for name in sorted(numeric | set(categories)):
+        if name in numeric:
+            columns += [Column(name, "number"), Column(name, "missing")]
+        columns += [Column(name, "category", value) for value in sorted(categories.get(name, ()))]
+    return columns
+
+
+def raw_row(columns: list[Column], signals: dict[str, Signal]) -> list[float | None]:
+    """The columns' values for one query before scaling; None for a missing number (imputed by `scaled_row`)."""
+    row: list[float | None] = []
+    for column in columns:
+        value = signals.get(column.signal)
+        if column.kind == "number":
+            row.append(float(value) if isinstance(value, (int, float)) and math.isfinite(float(value)) else None)
+        elif column.kind == "missing":
+            row.append(0.0 if isinstance(value, (int, float)) and math.isfinite(float(value)) else 1.0)
+        else:
+            row.append(1.0 if value == column.value else 0.0)
+    return row
+
+
+def scaled_row(row: list[float | None], mean: list[float], scale: list[float]) -> list[float]:
+    """Standardised values; a missing number sits at the mean (0)."""
+    return [0.0 if value is None else (value - m) / s for value, m, s in zip(row, mean, scale)]
+
+
+@dataclass
+class Gate:
+    columns: list[Column]
+    mean: list[float]
+    scale: list[float]
+    weights: list[float]
+    intercept: float
+    threshold: float
+    fit_on: dict[str, Any] = field(default_factory=dict)  # LLM, signal settings hash, prompts, run manifests
+    figures: dict[str, Any] = field(default_factory=dict)  # what `gate fit` printed
+
+    def p_correct(self, signals: dict[str, Signal]) -> float:
+        row = scaled_row(raw_row(self.columns, signals), self.mean, self.scale)
+        z = self.intercept + sum(w * x for w, x in zip(self.weights, row))
+        return 1.0 / (1.0 + math.exp(-z)) if z > -700 else 0.0
+
+    def signals(self) -> list[str]:
+        """The signal names the gate reads."""
+        return sorted({column.signal for column in self.columns})
+
+    def save(self, path: Path) -> None:
+        data = {"format": FORMAT, **asdict(self)}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: Path | str) -> Gate:
+        """The gate in `path`; GateError naming the file and what is wrong with it."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise GateError(f"{path}: not a readable gate file ({type(err).__name__}: {err}); make one with "
+                            "`local_evaluation.py gate fit RUN --out FILE`") from None
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise GateError(f"{path}: not a gate file of format {FORMAT}")
+        try:
+            columns = [Column(**c) for c in data["columns"]]
+            gate = cls(columns, [float(x) for x in data["mean"]], [float(x) for x in data["scale"]],
+                       [float(x) for x in data["weights"]], float(data["intercept"]), float(data["threshold"]),
+                       dict(data.get("fit_on") or {}), dict(data.get("figures") or {}))
+        except (KeyError, TypeError, ValueError) as err:
+            raise GateError(f"{path}: malformed gate ({type(err).__name__}: {err})") from None
+        if not len(columns) == len(gate.mean) == len(gate.scale) == len(gate.weights):
+            raise GateError(f"{path}: {len(columns)} columns, {len(gate.mean)} means, {len(gate.scale)} scales and "
+                            f"{len(gate.weights)} weights")
+        return gate

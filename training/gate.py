@@ -1,0 +1,154 @@
+"""Fitting the answer gate (models/gate.py) on judged records: P(correct | signals) by logistic regression on
+standardised signals with missing-value columns, its regularisation chosen by cross-validation grouped by question,
+and the threshold that maximises the CRAG score of the out-of-fold probabilities.
+
+An answer pays only when it is more likely right than wrong (+1, 0, -1), so the threshold is chosen by the score
+itself, not by accuracy or log-loss.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from sklearn.linear_model import LogisticRegression
+from sklearn.model_selection import StratifiedGroupKFold, cross_val_predict, cross_val_score
+
+from evaluation.compare import paired_difference
+from evaluation.judge import CORRECT, MISS, WRONG, Item, judge_by_rules
+from models.gate import Gate, columns_for, raw_row
+
+MIN_LABELS = 20  # under this, a threshold chosen by cross-validation is noise
+MAX_FOLDS = 5
+C_GRID = tuple(float(c) for c in np.logspace(-3, 2, 11))
+
+
+class TooFewLabels(ValueError):
+    """The records cannot fit a gate (too few labels, one class); the message says what there is."""
+
+
+@dataclass
+class Labelled:
+    """Records a gate can learn from: signals, 1 for correct and 0 for wrong, the question each is of; `counts`
+    says how many records were used and why the others were left out."""
+
+    signals: list[dict[str, Any]] = field(default_factory=list)
+    correct: list[int] = field(default_factory=list)
+    questions: list[str] = field(default_factory=list)
+    counts: Counter = field(default_factory=Counter)
+
+
+def answered_signals(record: dict[str, Any]) -> dict[str, Any] | None:
+    """The signals of a record's answer (the withheld one's where a gate withheld it), None where it has none."""
+    trace = record.get("trace") or {}
+    signals = trace.get("signals")
+    return signals if isinstance(signals, dict) and signals else None
+
+
+def label_records(records: list[dict[str, Any]], rules_wrong_is_wrong: bool = False) -> Labelled:
+    """The labelled records among judged ones. Labels come from an LLM judge, or from what our rules decide (an
+    exact or alternative match, the "invalid question" rules); an answer marked wrong only because it matched no
+    gold answer exactly (`--judge rules`, or the rules' fallback when the LLM judge failed) is left out unless
+    `rules_wrong_is_wrong` (data with short gold answers, where no match is a wrong answer)."""
+    out = Labelled()
+    for record in records:
+        verdict, by = record.get("verdict"), record.get("judged_by")
+        if verdict == MISS:
+            out.counts["i don't know (nothing to gate)"] += 1
+            continue
+        if verdict not in (CORRECT, WRONG):
+            out.counts["unjudged"] += 1
+            continue
+        signals = answered_signals(record)
+        if signals is None:
+            out.counts["no signals (run before signals were recorded)"] += 1
+            continue
+        if by == "llm":
+            out.counts["labelled by the LLM judge"] += 1
+        elif verdict == CORRECT:
+            out.counts["labelled correct by the rules"] += 1
+        elif by == "rules" and judge_by_rules(Item(str(record.get("query") or ""), str(record.get("answer") or ""),
+                                                   tuple(str(a) for a in record.get("alt_answers") or []),
+                                                   str(record.get("prediction") or ""))) == WRONG:
+            out.counts["labelled wrong by the rules"] += 1
+        elif rules_wrong_is_wrong:
+            out.counts["no exact match, taken as wrong (--rules-wrong-is-wrong)"] += 1
+        else:
+            out.counts["no exact match, left out (--rules-wrong-is-wrong takes it as wrong)"] += 1
+            continue
+        out.signals.append(signals)
+        out.correct.append(int(verdict == CORRECT))
+        out.questions.append(str(record.get("interaction_id")))
+    return out
+
+
+def design(columns, examples: list[dict[str, Any]]) -> tuple[np.ndarray, list[float], list[float]]:
+    """The standardised matrix of `examples` over `columns`, and each column's mean and scale (1 where constant)."""
+    raw = np.array([[np.nan if v is None else v for v in raw_row(columns, s)] for s in examples],
+                   dtype=float).reshape(len(examples), len(columns))
+    present = ~np.isnan(raw)
+    mean = np.where(present, raw, 0.0).sum(axis=0) / np.maximum(present.sum(axis=0), 1)
+    filled = np.where(present, raw, mean)
+    scale = filled.std(axis=0)
+    scale = np.where(scale > 1e-12, scale, 1.0)
+    return (filled - mean) / scale, [float(m) for m in mean], [float(s) for s in scale]
+
+
+def crag_score(p: np.ndarray, correct: np.ndarray, threshold: float) -> float:
+    """The mean CRAG points of answering where p >= threshold (+1 right, -1 wrong) and abstaining elsewhere (0)."""
+    answered = p >= threshold
+    return float(np.where(answered, 2 * correct - 1, 0).mean()) if len(p) else 0.0
+
+
+def best_threshold(p: np.ndarray, correct: np.ndarray) -> float:
+    """The threshold with the best crag_score on (p, correct): midpoints between the sorted distinct p, and the two
+    ends (answer everything, nothing); ties go to the one that answers more."""
+    values = np.unique(p)
+    candidates = [0.0, *((values[1:] + values[:-1]) / 2), float(values[-1]) + 1e-9 if len(values) else 1.0]
+    scores = [crag_score(p, correct, t) for t in candidates]
+    best = max(scores)
+    return float(next(t for t, s in zip(candidates, scores) if s >= best - 1e-12))
+
+
+def verdicts(correct: np.ndarray, answered: np.ndarray) -> list[str]:
+    return [(CORRECT if c else WRONG) if a else MISS for c, a in zip(correct, answered)]
+
+
+def fit_gate(labelled: Labelled, seed: int = 0) -> Gate:
+    """The gate fit on `labelled` (TooFewLabels where it cannot be), with its cross-validated figures."""
+    y = np.array(labelled.correct, dtype=int)
+    classes = Counter(labelled.correct)
+    questions = len(set(labelled.questions))
+    folds = min(MAX_FOLDS, min(classes.values(), default=0), questions)
+    if len(y) < MIN_LABELS or len(classes) < 2 or folds < 2:
+        raise TooFewLabels(f"{len(y)} labelled answers ({classes.get(1, 0)} correct, {classes.get(0, 0)} wrong) of "
+                           f"{questions} questions: a gate needs at least {MIN_LABELS}, with two of each kind")
+    columns = columns_for(labelled.signals)
+    x, mean, scale = design(columns, labelled.signals)
+    groups = np.array(labelled.questions)
+    splits = list(StratifiedGroupKFold(folds, shuffle=True, random_state=seed).split(x, y, groups))
+    losses = {c: -cross_val_score(LogisticRegression(C=c, max_iter=2000), x, y, cv=splits,
+                                  scoring="neg_log_loss").mean() for c in C_GRID}
+    c = min(losses, key=losses.get)  # the first of equals: the strongest regularisation
+    oof = cross_val_predict(LogisticRegression(C=c, max_iter=2000), x, y, cv=splits, method="predict_proba")[:, 1]
+    threshold = best_threshold(oof, y)
+    model = LogisticRegression(C=c, max_iter=2000).fit(x, y)
+    answered = oof >= threshold
+    ungated, gated = verdicts(y, np.ones(len(y), bool)), verdicts(y, answered)
+    abstaining = [MISS] * len(y)
+    figures = {
+        "records": len(y), "questions": questions, "correct": int(y.sum()), "wrong": int(len(y) - y.sum()),
+        "folds": folds, "C": c, "threshold": threshold,
+        "coverage": float(answered.mean()), "accuracy_answered": float(y[answered].mean()) if answered.any() else None,
+        "cv_score": {"no gate": crag_score(oof, y, 0.0), "gate": crag_score(oof, y, threshold),
+                     "always i don't know": 0.0, "oracle": float(y.mean())},
+        "gate_minus_no_gate": paired_difference(ungated, gated, seed),
+        "gate_minus_always_idk": paired_difference(abstaining, gated, seed),
+        "counts": dict(labelled.counts),
+    }
+    weights = [float(w) for w in model.coef_[0]]
+    figures["weights"] = {f"{c.signal}{'=' + c.value if c.value else ''}{' (missing)' if c.kind == 'missing' else ''}": w
+                          for c, w in zip(columns, weights)}
+    return Gate(columns, mean, scale, weights, float(model.intercept_[0]), threshold, figures=figures)
