@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     gate_parser = commands.add_parser(
         "gate", help="the answer gate: fit one on judged runs, or see what one does to a run",
         description="P(correct | the signals on each record), learnt from judged run folders; an answer under the "
-                    "threshold becomes \"i don't know\" (a config names the file with answer.gate).")
+                    "threshold would become \"i don't know\". gate eval shows that on a judged run.")
     gate_commands = gate_parser.add_subparsers(dest="gate_command", metavar="fit|eval", required=True)
     fit_parser = gate_commands.add_parser("fit", help="fit a gate on judged run folders of one setup",
                                           description="Logistic regression on the records' signals, its "

@@ -50,7 +50,7 @@ def fit(runs: list[Path], out: Path, rules_wrong_is_wrong: bool = False) -> str:
     gate = fit_gate(label_records(records, rules_wrong_is_wrong))
     gate.fit_on = {"setup": setups[0], "runs": sources, "rules_wrong_is_wrong": rules_wrong_is_wrong}
     gate.save(out)
-    return format_fit(gate) + f"\ngate written to {out}; use it with --set answer.gate={out}"
+    return format_fit(gate) + f"\ngate written to {out}; see what it does to a run with: gate eval {out} RUN"
 
 
 def _interval(found: dict[str, Any]) -> str:
