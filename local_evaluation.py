@@ -41,6 +41,7 @@ from models.config import (DOMAINS, DYNAMISM, ConfigError, HFConfig, OpenAIConfi
 from models.llm.base import BackendUnavailable
 from models.prompting import PROMPT_DIR, PromptError, PromptLibrary, load_prompt
 from tools import CommandParser, check_out, check_out_file, interrupted
+from utils.trees import differences
 from utils.cache import JsonCache, cache_root
 from utils.names import closest
 
@@ -259,7 +260,7 @@ def check_resume(out_dir: Path, predictions: Path, new: dict, force: bool) -> No
         print(f"{out_dir}: predictions without a manifest.json (an older run folder); resuming unchecked",
               file=sys.stderr)
         return
-    changed = manifest.differences(old.get("answers"), new["answers"])
+    changed = differences(old.get("answers"), new["answers"])
     if changed and not force:
         more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
         raise EvaluationError(f"{out_dir} holds predictions of another setup ({'; '.join(changed[:3])}{more}): "
@@ -290,7 +291,7 @@ def merge_shards(out_dir: Path, predictions: Path) -> list[dict]:
               file=sys.stderr)
     first = next((m for m in manifests.values() if m is not None), None)
     for i, shard in manifests.items():
-        changed = manifest.differences(first.get("answers"), shard.get("answers")) if first and shard else []
+        changed = differences(first.get("answers"), shard.get("answers")) if first and shard else []
         if changed:
             raise EvaluationError(f"merge: shard {i} of {count} was run with another setup than the others "
                                   f"({'; '.join(changed[:3])}); re-run it with the same config, prompts and data")

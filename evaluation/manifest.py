@@ -26,7 +26,6 @@ from loguru import logger
 from evaluation.data import Selection, data_pieces
 from models.config import REPO_ROOT, SystemConfig
 from models.prompting import PromptLibrary
-from utils.trees import differences
 
 MANIFEST = "manifest.json"
 # Config keys that change where files go, how work is spread or what is recorded, never an answer.

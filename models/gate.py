@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from models.state import Signal
-from utils.trees import differences
 
 FORMAT = "crag-answer-gate/1"
 

@@ -24,6 +24,7 @@ from evaluation.runner import (EvaluationError, call_with_limit, load_prediction
 from models.config import REPO_ROOT, load_config
 from tests.conftest import SAMPLE, running, write
 from utils.batch import make_batch
+from utils.trees import differences
 
 
 def _example(i: int, **extra) -> dict:
@@ -444,9 +445,9 @@ def test_the_port_of_a_served_kg_is_not_part_of_what_changes_answers():
                                    30.0, True)
     second = manifest.answer_inputs(replace(config, kg=replace(config.kg, base_url="http://127.0.0.1:5202")), SAMPLE,
                                     30.0, True)
-    assert manifest.differences(first, second) == []
+    assert differences(first, second) == []
     other = manifest.answer_inputs(replace(config, kg=replace(config.kg, method="functions")), SAMPLE, 30.0, True)
-    assert manifest.differences(first, other) == ["config.kg.method ('rules' -> 'functions')"]
+    assert differences(first, other) == ["config.kg.method ('rules' -> 'functions')"]
 
 
 def test_merge_refuses_shards_of_different_setups(tmp_path, capsys):

@@ -13,6 +13,7 @@ from models.prompting import PromptLibrary
 from models.stages.base import Batch
 from models.stages.knowledge import KnowledgeStage
 from tests.conftest import SAMPLE, to_batch
+from utils.trees import differences
 from tests.fakes import SEED_REPLY, RecordingKG, ScriptedLLM, by_prompt, prompt_name
 from utils.deadline import Deadline
 
@@ -151,7 +152,7 @@ def test_recording_prompts_is_not_part_of_what_changes_answers():
     config = load_config(REPO_ROOT / "configs" / "cpu.yaml")
     off = manifest.answer_inputs(config, SAMPLE, 30.0, False)
     on = manifest.answer_inputs(replace(config, record_prompts=True), SAMPLE, 30.0, False)
-    assert manifest.differences(off, on) == [] and "record_prompts" not in on["config"]
+    assert differences(off, on) == [] and "record_prompts" not in on["config"]
     other = manifest.answer_inputs(replace(config, batch_size=2), SAMPLE, 30.0, False)
-    assert manifest.differences(off, other) == ["config.batch_size (4 -> 2)"]
+    assert differences(off, other) == ["config.batch_size (4 -> 2)"]
     assert load_config(REPO_ROOT / "configs" / "cpu.yaml", sets=["record_prompts=true"]).record_prompts is True
