@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import socket
@@ -12,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from evaluation.kg_server import fixture_kg, stop
-from models.config import EmbedderConfig, HFConfig
+from models.config import EmbedderConfig, HFConfig, LLMConfig, SystemConfig
+from models.llm.base import LLM
 from models.llm.hf import HFBackend, resolve_model_folder
 from models.retrieval.embedder import Embedder
 
@@ -33,6 +35,53 @@ def embedder() -> Embedder:
     return Embedder(EmbedderConfig())
 
 
+UNHURRIED_S = 3600.0  # a batch deadline and page timeout no test here comes near
+
+
+def unhurried(config: SystemConfig) -> SystemConfig:
+    """`config` with the batch deadline and the page timeout out of reach. Where the deadline is not under test, a
+    busy machine must not skip or cut the stages a test asserts on (on 2 shared cores SmolLM2 has read 8 prompt
+    tokens/s); the deadline is tested on model time (test_llm_real.py) and measured by `make bench`."""
+    config.budget.per_query_s = UNHURRIED_S
+    config.references.timeout_s = UNHURRIED_S
+    return config
+
+
+def _same_embedder(config: EmbedderConfig) -> bool:
+    """The session's embedder serves `config`: the packaged MiniLM on the CPU (the batch size only changes how it is
+    fed)."""
+    return config.model is None and config.device == "cpu"
+
+
+# Where a model is built from a config: the training tools and CragSystem (UserModel) when given none.
+EMBEDDER_BUILDERS = ("tools.train_hash", "tools.train_r2former", "tools.train_attributes", "models.system")
+LLM_BUILDERS = ("models.llm.base", "models.system")
+
+
+@pytest.fixture
+def builders_share_the_embedder(monkeypatch, embedder) -> None:
+    """Code that builds its embedder from a config gets the session's where the config names the same model, and
+    builds any other."""
+    for name in EMBEDDER_BUILDERS:
+        build = importlib.import_module(name).Embedder
+        monkeypatch.setattr(f"{name}.Embedder", lambda config, build=build: embedder if _same_embedder(config)
+                            else build(config))
+
+
+@pytest.fixture
+def builders_share_the_llm(monkeypatch, hf_llm) -> None:
+    """create_llm (how the tools and CragSystem build the config's LLM) gives the session's SmolLM2 where the config
+    names the embedded default on the CPU, and builds any other."""
+    for name in LLM_BUILDERS:
+        build = importlib.import_module(name).create_llm
+
+        def create_llm(config: LLMConfig, build=build) -> LLM:
+            same = config.backend == "hf" and config.hf.model is None and config.hf.device == "cpu"
+            return hf_llm if same else build(config)
+
+        monkeypatch.setattr(f"{name}.create_llm", create_llm)
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -51,7 +100,7 @@ def served_model(tmp_path_factory):
                                     "--device", "cpu", "--log-level", "info"],
                                    stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     try:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 600  # a guard against a server that hangs: it starts in seconds
         while True:
             if process.poll() is not None:
                 pytest.fail(f"transformers serve exited with {process.returncode}:\n{log_path.read_text()[-2000:]}")

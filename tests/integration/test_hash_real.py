@@ -1,23 +1,37 @@
 """HASH-RAG with the real embedder: tools/train_hash.py on data/ and on a pairs file, its index serving the
 pipeline's hash retriever (and the PGCC prompt with the real SmolLM2), and its one-line errors."""
 
+from __future__ import annotations
+
 import json
+from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from models.config import REPO_ROOT, load_config
 from models.retrieval.hash_index import HashIndex, HashModel, SearchSettings
+from models.retrieval.r2former import R2Former, load_checkpoint
+from models.stages import references
 from models.system import CragSystem
 from tests.conftest import to_batch
+from tests.integration.conftest import unhurried
+from tools import train_r2former
 from tools.train_hash import main as train_main
-from tools.train_r2former import main as r2former_main
 from training.hash_training import initial_layer
 
 SAMPLE = REPO_ROOT / "data" / "crag_sample.jsonl"
 
 
-def test_training_on_crag_data_saves_a_searchable_index(tmp_path, capsys, embedder):
+def _recorded(built: list[tuple[R2Former, dict[str, Any]]], model: R2Former) -> R2Former:
+    """`model`, with a copy of its initial weights appended to `built`."""
+    built.append((model, {name: value.detach().clone() for name, value in model.state_dict().items()}))
+    return model
+
+
+def test_training_on_crag_data_saves_a_searchable_index(tmp_path, capsys, embedder, builders_share_the_embedder,
+                                                        monkeypatch):
     out = tmp_path / "crag.hidx"
     assert train_main(["--data", str(SAMPLE), "--out", str(out), "--rounds", "2", "--bits", "64"]) == 0
     printed = capsys.readouterr().out
@@ -28,13 +42,30 @@ def test_training_on_crag_data_saves_a_searchable_index(tmp_path, capsys, embedd
     query = embedder.encode(["who directed the movie inception?"])
     hits = index.search(query, 3, SearchSettings(alpha=50, depth=20))[0]
     assert any("Nolan" in texts[hit.unit] for hit in hits)
-    config = tmp_path / "hash.yaml"  # the R2-Former trains on the lists the hash retriever ranks
+
+    # the R2-Former trains on the lists this index ranks: its weights change, and what it saves loads
+    config = tmp_path / "hash.yaml"
     config.write_text(f"references: {{retriever: hash, workers: 1, hash: {{model: {out}, units: llm}}}}\n")
-    assert r2former_main(["--data", str(SAMPLE), "--config", str(config), "--out", str(tmp_path / "r2.pt"),
-                          "--epochs", "1"]) == 0
+    ranked, built = [], []
+    pool = references.hash_pool
+    monkeypatch.setattr(references, "hash_pool", lambda *args: ranked.append(args[0]) or pool(*args))
+    monkeypatch.setattr(train_r2former, "R2Former", lambda *args: _recorded(built, R2Former(*args)))
+    checkpoint_path = tmp_path / "r2.pt"
+    assert train_r2former.main(["--data", str(SAMPLE), "--config", str(config), "--out", str(checkpoint_path),
+                                "--epochs", "1"]) == 0
+    assert f"saved {checkpoint_path}" in capsys.readouterr().out
+    assert ranked and all(np.array_equal(model.weight, index.model.weight) for model in ranked)
+    checkpoint = load_checkpoint(checkpoint_path)
+    assert checkpoint.embedder == "all-MiniLM-L6-v2" and not checkpoint.trained_with_lm
+    assert np.isfinite(checkpoint.metrics["val_loss"]) and checkpoint.metrics["epoch"] == 1
+    ((_, initial),) = built
+    saved = checkpoint.model.state_dict()
+    assert saved.keys() == initial.keys()
+    assert any(not torch.equal(saved[name], initial[name]) for name in saved)  # one epoch of Adam moved it
 
 
-def test_pairs_file_and_the_pipeline_retriever(tmp_path, capsys, sample_examples):
+def test_pairs_file_and_the_pipeline_retriever(tmp_path, capsys, sample_examples, hf_llm, embedder,
+                                               builders_share_the_embedder):
     rows = [{"query": e["query"], "positives": [p["page_snippet"] for p in e["search_results"][:1]],
              "negatives": [p["page_snippet"] for p in e["search_results"][1:]]} for e in sample_examples]
     data = tmp_path / "pairs.jsonl"
@@ -44,21 +75,28 @@ def test_pairs_file_and_the_pipeline_retriever(tmp_path, capsys, sample_examples
     assert "13 questions (10 train, 3 held out)" in capsys.readouterr().out
     assert HashIndex.load(out).vectors is None
 
-    config = load_config(REPO_ROOT / "configs" / "cpu.yaml")
+    config = unhurried(load_config(REPO_ROOT / "configs" / "cpu.yaml"))
     config.task, config.attributes.method = 1, "none"
     config.knowledge.enabled = config.calculator.enabled = False
     config.references.workers = 1
     config.references.cache_dir = str(tmp_path / "cache")
     config.references.retriever, config.references.hash.model = "hash", str(out)
     config.prompts = {"reasoning": "prompts/pgcc.yaml"}
-    system = CragSystem(config)  # the real SmolLM2 and MiniLM
+    # the prompt is under test, not the answer: a short one, and a short reply
+    config.reasoning.max_tokens, config.reasoning.max_reference_chars, config.record_prompts = 32, 1500, True
+    system = CragSystem(config, llm=hf_llm, embedder=embedder)
     try:
         answers = system.batch_generate_answer(to_batch(sample_examples[:2]))
     finally:
         system.close()
     assert len(answers) == 2 and all(isinstance(a, str) and a for a in answers)
-    stages = {r["stage"]: r["status"] for r in system.last_batch_trace[0]["stages"]}
-    assert stages["references"] == "ok" and stages["reasoning"] == "ok"
+    for trace in system.last_batch_trace:
+        stages = {r["stage"]: r["status"] for r in trace["stages"]}
+        assert stages["references"] == "ok" and stages["reasoning"] == "ok"
+        # the PGCC prompt lists the hash index's propositions, then the references they came from
+        user = next(p for p in trace["prompts"] if p["stage"] == "reasoning")["messages"][-1]["content"]
+        assert "- (id " in user.split("### Key propositions", 1)[1]  # a line of prompts/pgcc.yaml
+        assert trace["references"] and trace["references"][0]["text"][:200] in user
 
 
 def test_training_tool_errors_are_one_line(tmp_path, capsys):

@@ -1,16 +1,85 @@
-"""The hf backend on the embedded SmolLM2, and the openai backend against a real `transformers serve`."""
+"""The hf backend on the embedded SmolLM2, and the openai backend against a real `transformers serve`.
+
+The deadline tests run on model time (ModelTime): a clock that the model's own forward passes move, read by the
+backend's timing and by the test's deadline alike. What the deadline admits, cuts and stops then depends on the
+tokens the model reads, never on how busy the machine is; how fast the real machine meets its deadlines is
+measured by `make bench` (benchmarks/deadline.py)."""
+
+from __future__ import annotations
 
 import math
-import time
+from collections.abc import Callable, Iterator
 
-from utils.deadline import Deadline
+import pytest
+import torch
+
 from models.config import OpenAIConfig
 from models.llm.base import DEADLINE, LENGTH, GenParams, cut_short
-from models.llm.hf import PREFILL_SHARE
+from models.llm.hf import MIN_PROMPT_TOKENS, PREFILL_CHUNK_MAX, PREFILL_SHARE, HFBackend, _new_tokens
 from models.llm.openai import OpenAIBackend
+from utils.deadline import Deadline
 
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 OTHER = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a primary color."}]
+LONG = [{"role": "user", "content": "The harbour reported record traffic this season. " * 250 + "Sum 2 and 2."}]
+COUNT = [{"role": "user", "content": "Count from 1 to 1000, one number after another, separated by commas."}]
+NEVER_S = 3600.0  # a deadline no call here comes near: it only turns the deadline's code paths on
+
+
+class ModelTime:
+    """A clock moved by the model's forward passes: each takes its tokens (positions x rows) / `rate` seconds.
+    `passes` holds the tokens of every pass, in order."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate, self.now = rate, 0.0
+        self.passes: list[int] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def after_forward(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: object) -> None:
+        tokens = _new_tokens(kwargs)
+        self.passes.append(tokens)
+        self.now += tokens / self.rate
+
+
+@pytest.fixture
+def model_time(hf_llm: HFBackend, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[float, float], ModelTime]]:
+    """Put the backend on model time reading `rate` tokens/s, with `measured` as the rate it measured at load and
+    no decoding step timed yet; the backend's rates and clock are restored after the test."""
+    hooks = []
+
+    def start(rate: float, measured: float) -> ModelTime:
+        clock = ModelTime(rate)
+        monkeypatch.setattr(hf_llm, "_now", clock)
+        monkeypatch.setattr(hf_llm, "_prefill_tps", measured)
+        monkeypatch.setattr(hf_llm, "_step_s", 0.0)
+        hooks.append(hf_llm.model.register_forward_hook(clock.after_forward, with_kwargs=True))
+        return clock
+
+    yield start
+    for hook in hooks:
+        hook.remove()
+
+
+@pytest.fixture
+def encoded(hf_llm: HFBackend, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """The (rows, width) of every batch the backend encodes, in order."""
+    shapes: list[tuple[int, int]] = []
+    encode = hf_llm._encode
+
+    def recording(*args: object, **kwargs: object) -> dict[str, torch.Tensor]:
+        inputs = encode(*args, **kwargs)
+        shapes.append(tuple(inputs["attention_mask"].shape))
+        return inputs
+
+    monkeypatch.setattr(hf_llm, "_encode", recording)
+    return shapes
+
+
+def prompt_length(llm: HFBackend, conversation: list[dict[str, str]]) -> int:
+    return len(llm.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, return_dict=True)
+               ["input_ids"])
 
 
 def test_hf_generates_a_batch_greedily(hf_llm):
@@ -33,53 +102,63 @@ def test_hf_says_why_generation_ended(hf_llm):
     assert cut_short(finished) is None and cut_short(cut) == LENGTH
     ((stopped,),) = hf_llm.generate([QUESTION], GenParams(max_tokens=48, stop=["Paris"]))
     assert cut_short(stopped) is None  # a stop string ends it as the model's end of sequence does
-    # a deadline that affords reading the prompt (even on a busy machine) but not 2,000 tokens of counting
-    count = [{"role": "user", "content": "Count from 1 to 1000, one number after another, separated by commas."}]
-    ((timed_out,),) = hf_llm.generate([count], GenParams(max_tokens=2000, deadline=Deadline(6.0)))
-    assert timed_out and cut_short(timed_out) == DEADLINE  # the deadline clock stopped it
 
 
-def test_hf_reads_no_more_of_the_prompts_than_the_deadline_affords(hf_llm):
-    """Reading a prompt is one forward pass that no stopping criterion can stop (four 2,000-token prompts: about 15 s on
-    two cores): the backend cuts the prompts to what the deadline affords at its measured rate, or does not
-    start them. A contract with a generous margin, not a speed figure."""
-    long = [{"role": "user", "content": "The harbour reported record traffic this season. " * 250 + "Sum 2 and 2."}]
-    started = time.perf_counter()
-    out = hf_llm.generate([long] * 4, GenParams(max_tokens=32, deadline=Deadline(3.0)))
-    assert time.perf_counter() - started < 3.0 + 2.0 and len(out) == 4
-    started = time.perf_counter()
-    assert hf_llm.generate([long] * 4, GenParams(max_tokens=32, deadline=Deadline(0.2))) == [[]] * 4
-    assert time.perf_counter() - started < 1.0
+def test_hf_stops_decoding_within_one_step_of_the_deadline(hf_llm, model_time):
+    """100 tokens/s of model time: the prompt takes about 0.5 s of the deadline and each decoding step 0.01 s, so
+    counting to 1,000 is cut by the deadline after about 50 tokens, before a step that would end past it. The
+    deadline falls between two steps' ends, so a step too many ends past it."""
+    clock = model_time(rate=100.0, measured=100.0)
+    seconds, step = 1.005, 1 / clock.rate  # one row: a step reads one position
+    ((timed_out,),) = hf_llm.generate([COUNT], GenParams(max_tokens=2000, deadline=Deadline(seconds, clock)))
+    assert timed_out and cut_short(timed_out) == DEADLINE
+    assert prompt_length(hf_llm, COUNT) + 10 < sum(clock.passes) < prompt_length(hf_llm, COUNT) + seconds * clock.rate
+    assert seconds - 2 * step < clock.now <= seconds  # not past the deadline, and not a step earlier than needed
 
 
-def test_hf_gives_up_reading_prompts_the_deadline_cannot_afford(hf_llm):
-    """A rate measured on a quieter machine admits prompts that now take far longer to read (four 2,000-token
-    prompts: about 15 s on two cores): the prompts are read in chunks, and the chunk the deadline cannot afford is
-    not started. A contract with a generous margin, not a speed figure."""
-    long = [{"role": "user", "content": "The harbour reported record traffic this season. " * 250 + "Sum 2 and 2."}]
-    measured = hf_llm._prefill_tps
-    hf_llm._prefill_tps = 20 * measured  # as if the machine had been 20 times faster when it was measured
-    try:
-        started = time.perf_counter()
-        out = hf_llm.generate([long] * 4, GenParams(max_tokens=32, deadline=Deadline(3.0)))
-        seconds = time.perf_counter() - started
-        learned = hf_llm._prefill_tps
-    finally:
-        hf_llm._prefill_tps = measured
-    # Admitted, the prompts are cut to what 20 times the rate reads in 40% of 3 s, which takes up to 24 s at the
-    # real rate. One chunk (at most 512 tokens) may run past the deadline: the bound is in chunks at the rate
-    # measured before, so a busier machine does not fail the test, and it is far below reading them all.
-    length = min(len(hf_llm.tokenizer.apply_chat_template(long, add_generation_prompt=True, return_dict=True)["input_ids"]),
-                 hf_llm.config.max_input_tokens)
-    chunk_s, whole_s = 512 / measured, min(4 * length, 20 * measured * 3.0 * PREFILL_SHARE) / measured
-    assert out == [[]] * 4 and seconds < 3.0 + 2 * chunk_s < whole_s
-    # the next call plans with what this one saw, near the real rate (measured again: the session's measurement
-    # may come from a busier moment), not the inflated one
-    assert learned < 2 * max(measured, hf_llm._measure_prefill()) < 20 * measured
+def test_hf_cuts_the_prompts_to_what_the_deadline_affords(hf_llm, model_time, encoded):
+    """Four ~2,000-token prompts, 3 s at a measured 1,000 tokens/s: PREFILL_SHARE of it reads 1,200 tokens, so each
+    prompt is cut to 300 (head and tail), and the generation ends within the deadline at the rate it planned with."""
+    clock = model_time(rate=1000.0, measured=1000.0)
+    out = hf_llm.generate([LONG] * 4, GenParams(max_tokens=32, deadline=Deadline(3.0, clock)))
+    affordable = 1000.0 * 3.0 * PREFILL_SHARE
+    assert len(out) == 4 and all(len(samples) == 1 for samples in out)
+    rows, width = encoded[-1]
+    assert rows == 4 and width == int(affordable / 4) < prompt_length(hf_llm, LONG)
+    assert sum(tokens for tokens in clock.passes if tokens > rows) <= affordable  # the chunks; decoding reads 1 a row
+    assert clock.now <= 3.0
 
 
-def test_hf_respects_the_deadline(hf_llm):
+def test_hf_does_not_encode_prompts_the_deadline_cannot_read(hf_llm, model_time, encoded, caplog_loguru):
+    """Templating and tokenising long prompts takes time too (eight 3,000-token prompts: 0.08 s, which made a
+    batch overrun a 1.5 s deadline): a micro-batch that cannot read MIN_PROMPT_TOKENS each is given up first, while
+    a short prompt still goes."""
+    clock = model_time(rate=100.0, measured=100.0)  # 3 s reads 120 tokens: 30 a prompt
+    assert 100.0 * 3.0 * PREFILL_SHARE / 4 < MIN_PROMPT_TOKENS
+    assert hf_llm.generate([LONG] * 4, GenParams(max_tokens=32, deadline=Deadline(3.0, clock))) == [[]] * 4
+    assert encoded == [] and clock.passes == [] and "4 conversations not generated" in caplog_loguru.text
+    ((short,),) = hf_llm.generate([QUESTION], GenParams(max_tokens=4, deadline=Deadline(3.0, clock)))
+    assert short and len(encoded) == 1
+
+
+def test_hf_gives_up_reading_prompts_the_deadline_cannot_afford(hf_llm, model_time, encoded, caplog_loguru):
+    """A rate measured on a quieter machine (here 20 times the real one) admits prompts that now take far longer to
+    read: the prompts are read in chunks, the chunk the deadline cannot afford is not started, and the next call
+    plans with the rate this one saw."""
+    clock = model_time(rate=100.0, measured=2000.0)
+    out = hf_llm.generate([LONG] * 4, GenParams(max_tokens=32, deadline=Deadline(3.0, clock)))
+    assert out == [[]] * 4 and "4 rows given up while reading their prompts" in caplog_loguru.text
+    # admitted at 20 times the rate: 2,400 tokens, 600 a prompt, read in chunks of 128 positions x 4 rows
+    assert encoded[-1] == (4, int(2000.0 * 3.0 * PREFILL_SHARE / 4))
+    chunk = PREFILL_CHUNK_MAX  # planned 250 positions a row, capped at PREFILL_CHUNK_MAX // 4
+    assert clock.passes == [chunk]  # 5.12 s for the first: the second is not started
+    assert clock.now <= 3.0 + chunk / clock.rate  # at most one chunk past the deadline
+    assert hf_llm._prefill_tps == pytest.approx(clock.rate)  # learned from the chunk it read
+
+
+def test_hf_respects_the_deadline(hf_llm, encoded):
     assert hf_llm.generate([QUESTION, OTHER], GenParams(deadline=Deadline(0))) == [[], []]
+    assert encoded == []
 
 
 def test_hf_gives_the_log_probabilities_of_each_token(hf_llm):
@@ -97,7 +176,7 @@ def test_hf_gives_the_log_probabilities_of_each_token(hf_llm):
 def test_openai_backend_gets_no_log_probabilities_from_transformers_serve(served_model):
     base_url, model, _ = served_model  # transformers serve ignores logprobs (it logs "unsupported fields")
     backend = OpenAIBackend(OpenAIConfig(base_url=base_url, model=model))
-    ((sample,),) = backend.generate([QUESTION], GenParams(max_tokens=8, top_logprobs=3, deadline=Deadline(120)))
+    ((sample,),) = backend.generate([QUESTION], GenParams(max_tokens=8, top_logprobs=3, deadline=Deadline(NEVER_S)))
     assert sample and sample.top_logprobs == () and not backend.logprobs_refused
 
 
@@ -109,19 +188,9 @@ def test_hf_cache_is_a_plain_folder(hf_llm):
 def test_openai_backend_talks_to_transformers_serve(served_model):
     base_url, model, log = served_model
     backend = OpenAIBackend(OpenAIConfig(base_url=base_url, model=model, concurrency=2))
-    out = backend.generate([QUESTION, OTHER], GenParams(max_tokens=16, stop=["."], deadline=Deadline(120)))
+    out = backend.generate([QUESTION, OTHER], GenParams(max_tokens=16, stop=["."], deadline=Deadline(NEVER_S)))
     assert all(len(samples) == 1 and samples[0] and "." not in samples[0] for samples in out)
     assert "paris" in out[0][0].lower()
     assert log.read_text().count("POST /v1/chat/completions") >= 2
-    ((cut,),) = backend.generate([OTHER], GenParams(max_tokens=1, deadline=Deadline(120)))
+    ((cut,),) = backend.generate([OTHER], GenParams(max_tokens=1, deadline=Deadline(NEVER_S)))
     assert cut_short(cut) == LENGTH  # the server's finish_reason "length"
-
-
-def test_hf_does_not_encode_prompts_the_deadline_cannot_read(hf_llm, monkeypatch):
-    """Templating and tokenising long prompts takes time too (eight 3,000-token prompts: 0.08 s, which made a
-    batch overrun a 1.5 s deadline): a micro-batch that cannot read MIN_PROMPT_TOKENS each is given up first."""
-    long = [{"role": "user", "content": "The harbour reported record traffic this season. " * 250 + "Sum 2 and 2."}]
-    encoded = []
-    monkeypatch.setattr(hf_llm, "_encode", lambda *args, **kwargs: encoded.append(args))
-    assert hf_llm.generate([long] * 4, GenParams(max_tokens=32, deadline=Deadline(0.01))) == [[]] * 4
-    assert encoded == []

@@ -4,11 +4,12 @@ import pytest
 
 from models.system import CragSystem
 from tests.conftest import to_batch
+from tests.integration.conftest import unhurried
 
 
 @pytest.mark.parametrize("strategy", ["hanrag", "dualrag"])
 def test_multi_hop_strategies_answer_every_query(strategy, cpu_config, sample_examples, hf_llm, embedder):
-    cpu_config.strategy = strategy
+    unhurried(cpu_config).strategy = strategy  # every step the strategy takes, however busy the machine
     cpu_config.dualrag.max_iter, cpu_config.dualrag.max_tokens, cpu_config.hanrag.max_steps = 2, 48, 2
     system = CragSystem(cpu_config, llm=hf_llm, embedder=embedder)
     try:

@@ -1,5 +1,7 @@
 """R2AG with the real models: exact embedding injection in SmolLM2, the training tool, the pipeline in both modes."""
 
+from __future__ import annotations
+
 import json
 
 import numpy as np
@@ -7,18 +9,30 @@ import pytest
 import torch
 
 from models.config import REPO_ROOT, HFConfig, load_config
+from models.llm import hf
 from models.llm.base import GenParams
 from models.llm.hf import HFBackend
 from models.retrieval.r2former import load_checkpoint
 from models.system import CragSystem
 from tests.conftest import SAMPLE, to_batch
+from tests.integration.conftest import unhurried
 from tools.train_r2former import main as train_main
 
 
 @pytest.fixture(scope="module")
 def llm() -> HFBackend:
-    """Its own backend: adding the placeholder token must not change the session's shared one."""
+    """Its own backend: adding the placeholder token must not change the session's shared one. The module's
+    pipelines and the --lm training run on it too."""
     return HFBackend(HFConfig())
+
+
+@pytest.fixture
+def tools_share_the_r2ag_llm(monkeypatch, llm) -> None:
+    """tools/train_r2former.py --lm builds an HFBackend of its config: the module's, where that is the embedded
+    default."""
+    build = hf.HFBackend
+    monkeypatch.setattr(hf, "HFBackend", lambda config: llm if config.model is None and config.device == "cpu"
+                        else build(config))
 
 
 def conversations(placeholder: str) -> list[list[dict[str, str]]]:
@@ -84,24 +98,26 @@ def pairs_file(path, examples) -> str:
     return str(path)
 
 
-def system_for(checkpoint, mode, tmp_path) -> CragSystem:
-    config = load_config(REPO_ROOT / "configs" / "cpu.yaml")
+def system_for(checkpoint, mode, tmp_path, llm: HFBackend, embedder) -> CragSystem:
+    config = unhurried(load_config(REPO_ROOT / "configs" / "cpu.yaml"))
     config.attributes.method = "none"
     config.knowledge.enabled = config.calculator.enabled = False
     config.references.workers = 1
     config.references.cache_dir = str(tmp_path / "cache")
     config.r2ag.enabled, config.r2ag.checkpoint, config.r2ag.mode = True, str(checkpoint), mode
-    return CragSystem(config)
+    config.reasoning.max_tokens, config.reasoning.max_reference_chars = 32, 1500  # R2AG's plumbing, not the answer
+    return CragSystem(config, llm=llm, embedder=embedder)
 
 
-def test_qdm_training_on_crag_data_serves_relevance_mode(tmp_path, capsys, sample_examples):
+def test_qdm_training_on_crag_data_serves_relevance_mode(tmp_path, capsys, sample_examples, llm, embedder,
+                                                         builders_share_the_embedder):
     out = tmp_path / "qdm.pt"
     assert train_main(["--data", str(SAMPLE), "--out", str(out), "--epochs", "3"]) == 0
     printed = capsys.readouterr().out
     assert "13 lists" in printed and "val AUC" in printed and f"saved {out}" in printed
     checkpoint = load_checkpoint(out)
     assert checkpoint.embedder == "all-MiniLM-L6-v2" and not checkpoint.trained_with_lm
-    system = system_for(out, "relevance", tmp_path)
+    system = system_for(out, "relevance", tmp_path, llm, embedder)
     try:
         answers = system.batch_generate_answer(to_batch(sample_examples[:2]))
     finally:
@@ -110,16 +126,17 @@ def test_qdm_training_on_crag_data_serves_relevance_mode(tmp_path, capsys, sampl
     assert [r["status"] for r in system.last_batch_trace[0]["stages"] if r["stage"] == "r2ag"] == ["ok"]
 
 
-def test_lm_training_serves_retrieval_aware_prompting(tmp_path, capsys, sample_examples):
+def test_lm_training_serves_retrieval_aware_prompting(tmp_path, capsys, sample_examples, llm, embedder, monkeypatch,
+                                                      builders_share_the_embedder, tools_share_the_r2ag_llm):
     out = tmp_path / "lm.pt"
     data = pairs_file(tmp_path / "lists.jsonl", sample_examples[:6])
     assert train_main(["--data", data, "--out", str(out), "--epochs", "1", "--lm", "--batch-size", "4"]) == 0
     assert "LM loss through SmolLM2" in capsys.readouterr().out
     assert load_checkpoint(out, llm_hidden_size=576).trained_with_lm
-    system = system_for(out, "prompt", tmp_path)
+    system = system_for(out, "prompt", tmp_path, llm, embedder)
     calls = []
-    original = system.llm.generate_with_embeddings
-    system.llm.generate_with_embeddings = lambda c, e, p: (calls.append(e), original(c, e, p))[1]
+    original = llm.generate_with_embeddings
+    monkeypatch.setattr(llm, "generate_with_embeddings", lambda c, e, p: (calls.append(e), original(c, e, p))[1])
     try:
         answers = system.batch_generate_answer(to_batch(sample_examples[:1]))
     finally:

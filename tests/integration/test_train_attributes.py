@@ -1,5 +1,7 @@
 """tools/train_attributes.py on a slice of the shipped labelled file, with the real MiniLM (and SmolLM2 for ICL)."""
 
+from __future__ import annotations
+
 import json
 
 from models.config import REPO_ROOT
@@ -9,12 +11,15 @@ from tools.train_attributes import main
 LABELLED = REPO_ROOT / "data" / "attributes" / "questions.jsonl"
 
 
-def test_trains_reports_and_writes_a_loadable_model(tmp_path, capsys):
+def test_trains_reports_and_writes_a_loadable_model(tmp_path, capsys, embedder, builders_share_the_embedder,
+                                                    builders_share_the_llm):
     rows = LABELLED.read_text(encoding="utf-8").splitlines()[::4]  # 85 questions, every class present
     data = tmp_path / "slice.jsonl"
     data.write_text("\n".join(rows) + "\n", encoding="utf-8")
-    config = tmp_path / "cpu.yaml"
-    config.write_text((REPO_ROOT / "configs" / "cpu.yaml").read_text().replace("n: 5", "n: 2"))
+    config = tmp_path / "cpu.yaml"  # ICL runs, not how well: one demonstration a class, one sample
+    config.write_text((REPO_ROOT / "configs" / "cpu.yaml").read_text().replace("shots_per_class: 5",
+                                                                               "shots_per_class: 1")
+                      .replace("n: 5", "n: 1"))
     out = tmp_path / "model.pkl"
     assert main(["--data", str(data), "--out", str(out), "--folds", "3", "--test-size", "0.1", "--icl",
                  "--config", str(config)]) == 0
@@ -23,6 +28,11 @@ def test_trains_reports_and_writes_a_loadable_model(tmp_path, capsys):
     assert "  SVM  domain" in printed and "  ICL  domain" in printed
     model = SVMAttributes.load(out)
     assert model.embedder == "all-MiniLM-L6-v2"
+    # trained on every row: it gives back the labels it was trained on, each for its own question
+    labelled = [json.loads(row) for row in rows]
+    predicted = model.predict(embedder.encode([row["query"] for row in labelled]))
+    gold = [(row["domain"], row["static_or_dynamic"]) for row in labelled]
+    assert sum(p == g for p, g in zip(predicted, gold)) >= 0.9 * len(gold)
 
 
 def test_bad_data_is_a_one_line_error(tmp_path, capsys):
