@@ -245,7 +245,7 @@ def test_pool_gives_the_same_pages_as_one_process():
 
 def _slow_or_broken(raw, name, settings):
     if raw == "STUCK":
-        time.sleep(30)
+        time.sleep(600)  # never finishes: the pool is replaced and its worker killed
     if raw == "BUG":
         raise RuntimeError("parser bug")
     return ProcessedPage(chunks=[f"{raw} ok"])
@@ -255,10 +255,11 @@ def test_stuck_page_times_out_and_the_pool_is_replaced(monkeypatch, caplog_logur
     monkeypatch.setattr(utils.pages, "process_html", _slow_or_broken)  # the forked workers inherit the patch
     pool = PageProcessor(SETTINGS, workers=2, use_cache=False)
     try:
-        results = pool.process([("a", "A"), ("STUCK", "S"), ("BUG", "B"), ("b", "B")], timeout_s=2)
+        # 8 s for three one-word pages in a forked worker: time enough on any machine; the stuck page never ends
+        results = pool.process([("a", "A"), ("STUCK", "S"), ("BUG", "B"), ("b", "B")], timeout_s=8)
         assert [r.chunks if r else None for r in results] == [["a ok"], None, [], ["b ok"]]
         assert "parser bug" in caplog_loguru.text and "1 of 4 pages not processed" in caplog_loguru.text
-        (later,) = pool.process([("c", "C")], timeout_s=5)  # a fresh pool took over
+        (later,) = pool.process([("c", "C")], timeout_s=600)  # a fresh pool took over
         assert later.chunks == ["c ok"]
     finally:
         pool.close()
