@@ -8,10 +8,11 @@ from typing import Any
 
 from evaluation import manifest
 from evaluation.compare import paired_difference
-from evaluation.judge import CORRECT, MISS, WRONG
+from evaluation.judge import CORRECT, MISS, UNJUDGED, WRONG, ungated, withheld_answer
+from evaluation.metrics import Scores, intervals
 from evaluation.runner import load_predictions
 from models.gate import Gate, GateError, signal_setup
-from training.gate import answered_signals, fit_gate, label_records
+from training.gate import TooFewLabels, answered_signals, fit_gate, label_records
 from utils.trees import differences
 
 
@@ -79,13 +80,14 @@ def format_fit(gate: Gate) -> str:
 
 def gated_verdicts(gate: Gate, records: list[dict[str, Any]]) -> tuple[list[str], list[str], int]:
     """(verdicts without the gate, verdicts with it, answers withheld): an answer whose P(correct) is under the
-    threshold becomes "i don't know" (a miss); records without signals keep their verdict."""
+    threshold becomes "i don't know" (a miss); records without signals keep their verdict. A run that had a gate
+    is read without it first (its withheld answers' verdicts), so this gives that run's own gated verdicts."""
     before, after, withheld = [], [], 0
-    for record in records:
+    for record in map(ungated, records):
         verdict = record.get("verdict")
         before.append(verdict)
         signals = answered_signals(record)
-        if verdict in (CORRECT, WRONG) and signals is not None and gate.p_correct(signals) < gate.threshold:
+        if verdict in (CORRECT, WRONG, UNJUDGED) and signals is not None and gate.p_correct(signals) < gate.threshold:
             after.append(MISS)
             withheld += 1
         else:
@@ -107,3 +109,77 @@ def evaluate(gate_file: Path, run: Path) -> str:
         f"{withheld}",
         f"score without the gate {result['score_a']:+.3f}, with it {result['score_b']:+.3f}",
         f"gate - no gate: {_interval(result)}"])
+
+
+CURVE_POINTS = 25  # the risk-coverage curve's points in report.json (evenly spaced over the answers)
+
+
+def risk_coverage(scored: list[tuple[float, str]], questions: int) -> list[dict[str, float]]:
+    """The answers (P(correct), verdict: correct or wrong) answered best first: at each point, the share of the
+    `questions` answered, the accuracy of those answered, the CRAG score of answering only them, and the lowest P
+    among them (a threshold just under it answers exactly these)."""
+    ordered = sorted(scored, key=lambda item: -item[0])
+    points, right = [], 0
+    marks = {round(k * len(ordered) / CURVE_POINTS) for k in range(1, CURVE_POINTS + 1)} if ordered else set()
+    for k, (p, verdict) in enumerate(ordered, start=1):
+        right += verdict == CORRECT
+        if k in marks:
+            points.append({"p": round(p, 4), "coverage": k / questions, "accuracy": right / k,
+                           "score": (2 * right - k) / questions})
+    return points
+
+
+def gate_summary(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """report.json's `gate` (a run with an answer gate: the score without it, what it withheld, the paired
+    difference) and `risk_coverage` (every run whose answers carry signals: the answers ordered by the run's gate,
+    or without one by a gate fit on the run's own verdicts, in-sample); None where no record has signals."""
+    gated = [r["trace"]["gate"] for r in records if isinstance((r.get("trace") or {}).get("gate"), dict)]
+    result: dict[str, Any] = {}
+    if gated:
+        before, after = [ungated(r).get("verdict") for r in records], [r.get("verdict") for r in records]
+        result["gate"] = {"threshold": gated[0]["threshold"], "scored": len(gated),
+                          "withheld": sum(withheld_answer(r) is not None for r in records),
+                          "ungated": {**Scores.of(before).as_dict(), "ci95": intervals(before)},
+                          "paired_ci": paired_difference(before, after)}
+        p = {id(r): r["trace"]["gate"]["p_correct"] for r in records if (r.get("trace") or {}).get("gate")}
+        ordered_by = "the run's answer gate"
+    else:
+        if not any(answered_signals(r) for r in records):
+            return None
+        try:  # the run's own verdicts, taken as they are, so the curve ends at the run's score
+            own = fit_gate(label_records(records, rules_wrong_is_wrong=True))
+        except TooFewLabels as err:
+            return {"risk_coverage": {"ordered_by": None, "note": f"no curve: {err}"}}
+        p = {id(r): own.p_correct(answered_signals(r)) for r in records if answered_signals(r)}
+        ordered_by = "a gate fit on this run's own verdicts (in-sample, so optimistic)"
+    scored = [(p[id(r)], ungated(r)["verdict"]) for r in records
+              if id(r) in p and ungated(r).get("verdict") in (CORRECT, WRONG)]
+    result["risk_coverage"] = {"ordered_by": ordered_by, "questions": len(records), "answers": len(scored),
+                               "points": risk_coverage(scored, len(records))}
+    return result
+
+
+def format_gate(summary: dict[str, Any], rows: int = 8) -> list[str]:
+    """The printed lines of a report's `gate` and `risk_coverage`."""
+    lines = []
+    if gate := summary.get("gate"):
+        without = gate["ungated"]
+        lines.append(f"answer gate (threshold {gate['threshold']:.3f}): withheld {gate['withheld']} of "
+                     f"{gate['scored']} answers; score {summary['overall']['score']:+.3f} with it, "
+                     f"{without['score']:+.3f} without; with - without: {_interval(gate['paired_ci'])}")
+    curve = summary.get("risk_coverage")
+    if curve and curve.get("points"):
+        points = curve["points"]
+        shown = [points[round(i * (len(points) - 1) / (rows - 1))] for i in range(rows)] if len(points) > rows \
+            else points
+        lines.append(f"risk-coverage, answers best first by {curve['ordered_by']} (answered share, accuracy of "
+                     "those, score if only those were answered, lowest P(correct) among them):")
+        seen = set()
+        for point in shown:
+            if id(point) not in seen:
+                seen.add(id(point))
+                lines.append(f"  {point['coverage']:6.1%}  {point['accuracy']:6.1%}  {point['score']:+.3f}  "
+                             f"p >= {point['p']:.3f}")
+    elif curve:
+        lines.append(f"risk-coverage: {curve['note']}")
+    return lines

@@ -93,6 +93,70 @@ def score_chart(title: str, rows: dict[str, dict[str, Any]]) -> str:
     return "".join(parts)
 
 
+def risk_coverage_chart(curve: dict[str, Any]) -> str:
+    """Accuracy of the answered (line) and the score of answering only them (dashed) against the share answered,
+    answers best first by P(correct)."""
+    w, h, left, top = 420, 240, 48, 20
+    plot_w, plot_h = w - left - 20, h - top - 40
+    points = curve["points"]
+
+    def x(share: float) -> float:
+        return left + share * plot_w
+
+    def y(value: float) -> float:  # -1 .. 1, bottom to top
+        return top + (1 - (value + 1) / 2) * plot_h
+
+    accuracy = " ".join(f"{x(p['coverage']):.1f},{y(p['accuracy']):.1f}" for p in points)
+    score = " ".join(f"{x(p['coverage']):.1f},{y(p['score']):.1f}" for p in points)
+    title = f"risk-coverage, ordered by {curve['ordered_by']}"
+    parts = [f'<svg class="chart" id="risk-coverage" role="img" width="{w}" height="{h}" viewBox="0 0 {w} {h}">',
+             f"<title>{escape(title)}</title>",
+             f'<line class="axis" x1="{left}" y1="{y(0):.1f}" x2="{left + plot_w}" y2="{y(0):.1f}"/>',
+             f'<line class="axis" x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}"/>',
+             f'<text x="{left - 6}" y="{y(1) + 4:.1f}" text-anchor="end">1</text>',
+             f'<text x="{left - 6}" y="{y(0) + 4:.1f}" text-anchor="end">0</text>',
+             f'<text x="{left - 6}" y="{y(-1) + 4:.1f}" text-anchor="end">-1</text>',
+             f'<text x="{left + plot_w / 2}" y="{h - 8}" text-anchor="middle">share of the questions answered</text>',
+             f'<polyline class="curve accuracy" fill="none" points="{accuracy}"><title>accuracy of the answered'
+             "</title></polyline>",
+             f'<polyline class="curve score" fill="none" stroke-dasharray="4 3" points="{score}"><title>score if '
+             "only these were answered</title></polyline>"]
+    parts += [f'<circle class="point" cx="{x(p["coverage"]):.1f}" cy="{y(p["accuracy"]):.1f}" r="2.5"><title>'
+              f'{_pct(p["coverage"])} answered (p &gt;= {p["p"]:.3f}): accuracy {_pct(p["accuracy"])}, score '
+              f'{p["score"]:+.3f}</title></circle>' for p in points]
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def gate_section(summary: dict[str, Any]) -> str:
+    """The answer gate's cards (its score without the gate, what it withheld, the paired difference) and the
+    risk-coverage curve; empty for a run without signals."""
+    gate, curve = summary.get("gate"), summary.get("risk_coverage")
+    if not gate and not curve:
+        return ""
+    parts = ['<section id="gate"><h2>Answer gate and risk-coverage</h2>']
+    if gate:
+        paired = gate["paired_ci"]
+        ci = paired.get("ci95")
+        parts.append('<div class="cards">'
+                     + _card("score without the gate", f"{gate['ungated']['score']:+.3f}",
+                             _ci(gate["ungated"], "score", signed=True))
+                     + _card("withheld", f"{gate['withheld']} of {gate['scored']}",
+                             f"threshold P(correct) {gate['threshold']:.3f}")
+                     + _card("with - without", f"{paired['difference']:+.3f}",
+                             f"paired 95% CI [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else
+                             f"n<{MIN_FOR_INTERVAL}: no interval") + "</div>")
+    if curve and curve.get("points"):
+        parts.append(risk_coverage_chart(curve))
+        parts.append(f'<p class="note">Answers best first by {escape(curve["ordered_by"])}: the accuracy of those '
+                     "answered (line) and the score of answering only them (dashed). Where the dashed line falls, "
+                     "answers start to cost points.</p>")
+    elif curve:
+        parts.append(f'<p class="note">Risk-coverage: {escape(curve["note"])}</p>')
+    parts.append("</section>")
+    return "".join(parts)
+
+
 def _attribution_table(table: dict[str, dict[str, int]]) -> str:
     groups = ["overall", *sorted(g for g in table if g != "overall")]
     head = "".join(f'<th class="num">{escape(c)}</th>' for c in CLASSES)
@@ -222,6 +286,8 @@ def report_html(summary: dict[str, Any], records: list[dict[str, Any]], title: s
             "</section>",
             f'<section id="charts"><h2>Scores by group</h2><div class="charts">{charts}</div>'
             f'<p class="note legend">{LEGEND}</p></section>']
+    if section := gate_section(summary):
+        body.append(section)
     if summary.get("attribution"):
         body.append('<section id="attribution"><h2>Where the misses were lost</h2><p class="note">Wrong and '
                     "\"i don't know\" answers by the first place the gold answer went missing "

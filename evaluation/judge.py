@@ -245,12 +245,39 @@ class LLMJudge:
         return failed
 
 
+def withheld_answer(record: dict[str, Any]) -> str | None:
+    """The answer the answer gate withheld from this record's prediction, None where it withheld none."""
+    gate = (record.get("trace") or {}).get("gate")
+    withheld = gate.get("withheld") if isinstance(gate, dict) else None
+    return withheld if isinstance(withheld, str) else None
+
+
+def ungated(record: dict[str, Any]) -> dict[str, Any]:
+    """The record as it would be without the answer gate: the withheld answer as its prediction, with its verdicts
+    (`ungated`, written by judge_records); the record itself where the gate withheld nothing."""
+    return {**record, **record["ungated"]} if withheld_answer(record) is not None and record.get("ungated") else record
+
+
 def judge_records(records: list[dict[str, Any]], llm_judge: LLMJudge | None) -> None:
     """Set on every record: "verdict" and "judged_by" ("rules", "llm", "rules-fallback" or "none") by our rules,
     with "judge_reason" where the LLM judge gave one and "judge_confidence" (the probability the judge gave its
     verdict) where its backend offers log-probabilities; the same prefixed "organisers_" by the organisers' rules;
     "cut_by_grader" (the grader's 75-token cut changes the prediction) and "null_prediction" (not a string:
-    read as "i don't know"). Both columns' LLM questions go to the judge in one call, each distinct once."""
+    read as "i don't know"). Where the answer gate withheld an answer, the same fields for that answer go under
+    "ungated" (with it as "prediction"). Every LLM question goes to the judge in one call, each distinct once."""
+    shadows = []
+    for record in records:
+        record.pop("ungated", None)
+        if (withheld := withheld_answer(record)) is not None:
+            shadows.append((record, {key: record.get(key) for key in ("query", "answer", "alt_answers")}
+                            | {"prediction": withheld}))
+    _judge([*records, *(shadow for _, shadow in shadows)], llm_judge)
+    for record, shadow in shadows:
+        record["ungated"] = {key: value for key, value in shadow.items() if key not in ("query", "answer",
+                                                                                        "alt_answers")}
+
+
+def _judge(records: list[dict[str, Any]], llm_judge: LLMJudge | None) -> None:
     for record in records:  # a null or non-string prediction is read as "i don't know", and counted
         record["null_prediction"] = not isinstance(record.get("prediction"), str)
         for prefix in ("", "organisers_"):  # an earlier judge's reasons, from the record file, do not carry over

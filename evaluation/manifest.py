@@ -58,10 +58,7 @@ def answer_inputs(config: SystemConfig, data: Path, time_limit_s: float | None, 
         _drop(resolved, key)
     if served_kg:  # the port changes every run; what it serves does not
         resolved["kg"]["base_url"] = f"{SERVED_KG} ({_folder_hash(REPO_ROOT / 'data' / 'kg')[:16]})"
-    library = PromptLibrary(config.prompts)
-    prompts = {name: hashlib.sha256(library.get(name).path.read_bytes()).hexdigest()
-               for name in sorted({p.stem for p in (REPO_ROOT / "prompts").glob("*.yaml")} | set(config.prompts))}
-    return {"config": resolved, "prompts": prompts, "data": {"name": data.name, "sha256": file_hash(data)},
+    return {"config": resolved, "prompts": PromptLibrary(config.prompts).hashes(), "data": {"name": data.name, "sha256": file_hash(data)},
             "time_limit_s": time_limit_s}
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluation.attribution import CLASSES, attribution_table
+from evaluation.gate import format_gate, gate_summary
 from evaluation.html import report_html, write_html
 from evaluation.judge import MISS, UNCERTAIN
 from evaluation.metrics import MIN_FOR_INTERVAL, RESAMPLES, Scores, intervals, latency
@@ -35,7 +36,9 @@ def score_records(records: list[dict[str, Any]]) -> dict[str, Any]:
 
     A breakdown whose field no record has (popularity outside Task 1/2 data) is left out. Records judged by
     the organisers' rules too ("organisers_verdict") get the same scores under "organisers". Latency is each
-    query's share of its batch: batch seconds / batch size, and the same for every stage of the trace.
+    query's share of its batch: batch seconds / batch size, and the same for every stage of the trace. With an
+    answer gate, the scores are the gated ones and `gate` holds the ungated score and the paired difference;
+    records with confidence signals get a `risk_coverage` curve (evaluation/gate.py).
     """
     per_query: list[float] = []
     per_stage: dict[str, list[float]] = defaultdict(list)
@@ -67,6 +70,7 @@ def score_records(records: list[dict[str, Any]]) -> dict[str, Any]:
         **({"judge_confidence": {"verdicts": len(confidences), "uncertain": sum(c < UNCERTAIN for c in confidences),
                                  "below": UNCERTAIN}} if confidences else {}),
         **({"idk_reasons": dict(declined.most_common())} if declined else {}),
+        **(gate_summary(records) or {}),
         "cut_by_grader": sum(bool(r.get("cut_by_grader")) for r in records),
         "timed_out": sum(bool(r.get("timed_out")) for r in records),
         "latency_s": {"per_query": latency(per_query), "per_stage": {k: latency(v) for k, v in per_stage.items()}},
@@ -145,6 +149,7 @@ def format_table(summary: dict[str, Any]) -> str:
                      "unjudged where they would ask their LLM judge and ours gave no verdict)")
     if confidence := summary.get("judge_confidence"):
         lines.append(judge_confidence(confidence))
+    lines.extend(format_gate(summary))
     if summary.get("attribution"):
         lines.append("where the misses were lost (wrong and \"i don't know\" answers; evaluation/attribution.py):")
         lines.extend(_attribution_rows(summary["attribution"], "  {:<14}" + "{:>15}" * len(CLASSES)))
@@ -193,6 +198,8 @@ def format_markdown(summary: dict[str, Any], title: str) -> str:
         for section, rows in _sections(theirs):
             lines += [*table(rows, section[3:]), ""]
         lines += ["Judged by: " + ", ".join(f"{k}: {v}" for k, v in theirs["judged_by"].items()), ""]
+    if gate_lines := format_gate(summary):
+        lines += ["## Answer gate and risk-coverage", "", "```", *gate_lines, "```", ""]
     if summary.get("attribution"):
         lines += ["## Where the misses were lost", "", "Wrong and \"i don't know\" answers by the first place the gold "
                   "answer went missing (evaluation/attribution.py defines each class).", "",

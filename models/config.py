@@ -322,9 +322,14 @@ class ReasoningConfig:
 
 @dataclass
 class AnswerConfig:
-    """`dynamic_idk`: queries predicted dynamic answer "i don't know" without the LLM stages."""
+    """`dynamic_idk`: queries predicted dynamic answer "i don't know" without the LLM stages. `gate`: an answer
+    gate file (`local_evaluation.py gate fit`); an answer whose P(correct) is under its threshold becomes
+    "i don't know". A gate fit on another LLM, other reasoning settings or prompts is refused at start-up unless
+    `gate_strict` is false (then it runs, with a warning naming the difference)."""
 
     dynamic_idk: bool = True
+    gate: str | None = None
+    gate_strict: bool = True
 
 
 @dataclass

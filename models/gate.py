@@ -9,13 +9,19 @@ the fit's mean (0 once standardised) and sets its missing column, at fit time an
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loguru import logger
+
+from models.config import ConfigError, SystemConfig, resolve_path
+from models.prompting import PromptLibrary
 from models.state import Signal
+from utils.trees import differences
 
 FORMAT = "crag-answer-gate/1"
 
@@ -105,6 +111,11 @@ class Gate:
         z = self.intercept + sum(w * x for w, x in zip(self.weights, row))
         return 1.0 / (1.0 + math.exp(-z)) if z > -700 else 0.0
 
+    def always_present(self) -> list[str]:
+        """The numeric signals that no record of the fit lacked (their missing column's mean is 0)."""
+        return [column.signal for column, mean in zip(self.columns, self.mean)
+                if column.kind == "missing" and mean == 0.0]
+
     def signals(self) -> list[str]:
         """The signal names the gate reads."""
         return sorted({column.signal for column in self.columns})
@@ -136,3 +147,27 @@ class Gate:
             raise GateError(f"{path}: {len(columns)} columns, {len(gate.mean)} means, {len(gate.scale)} scales and "
                             f"{len(gate.weights)} weights")
         return gate
+
+
+def gate_for(config: SystemConfig, prompts: PromptLibrary) -> Gate:
+    """The gate of `answer.gate`, checked against what produces the signals under `config` (its LLM, reasoning
+    settings and prompts) before any model loads. A gate fit on another setup is a ConfigError naming the
+    differences, unless `answer.gate_strict` is false (then a warning names them)."""
+    path = resolve_path(config.answer.gate)
+    try:
+        gate = Gate.load(path)
+    except GateError as err:
+        raise ConfigError(f"{config.source}: answer.gate: {err}") from None
+    fit_on = gate.fit_on.get("setup")
+    resolved = json.loads(json.dumps(dataclasses.asdict(config)))  # as a run's manifest holds it: tuples as lists
+    changed = differences(fit_on, signal_setup(resolved, prompts.hashes())) if fit_on else [
+        "the gate file does not say what it was fit on"]
+    if changed:
+        said = "; ".join(changed[:6]) + (f"; and {len(changed) - 6} more" if len(changed) > 6 else "")
+        if config.answer.gate_strict:
+            raise ConfigError(f"{config.source}: answer.gate {path} was fit on another setup than this config's "
+                              f"({said}): refit it on runs of this config (`local_evaluation.py gate fit`), or set "
+                              "answer.gate_strict: false to run it anyway")
+        logger.warning("answer.gate {} was fit on another setup ({}); running it anyway (answer.gate_strict: false)",
+                       path, said)
+    return gate

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,3 +90,9 @@ class PromptLibrary:
                 raise PromptError(f"{path}: prompt '{name}' not found")
             self._cache[name] = load_prompt(path, name)
         return self._cache[name]
+
+    def hashes(self) -> dict[str, str]:
+        """sha256 of the file behind every prompt this library serves (the shipped ones and the overrides), by
+        name: what a run's manifest and a gate's setup record."""
+        names = {path.stem for path in self._directory.glob("*.yaml")} | set(self._overrides)
+        return {name: hashlib.sha256(self.get(name).path.read_bytes()).hexdigest() for name in sorted(names)}

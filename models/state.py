@@ -83,6 +83,8 @@ class QueryState:
     # What the stages knew of how sure the answer is, by name ("reasoning.answer_logprob_mean", ...): the answer
     # gate's inputs (models/gate.py), kept on every record, gate or no gate.
     signals: dict[str, Signal] = field(default_factory=dict)
+    # With an answer gate (`answer.gate`): P(correct), the threshold, and the answer it withheld, if it did.
+    gate: dict[str, Any] | None = None
     # With the config's `record_prompts` on: every LLM conversation of this query, in call order, as {"stage",
     # "prompt" (its name), "messages", "replies" (the samples' texts)}; StageContext.generate appends them.
     prompts: list[dict[str, Any]] = field(default_factory=list)
@@ -91,8 +93,9 @@ class QueryState:
         """What the query went through, for the run folder's per-question record: the reason for its answer,
         each stage's status and seconds, the predicted attributes, the references chosen for the prompt (best
         first; the prompt takes them while they fit), the KG calls and results, the calculator's lines, the
-        knowledge extractor's answer, the multi-hop route and the confidence signals; with `record_prompts` on, every LLM conversation and
-        its replies (`prompts`; no such key when none was recorded)."""
+        knowledge extractor's answer, the multi-hop route, the confidence signals and what the answer gate did
+        (`gate`, only with one); with `record_prompts` on, every LLM conversation and its replies (`prompts`; no
+        such key when none was recorded)."""
         record = {"interaction_id": self.interaction_id, "reason": self.done_reason,
                   "stages": [dataclasses.asdict(r) for r in self.trace],
                   "predicted": {"domain": self.domain, "dynamism": self.dynamism},
@@ -101,6 +104,8 @@ class QueryState:
                   "kg_calls": self.kg_calls, "kg_results": self.kg_results, "calculations": self.calculations,
                   "knowledge": self.knowledge, "route": self.route, "steps": self.steps,
                   "sub_queries": self.sub_queries, "signals": self.signals}
+        if self.gate is not None:
+            record["gate"] = self.gate
         if self.prompts:
             record["prompts"] = self.prompts
         return record

@@ -8,6 +8,7 @@ from typing import Any
 from loguru import logger
 
 from models.config import SystemConfig, load_config, resolve_path
+from models.gate import Gate, gate_for
 from models.llm.base import LLM, create_llm
 from models.prompting import PromptLibrary
 from models.retrieval.embedder import Embedder
@@ -16,6 +17,7 @@ from models.retrieval.r2former import R2FormerError, R2FormerHead, load_checkpoi
 from models.retrieval.reranker import Reranker
 from models.stages import Stage, pipeline_stages
 from models.stages.answer import AnswerStage
+from models.stages.gate import GateStage
 from models.stages.base import RESOURCES, Batch, run_stage
 from models.state import QueryState
 from utils.answers import IDK
@@ -24,8 +26,9 @@ from utils.cache import cache_root
 from utils.kg_api import KGClient
 from utils.pages import PageProcessor, PageSettings
 
-# Pages first: its workers fork before any model loads, so they copy no model or GPU state.
-BUILD_ORDER = ("pages", "llm", "embedder", "reranker", "kg", "hash_model", "r2former")
+# The gate first: a gate the config cannot feed stops the start before anything loads. Then the pages: their
+# workers fork before any model loads, so they copy no model or GPU state.
+BUILD_ORDER = ("gate", "pages", "llm", "embedder", "reranker", "kg", "hash_model", "r2former")
 DEPENDS = {"hash_model": ("embedder",), "r2former": ("llm", "embedder")}
 assert set(BUILD_ORDER) == set(RESOURCES)
 
@@ -41,7 +44,9 @@ class CragSystem:
         classes = pipeline_stages(self.config)
         for name in {name for cls in classes for name in cls.prompts}:  # a broken prompt file fails before any
             self.prompts.get(name)                                      # model loads, not in the first batch
-        needed = {name for cls in [*classes, AnswerStage] for name in cls.needs}
+        # every query leaves by the answer step, and then the answer gate where the config names one
+        closing = [AnswerStage, *([GateStage] if GateStage.active(self.config) else [])]
+        needed = {name for cls in [*classes, *closing] for name in cls.needs}
         self.resources = self._resources(needed, {"llm": llm, "embedder": embedder, "kg": kg})
         if "kg" in needed and self.resources.get("kg") is None:  # no server answered: no KG stage, no KG call
             classes = pipeline_stages(self.config, missing=frozenset({"kg"}))
@@ -49,6 +54,7 @@ class CragSystem:
         for stage in self.pipeline:
             stage.setup(self.config, {name: self.resources.get(name) for name in stage.needs})
         self.answer_stage = AnswerStage()
+        self.gate_stage = GateStage() if GateStage in closing else None
         self.last_batch_trace: list[dict[str, Any]] = []
         logger.info("strategy {}: {}", self.config.strategy, " -> ".join(s.name for s in self.pipeline))
 
@@ -56,7 +62,7 @@ class CragSystem:
         """The resources the stages need and those they depend on, in BUILD_ORDER; a given one is used as is."""
         builders = {"pages": self._pages, "llm": self._llm, "embedder": lambda r: Embedder(self.config.embedder),
                     "reranker": self._reranker, "kg": self._kg_client, "hash_model": self._hash_model,
-                    "r2former": self._r2former}
+                    "r2former": self._r2former, "gate": self._gate}
         needed = needed | {d for name in needed for d in DEPENDS.get(name, ())}
         resources: dict[str, Any] = {}
         for name in BUILD_ORDER:
@@ -74,6 +80,9 @@ class CragSystem:
         if hasattr(llm, "probe"):  # a remote server: a wrong key, model or URL stops here
             llm.probe()
         return llm
+
+    def _gate(self, resources: dict[str, Any]) -> Gate:
+        return gate_for(self.config, self.prompts)
 
     def _reranker(self, resources: dict[str, Any]) -> Reranker | None:
         rerank = self.config.references.rerank
@@ -123,6 +132,7 @@ class CragSystem:
     kg = property(lambda self: self.resources.get("kg"))
     reranker = property(lambda self: self.resources.get("reranker"))
     r2former = property(lambda self: self.resources.get("r2former"))
+    gate = property(lambda self: self.resources.get("gate"))
 
     def close(self) -> None:
         """Stop the page workers (they also stop when the process exits)."""
@@ -149,6 +159,8 @@ class CragSystem:
                 if not state.done:
                     state.finish(IDK, f"strategy failed: {type(err).__name__}")
         run_stage(self.answer_stage, states, shared, always=True)
+        if self.gate_stage is not None:
+            run_stage(self.gate_stage, states, shared, always=True)
         self.last_batch_trace = [state.record() for state in states]
         for state in states:
             if state.done_reason:

@@ -17,7 +17,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedGroupKFold, cross_val_predict, cross_val_score
 
 from evaluation.compare import paired_difference
-from evaluation.judge import CORRECT, MISS, WRONG, Item, judge_by_rules
+from evaluation.judge import CORRECT, MISS, WRONG, Item, judge_by_rules, ungated
 from models.gate import Gate, columns_for, raw_row
 
 MIN_LABELS = 20  # under this, a threshold chosen by cross-validation is noise
@@ -53,7 +53,7 @@ def label_records(records: list[dict[str, Any]], rules_wrong_is_wrong: bool = Fa
     gold answer exactly (`--judge rules`, or the rules' fallback when the LLM judge failed) is left out unless
     `rules_wrong_is_wrong` (data with short gold answers, where no match is a wrong answer)."""
     out = Labelled()
-    for record in records:
+    for record in map(ungated, records):  # a gated run's withheld answers teach as much as the others
         verdict, by = record.get("verdict"), record.get("judged_by")
         if verdict == MISS:
             out.counts["i don't know (nothing to gate)"] += 1

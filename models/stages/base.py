@@ -38,8 +38,9 @@ from utils.answers import IDK
 from utils.deadline import Deadline
 
 # What a stage may need, built once by CragSystem: the LLM backend, the sentence embedder, the page workers,
-# the KG client (tasks 2 and 3, when its server answered), the cross-encoder, the R2AG head, the hash layer.
-RESOURCES = ("llm", "embedder", "pages", "kg", "reranker", "r2former", "hash_model")
+# the KG client (tasks 2 and 3, when its server answered), the cross-encoder, the R2AG head, the hash layer, the
+# answer gate.
+RESOURCES = ("llm", "embedder", "pages", "kg", "reranker", "r2former", "hash_model", "gate")
 _STATE_FIELDS = frozenset(f.name for f in dataclasses.fields(QueryState))
 
 

@@ -139,3 +139,32 @@ def test_compare_html_filters_the_flipped_questions(browser, tmp_path):
     row = result["flipped"][kinds[0]][0]
     assert dialog.get_attribute("data-id") == row["interaction_id"] and "B's verdict" in dialog.text
     assert console_errors(browser) == []
+
+
+def test_report_html_shows_the_gate_and_its_risk_coverage_curve(browser, tmp_path):
+    """The sample run behind a gate that gives right answers P 0.9 and wrong ones 0.2 (threshold 0.5): it withholds
+    the wrong ones; the page shows the score without it and the curve of every answer, best first."""
+    records = sample_records()
+    for record in records:
+        if record["verdict"] in ("correct", "wrong"):
+            right = record["verdict"] == "correct"
+            record["trace"]["gate"] = {"p_correct": 0.9 if right else 0.2, "threshold": 0.5}
+            if not right:
+                record["trace"]["gate"]["withheld"] = record["prediction"]
+                record["prediction"] = "i don't know"
+    judge_records(records, None)
+    summary = score_records(records)
+    write_report(summary, records, tmp_path, "gated run")
+    browser.get((tmp_path / "report.html").as_uri())
+    assert console_errors(browser) == []
+    section = by_css(browser, "#gate")[0]
+    wrong = sum(r.get("ungated", {}).get("verdict") == "wrong" for r in records)
+    gate = summary["gate"]
+    assert gate["withheld"] == wrong > 0 and f"{wrong} of {gate['scored']}" in section.text
+    assert f"{summary['gate']['ungated']['score']:+.3f}" in section.text
+    assert f"{summary['gate']['paired_ci']['difference']:+.3f}" in section.text
+    points = summary["risk_coverage"]["points"]
+    assert len(by_css(browser, "#risk-coverage circle.point")) == len(points)
+    drawn = by_css(browser, "#risk-coverage polyline.accuracy")[0].get_attribute("points").split()
+    assert len(drawn) == len(points)
+    assert browser.execute_script("return window.injected") is None  # the withheld answers stay text

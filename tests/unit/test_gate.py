@@ -1,13 +1,21 @@
 """The answer gate: its file, fitting on judged records, and `gate fit` / `gate eval` on run folders."""
 
+import dataclasses
 import json
 import random
 
 import pytest
 
-from evaluation.judge import CORRECT, MISS, WRONG
-from models.gate import Gate, GateError
+from evaluation.judge import CORRECT, MISS, WRONG, judge_records
+from evaluation.metrics import Scores
+from models.config import ConfigError
+from models.gate import Column, Gate, GateError, signal_setup
+from models.prompting import PromptLibrary
+from models.system import CragSystem
+from tests.conftest import SAMPLE, to_batch
+from tests.fakes import HashEmbedder, ScriptedLLM
 from training.gate import Labelled, TooFewLabels, fit_gate, label_records
+from utils.answers import IDK
 
 TRUE_THRESHOLD = -0.9  # answers whose line's mean log-probability is above this are right, the rest wrong
 
@@ -125,3 +133,124 @@ def test_gate_commands_refuse_in_one_line(tmp_path, capsys):
         code = main(["gate", *args, "--out", str(tmp_path / "g.json")] if args[0] == "fit" else ["gate", *args])
         err = capsys.readouterr().err.strip()
         assert code == 2 and message in err and len(err.splitlines()) == 1, (args, err)
+
+
+# --- the gate in the pipeline, in the run's judging and in its report --------------------------------------------
+
+GOLD = {json.loads(line)["query"]: json.loads(line)["answer"] for line in SAMPLE.read_text().splitlines()}
+
+
+def gold_or_paris(conversation) -> str:
+    """The gold answer to every other sample question, "paris" to the rest: some right, some wrong."""
+    content = conversation[-1]["content"]
+    query = next((q for q in GOLD if q in content), None)
+    right = query is not None and sorted(GOLD).index(query) % 2 == 0
+    return f"===START===\n## Answer: {GOLD[query] if right else 'paris'}\n## False Premise: no\n===END==="
+
+
+def number_gate(config, path, **setup_changes):
+    """A gate that trusts numbers (P 0.88) and nothing else (P 0.12), fit on `config`'s setup (with
+    `setup_changes` to its reasoning settings)."""
+    resolved = json.loads(json.dumps(dataclasses.asdict(config)))
+    resolved["reasoning"].update(setup_changes)
+    setup = signal_setup(resolved, PromptLibrary(config.prompts).hashes())
+    Gate([Column("answer.number", "number"), Column("answer.number", "missing")], [0.0, 0.0], [1.0, 1.0],
+         [4.0, 0.0], -2.0, 0.5, fit_on={"setup": setup}).save(path)
+    return Gate.load(path)
+
+
+def gated_run(cpu_config, tmp_path) -> tuple[Gate, list[dict]]:
+    """The sample questions through a system with number_gate, as the runner records them, judged by the rules."""
+    cpu_config.answer.gate = str(tmp_path / "gate.json")
+    gate = number_gate(cpu_config, tmp_path / "gate.json")
+    examples = [json.loads(line) for line in SAMPLE.read_text().splitlines()]
+    system = CragSystem(cpu_config, llm=ScriptedLLM(gold_or_paris), embedder=HashEmbedder())
+    try:
+        predictions = system.batch_generate_answer(to_batch(examples))
+    finally:
+        system.close()
+    records = [{"interaction_id": e["interaction_id"], "query": e["query"], "answer": e["answer"],
+                "alt_answers": e["alternative_answers"], "prediction": p, "trace": trace}
+               for e, p, trace in zip(examples, predictions, system.last_batch_trace)]
+    judge_records(records, None)
+    return gate, records
+
+
+def test_the_gate_stage_withholds_low_p_answers_and_keeps_them_on_the_record(cpu_config, tmp_path):
+    gate, records = gated_run(cpu_config, tmp_path)
+    withheld = [r for r in records if "withheld" in r["trace"].get("gate", {})]
+    kept = [r for r in records if r["trace"].get("gate") and "withheld" not in r["trace"]["gate"]]
+    assert withheld and kept
+    for record in records:
+        trace = record["trace"]
+        if "gate" not in trace:  # no answer to gate: the pipeline said "i don't know" itself
+            assert record["prediction"] == IDK
+            continue
+        p = gate.p_correct(trace["signals"])
+        assert trace["gate"]["p_correct"] == round(p, 4) and trace["gate"]["threshold"] == 0.5
+        assert ("withheld" in trace["gate"]) == (p < 0.5) == (not trace["signals"]["answer.number"])
+    for record in withheld:
+        assert record["prediction"] == IDK and record["verdict"] == MISS
+        assert f"gate: p(correct) {record['trace']['gate']['p_correct']:.2f} < 0.50" in record["trace"]["reason"]
+        # the run's judge judged the withheld answer too
+        assert record["ungated"]["prediction"] == record["trace"]["gate"]["withheld"]
+        assert record["ungated"]["verdict"] == (CORRECT if record["ungated"]["prediction"] == record["answer"]
+                                                else WRONG)
+    stages = [s["stage"] for s in withheld[0]["trace"]["stages"]]
+    assert stages[-2:] == ["answer", "gate"]
+
+
+def test_gate_eval_reproduces_the_gated_score_of_a_run_with_that_gate(cpu_config, tmp_path, capsys):
+    from evaluation.report import format_table, score_records
+    from local_evaluation import main
+
+    gate, records = gated_run(cpu_config, tmp_path)
+    summary = score_records(records)
+    before = [r.get("ungated", r)["verdict"] for r in records]
+    assert summary["gate"]["ungated"]["score"] == pytest.approx(Scores.of(before).score)
+    assert summary["gate"]["withheld"] == sum("ungated" in r for r in records) > 0
+    assert summary["overall"]["score"] > summary["gate"]["ungated"]["score"]  # it withheld wrong answers here
+    curve = summary["risk_coverage"]
+    assert curve["ordered_by"] == "the run's answer gate" and curve["points"][-1]["coverage"] == pytest.approx(
+        sum(v in (CORRECT, WRONG) for v in before) / len(records))
+    assert curve["points"][-1]["score"] == pytest.approx(summary["gate"]["ungated"]["score"])
+    printed = format_table(summary)
+    assert "answer gate (threshold 0.500): withheld" in printed and "risk-coverage" in printed
+
+    write_run(tmp_path / "run", records)
+    assert main(["gate", "eval", str(tmp_path / "gate.json"), str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert f"with it {summary['overall']['score']:+.3f}" in out
+    assert f"without the gate {summary['gate']['ungated']['score']:+.3f}" in out
+
+
+def test_an_ungated_run_gets_a_curve_from_a_fit_on_its_own_verdicts():
+    from evaluation.report import score_records
+
+    records = runs_from(separable())
+    curve = score_records(records)["risk_coverage"]
+    assert curve["ordered_by"].startswith("a gate fit on this run's own verdicts")
+    accuracies = [point["accuracy"] for point in curve["points"]]
+    assert accuracies[0] > accuracies[-1] and curve["points"][-1]["coverage"] == 1.0
+    assert "a gate needs at least 20" in score_records(records[:5])["risk_coverage"]["note"]
+
+
+def test_a_gate_of_another_setup_is_refused_before_anything_loads(cpu_config, tmp_path, monkeypatch, caplog_loguru):
+    built = []
+    monkeypatch.setattr("models.system.create_llm", lambda config: built.append("llm"))
+    monkeypatch.setattr("models.system.PageProcessor", lambda *args: built.append("pages"))
+    cpu_config.answer.gate = str(tmp_path / "gate.json")
+    number_gate(cpu_config, tmp_path / "gate.json", max_tokens=17)
+    with pytest.raises(ConfigError, match=r"fit on another setup than this config's \(reasoning.max_tokens "
+                                          r"\(17 -> \d+\)\).*gate_strict: false"):
+        CragSystem(cpu_config)
+    assert built == []
+    cpu_config.answer.gate_strict = False
+    system = CragSystem(cpu_config, llm=ScriptedLLM(), embedder=HashEmbedder())
+    system.close()
+    assert system.gate_stage is not None and "running it anyway" in caplog_loguru.text
+    built.clear()
+    cpu_config.answer.gate = str(tmp_path / "missing.json")
+    with pytest.raises(ConfigError, match="answer.gate: .*missing.json: not a readable gate file"):
+        CragSystem(cpu_config)
+    assert built == []

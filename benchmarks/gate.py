@@ -1,0 +1,105 @@
+"""Answer gate benchmark, and the refit of the gate configs/cpu.yaml ships (`make gate`).
+
+The embedded default (configs/cpu.yaml: SmolLM2 through the hf backend, task 2, the KG fixture server over
+data/kg) answers two sets disjoint from data/crag_sample.jsonl (which `make eval` runs) with its gate off:
+data/gate_dev.jsonl (handwritten pages: the answer present, absent, conflicting, or a false premise) and
+benchmarks/kg_reach/questions.jsonl (KG questions without pages). The rules judge each answer; their gold answers
+are short, so an answer that matches none is taken as wrong (`--rules-wrong-is-wrong`). `gate fit` on both runs
+gives the gate and its cross-validated figures over the answered questions: the CRAG score with no gate, with the
+gate, always "i don't know" and an oracle that answers only the right ones, the coverage, and the paired
+intervals of gate minus no gate and of gate minus always abstaining.
+
+Target: the gate above both no gate and always abstaining, answering at least one question. It reports and never
+gates (exit 0); a run that fails is an error (exit 1).
+
+    .venv/bin/python -m benchmarks.gate                                # a `gate:` line and the fit's figures
+    .venv/bin/python -m benchmarks.gate --out data/gates/cpu.json      # also write the gate (`make gate`)
+    .venv/bin/python -m benchmarks.gate --runs runs/gate --reuse       # fit again on the run folders kept there
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SETS = {"gate-dev": REPO / "data" / "gate_dev.jsonl", "gate-kg": REPO / "benchmarks" / "kg_reach" / "questions.jsonl"}
+SETTINGS = ["--config", str(REPO / "configs" / "cpu.yaml"), "--set", "answer.gate=null", "--serve-kg", "--restart",
+            "--log-level", "ERROR"]
+
+
+def run(data: Path, out: Path) -> float:
+    """Seconds of one ungated `local_evaluation.py` run of `data` into `out` (its report is not shown); a failed
+    run is an error."""
+    import local_evaluation
+
+    started = time.perf_counter()
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = local_evaluation.main(["--data", str(data), "--out", str(out), *SETTINGS])
+    if code != 0:
+        raise SystemExit(f"error: the run of {data} into {out} exited {code}:\n{printed.getvalue()[-2000:]}")
+    return time.perf_counter() - started
+
+
+def _ci(found: dict) -> str:
+    ci = found["ci95"]
+    return f"{found['difference']:+.3f}" + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else " (no interval)")
+
+
+def summary_line(figures: dict, questions: int) -> str:
+    """The `gate:` line: the cross-validated scores over the answered questions and whether the target is met."""
+    cv = figures["cv_score"]
+    abstain = cv["always i don't know"]
+    met = cv["gate"] > cv["no gate"] and cv["gate"] > abstain and figures["coverage"] > 0
+    return (f"gate: {questions} questions, {figures['records']} answered ({figures['correct']} right); "
+            f"cross-validated score over the answered: no gate {cv['no gate']:+.3f}, gate {cv['gate']:+.3f}, "
+            f"always i don't know {abstain:+.3f}, oracle {cv['oracle']:+.3f}; the gate answers "
+            f"{figures['coverage']:.1%}; gate - no gate {_ci(figures['gate_minus_no_gate'])}; gate - always i don't "
+            f"know {_ci(figures['gate_minus_always_idk'])}; target (above both, answering one or more): "
+            f"{'met' if met else 'not met'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=None, help="also write the gate file here")
+    parser.add_argument("--runs", type=Path, default=None, help="keep the run folders here (default: a temp folder)")
+    parser.add_argument("--reuse", action="store_true", help="fit on the run folders already in --runs")
+    args = parser.parse_args(argv)
+    if args.reuse and args.runs is None:
+        print("error: --reuse needs --runs, the folder that holds the runs to fit on", file=sys.stderr)
+        return 2
+    from evaluation.gate import fit
+    from evaluation.runner import load_predictions
+    from models.gate import Gate, GateError
+    from training.gate import TooFewLabels
+
+    with tempfile.TemporaryDirectory(prefix="gate-bench-") as scratch:
+        root = args.runs or Path(scratch)
+        folders = [root / name for name in SETS]
+        if not args.reuse:
+            for (name, data), folder in zip(SETS.items(), folders):
+                seconds = run(data, folder)
+                print(f"{name}: {data.relative_to(REPO)} answered in {seconds:.0f} s into {folder}")
+        out = args.out or Path(scratch) / "gate.json"
+        try:
+            printed = fit(folders, out, rules_wrong_is_wrong=True)
+        except TooFewLabels as err:  # SmolLM2 answered too few to fit on: that is the benchmark's finding
+            print(f"gate: no gate fit ({err})")
+            return 0
+        except GateError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
+        questions = sum(len(load_predictions(folder / "predictions.jsonl")) for folder in folders)
+        print(summary_line(Gate.load(out).figures, questions))
+        print(printed)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
