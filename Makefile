@@ -4,7 +4,10 @@
 # hash: HASH-RAG against exact search, FAISS and LSH; kg_reach: the facts the KG stage gets into the prompt;
 # deadline: the worst batch time against its limit, quiet and with every core busy; ray_eval: questions per second of a
 # local run and a --ray run; quantize: GPTQ and round-to-nearest W4A16 of SmolLM2, time and held-out perplexity;
-# hf_cuda: the hf backend's deadline clock with an 8B-shaped model on a CUDA GPU, skipped without one).
+# hf_cuda: the hf backend's deadline clock with an 8B-shaped model on a CUDA GPU, skipped without one; gate: the answer
+# gate's cross-validated score against no gate, always "i don't know" and an oracle).
+# make gate: refit the answer gate configs/cpu.yaml ships (data/gates/cpu.json) on data/gate_dev.jsonl and the KG
+# questions of benchmarks/kg_reach (run again whenever the reasoning prompts, settings or LLM change).
 # make ray: Ray into .venv (requirements-ray.txt) for `local_evaluation.py --ray`; make test-ray: its tests.
 # make quantize-venv: .venv-quantize (llm-compressor; its pins clash with .venv's) for tools/quantize.py gptq/rtn/eval;
 # make test-quantize: GPTQ W4A16 of the embedded SmolLM2 and the tool's input checks.
@@ -17,7 +20,7 @@ QVENV := .venv-quantize
 QPY := $(QVENV)/bin/python
 QSTAMP := $(QVENV)/.installed
 
-.PHONY: setup eval test bench sample check browser ray test-ray quantize-venv test-quantize
+.PHONY: setup eval test bench gate sample check browser ray test-ray quantize-venv test-quantize
 
 # The project itself installs editable last (pyproject.toml: the packages and the crag-* console scripts), built with
 # the venv's setuptools (torch requires it) rather than one fetched for an isolated build.
@@ -83,6 +86,10 @@ bench: $(STAMP) $(RAY_STAMP) $(QSTAMP)
 	$(PY) -m benchmarks.ray_eval
 	$(QPY) -m benchmarks.quantize
 	$(PY) -m benchmarks.hf_cuda
+	$(PY) -m benchmarks.gate
+
+gate: $(STAMP)
+	$(PY) -m benchmarks.gate --runs runs/gate --out data/gates/cpu.json
 
 # Submission checks with the embedded CPU default (tools/check_submission.py without --cpu checks the GPU config).
 check: $(STAMP)

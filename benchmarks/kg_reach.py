@@ -305,6 +305,7 @@ def build_config(variant: Variant, base_url: str, cache_dir: str) -> Any:
     config.attributes.method = "icl"
     config.attributes.icl.n = 1
     config.answer.dynamic_idk = variant.dynamic_idk
+    config.answer.gate = None  # the scripted LLM gives no log-probabilities; what reaches the prompt is measured
     config.references.workers = 1
     config.references.cache_dir = cache_dir
     config.kg.method = variant.method

@@ -40,8 +40,10 @@ def sample_examples() -> list[dict[str, Any]]:
 @pytest.fixture
 def cpu_config(tmp_path):
     """configs/cpu.yaml with pages processed in this process and cached under the test's tmp_path, and only
-    references and reasoning on: task 1, so no KG (tests of the other stages turn theirs on)."""
+    references and reasoning on: task 1, so no KG (tests of the other stages turn theirs on). The answer gate is
+    off: it reads log-probabilities the scripted LLM does not give (tests/unit/test_gate.py turns one on)."""
     config = load_config(REPO_ROOT / "configs" / "cpu.yaml")
+    config.answer.gate = None
     config.attributes.method = "none"
     config.task = 1
     config.knowledge.enabled = False

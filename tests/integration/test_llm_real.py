@@ -173,6 +173,33 @@ def test_hf_gives_the_log_probabilities_of_each_token(hf_llm):
         assert sample.startswith(first.strip())  # greedy: the text begins with the most likely first token
 
 
+def test_hf_gives_the_chosen_tokens_log_probabilities_greedy_and_sampled(hf_llm):
+    """The generated tokens with their log-probabilities under the model's own distribution, read again here by
+    one forward pass over the prompt and the tokens (teacher forcing): greedy, each is the step's most likely;
+    sampled at temperature 1.5, they come from where sampling went, which need not be the top."""
+    prompt = hf_llm.tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, return_tensors="pt",
+                                                  return_dict=True)["input_ids"]
+    compared = 0
+    for params in (GenParams(max_tokens=8, logprobs=True, top_logprobs=1),
+                   GenParams(max_tokens=8, logprobs=True, temperature=1.5, n=3)):
+        (samples,) = hf_llm.generate([QUESTION], params)
+        for sample in samples:
+            assert sample.tokens and len(sample.tokens) == len(sample.token_logprobs) <= 8
+            assert "".join(sample.tokens).strip().startswith(sample.strip()[:10])
+            each = [hf_llm.tokenizer(token, add_special_tokens=False)["input_ids"] for token in sample.tokens]
+            if all(len(token_ids) == 1 for token_ids in each):  # each decoded token encodes back to one id
+                ids = torch.tensor([[token_ids[0] for token_ids in each]])
+                with torch.no_grad():
+                    logits = hf_llm.model(torch.cat([prompt, ids], dim=1)).logits[0, prompt.shape[1] - 1:-1]
+                expected = logits.float().log_softmax(-1).gather(-1, ids[0].unsqueeze(-1)).squeeze(-1)
+                assert torch.allclose(expected, torch.tensor(sample.token_logprobs), atol=2e-3)
+                compared += 1
+            if params.temperature == 0:
+                best = [max(step.values()) for step in sample.top_logprobs]
+                assert sample.token_logprobs == pytest.approx(best, abs=1e-5)
+    assert compared >= 2  # greedy and at least one sampled answer were read again
+
+
 def test_openai_backend_gets_no_log_probabilities_from_transformers_serve(served_model):
     base_url, model, _ = served_model  # transformers serve ignores logprobs (it logs "unsupported fields")
     backend = OpenAIBackend(OpenAIConfig(base_url=base_url, model=model))
