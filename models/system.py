@@ -57,6 +57,9 @@ class CragSystem:
         self.gate_stage = GateStage() if GateStage in closing else None
         self.last_batch_trace: list[dict[str, Any]] = []
         logger.info("strategy {}: {}", self.config.strategy, " -> ".join(s.name for s in self.pipeline))
+        if self.gate is not None:
+            logger.info("answer gate {}: an answer with P(correct) under {:.3f} becomes \"i don't know\"",
+                        self.config.answer.gate, self.gate.threshold)
 
     def _resources(self, needed: set[str], given: dict[str, Any]) -> dict[str, Any]:
         """The resources the stages need and those they depend on, in BUILD_ORDER; a given one is used as is."""

@@ -189,5 +189,9 @@ class AttributesStage(Stage):
             votes = [parse_icl(sample) for sample in samples]
             state.domain = vote([d for d, _ in votes if d], DOMAINS, prefer_last=False)
             state.dynamism = vote([y for _, y in votes if y], DYNAMISM, prefer_last=True)
+            # the share of the samples behind each label: the method's probability (the SVMs give none)
+            for name, index, label in (("domain", 0, state.domain), ("dynamism", 1, state.dynamism)):
+                state.signals[f"attributes.{name}_share"] = (
+                    sum(v[index] == label for v in votes) / len(votes) if votes and label else None)
             if state.dynamism is None:
                 logger.info("{}: no dynamism label in {} ICL samples", state.interaction_id, len(samples))

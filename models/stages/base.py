@@ -235,8 +235,9 @@ def well_formed(outputs: Any, count: int, stage: str) -> list[list[Sample]]:
     return fixed
 
 
-# What a stage may change beyond its declared writes: state.finish() and ctx.generate's step count and prompts.
-_ALWAYS_WRITTEN = frozenset({"answer", "done", "done_reason", "steps", "prompts"})
+# What a stage may change beyond its declared writes: state.finish(), ctx.generate's step count and prompts, and
+# its confidence signals.
+_ALWAYS_WRITTEN = frozenset({"answer", "done", "done_reason", "steps", "prompts", "signals"})
 
 
 def _copy(value: Any) -> Any:

@@ -168,6 +168,10 @@ def test_icl_votes_and_dynamic_queries_answer_idk_without_llm_stages(make_system
     answers = system.batch_generate_answer(to_batch(sample_examples[:2]))
     assert answers == ["i don't know", "paris"]
     assert "predicted real-time" in system.last_batch_trace[0]["reason"]
+    # the vote's shares are the method's probabilities (signals for the answer gate)
+    inception, other = (trace["signals"] for trace in system.last_batch_trace)
+    assert (inception["attributes.domain_share"], inception["attributes.dynamism_share"]) == (1.0, 0.5)
+    assert (other["attributes.domain_share"], other["attributes.dynamism_share"]) == (1.0, 1.0)
     assert all("inception" not in conv[1]["content"] for conv in prompts_sent(llm, "reasoning") + prompts_sent(llm, "knowledge"))
     (attribute_params,) = [p for convs, p in llm.calls if prompt_name(convs[0]) == "attributes"]
     assert attribute_params.n == 4
