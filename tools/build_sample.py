@@ -1,4 +1,5 @@
-"""Build data/crag_sample.jsonl (CRAG format) from data/sample/questions.yaml and data/sample/pages/."""
+"""Build a CRAG-format .jsonl from a folder's questions.yaml and pages/: by default data/crag_sample.jsonl from
+data/sample/; `--source data/gate_dev --target data/gate_dev.jsonl` builds the answer gate's development set."""
 
 from __future__ import annotations
 
@@ -33,19 +34,30 @@ def build_lines(source: Path = SOURCE) -> list[str]:
     return lines
 
 
+def _resolve(path: Path) -> Path:
+    """`path`, relative to the repository root when relative."""
+    return path if path.is_absolute() else ROOT / path
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--source", type=Path, default=SOURCE,
+                        help="folder holding questions.yaml and pages/ (default data/sample)")
+    parser.add_argument("--target", type=Path, default=TARGET, help="file to write (default data/crag_sample.jsonl)")
     parser.add_argument("--check", action="store_true", help="exit 1 if the committed file is out of date")
     args = parser.parse_args()
-    text = "\n".join(build_lines()) + "\n"
+    source, target = _resolve(args.source), _resolve(args.target)
+    text = "\n".join(build_lines(source)) + "\n"
     if args.check:
-        current = TARGET.read_text(encoding="utf-8") if TARGET.exists() else ""
+        current = target.read_text(encoding="utf-8") if target.exists() else ""
         if current != text:
-            print(f"error: {TARGET} is out of date: run python tools/build_sample.py", file=sys.stderr)
+            rebuild = "python tools/build_sample.py" + ("" if (source, target) == (SOURCE, TARGET) else
+                                                         f" --source {args.source} --target {args.target}")
+            print(f"error: {target} is out of date: run {rebuild}", file=sys.stderr)
             return 1
         return 0
-    TARGET.write_text(text, encoding="utf-8")
-    print(f"wrote {len(text.splitlines())} examples to {TARGET}")
+    target.write_text(text, encoding="utf-8")
+    print(f"wrote {len(text.splitlines())} examples to {target}")
     return 0
 
 

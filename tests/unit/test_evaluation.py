@@ -252,6 +252,11 @@ def test_sample_data_is_in_sync_with_its_sources_and_covers_the_space():
     assert all(2 <= len(e["search_results"]) <= 5 for e in examples)
     pages = [p["page_result"] for e in examples for p in e["search_results"]]
     assert sum("<table" in p for p in set(pages)) >= 3
+    # the answer gate's development set: built by the same tool, and no question of the sample (make eval)
+    assert subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "build_sample.py"), "--check", "--source",
+                           "data/gate_dev", "--target", "data/gate_dev.jsonl"]).returncode == 0
+    development = list(read_examples(REPO_ROOT / "data" / "gate_dev.jsonl"))
+    assert len(development) >= 30 and not {e["query"] for e in development} & {e["query"] for e in examples}
 
 
 def test_cli_errors_are_one_line_with_exit_2(tmp_path, capsys):
