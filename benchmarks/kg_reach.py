@@ -16,15 +16,19 @@ knowledge-graph section of the recorded reasoning prompt, case-insensitively (nu
 tokens), so neither the question's own words nor the pages can count as a reached fact.
 
 Variants: kg.method rules / functions x answer.dynamic_idk on / off x pages: none (the questions' empty search
-results) / 5 unrelated real pages of data/crag_sample.jsonl (so the references stage has work). Per variant: a
+results) / 5 unrelated real pages of data/crag_sample.jsonl (so the references stage has work). Every variant
+embeds with the system's own embedder, the packaged all-MiniLM-L6-v2, as `make eval` and the grader's run do (the
+KG stage ranks rows by meaning with it); `--embedder bag` swaps in the bag-of-words test embedder, which knows no
+synonyms, to see what ranking by shared words alone reaches. Per variant: a
 table of domain -> reached/total, the total, and the missed questions grouped by why (`no prompt: <the reason
 the system gave>`, `no KG` section in the prompt, or in the KG section a `-fact` missing / an `+absent` string).
 Last, the longest answer any run returned, in Llama-2 grader tokens.
 
 It reports and never gates: exit 0; a broken question file is a one-line error and exit 2.
 
-    .venv/bin/python benchmarks/kg_reach.py                 # all 8 variants
-    .venv/bin/python benchmarks/kg_reach.py --show ID       # also print the KG lines each variant gave ID
+    .venv/bin/python -m benchmarks.kg_reach                 # all 8 variants, MiniLM
+    .venv/bin/python -m benchmarks.kg_reach --show ID       # also print the KG lines each variant gave ID
+    .venv/bin/python -m benchmarks.kg_reach --embedder bag  # the bag-of-words embedder instead of MiniLM
 """
 
 from __future__ import annotations
@@ -314,14 +318,13 @@ def build_config(variant: Variant, base_url: str, cache_dir: str) -> Any:
 
 
 def run_variant(variant: Variant, questions: list[dict[str, Any]], base_url: str, cache_dir: str,
-                pool: list[tuple[str, dict[str, Any]]]) -> Outcome:
+                pool: list[tuple[str, dict[str, Any]]], embedder: Any) -> Outcome:
     from models.prompting import PromptLibrary
     from models.system import CragSystem
-    from utils.bag_embedder import BagOfWordsEmbedder
 
     config = build_config(variant, base_url, cache_dir)
     llm = ReachLLM(questions, PromptLibrary(config.prompts))
-    system = CragSystem(config, llm=llm, embedder=BagOfWordsEmbedder())
+    system = CragSystem(config, llm=llm, embedder=embedder)
     outcome = Outcome(variant, 0.0)
     started = time.perf_counter()
     try:
@@ -386,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--questions", type=Path, default=QUESTIONS)
     parser.add_argument("--method", choices=("rules", "functions"), nargs="+", default=["rules", "functions"])
+    parser.add_argument("--embedder", choices=("minilm", "bag"), default="minilm",
+                        help="minilm: the packaged all-MiniLM-L6-v2 (the system's own); bag: bag-of-words")
     parser.add_argument("--show", nargs="*", default=[], metavar="ID",
                         help="print the KG lines that reached the prompt of these questions, per variant")
     args = parser.parse_args(argv)
@@ -401,15 +406,24 @@ def main(argv: list[str] | None = None) -> int:
 
     logger.remove()
     logger.add(sys.stderr, level="ERROR")
+    if args.embedder == "bag":
+        from utils.bag_embedder import BagOfWordsEmbedder
+
+        embedder: Any = BagOfWordsEmbedder()
+    else:
+        from models.config import EmbedderConfig
+        from models.retrieval.embedder import Embedder
+
+        embedder = Embedder(EmbedderConfig())
     counts = ", ".join(f"{d} {sum(q['domain'] == d for q in questions)}" for d in DOMAINS)
-    print(f"KG reach: {len(questions)} questions ({counts}); a question is reached when all its facts (and none "
-          "of its absent strings) are in the reasoning prompt")
+    print(f"KG reach: {len(questions)} questions ({counts}), embedder {embedder.name}; a question is reached when "
+          "all its facts (and none of its absent strings) are in the reasoning prompt")
     pool = page_pool()
     variants = [Variant(m, idk, pages) for m in args.method for idk in (True, False) for pages in (False, True)]
     outcomes = []
     with fixture_kg() as base_url, tempfile.TemporaryDirectory(prefix="kg-reach-") as cache_dir:
         for variant in variants:
-            outcome = run_variant(variant, questions, base_url, cache_dir, pool)
+            outcome = run_variant(variant, questions, base_url, cache_dir, pool, embedder)
             outcomes.append(outcome)
             print_table(outcome, questions)
             for qid in args.show:

@@ -12,6 +12,7 @@ import requests
 import urllib3
 from requests.structures import CaseInsensitiveDict
 
+from models.config import REPO_ROOT
 from models.llm.base import Conversation, GenParams
 from models.prompting import PROMPT_DIR
 from tools.kg_server import KnowledgeGraph, answer, read_body
@@ -85,6 +86,13 @@ class RecordingKG(KGClient):
         self._paths = {endpoint.path: endpoint.name for endpoint in ENDPOINTS.values()}
         self._nothing = KnowledgeGraph(None).functions()
         self._serving = threading.Lock()  # theirs runs one endpoint function at a time, on its event loop
+
+    @classmethod
+    def over_fixtures(cls) -> RecordingKG:
+        """Every endpoint answered from the fixture KG (tools/kg_server.py's KnowledgeGraph over data/kg), as the
+        fixture server answers it."""
+        graph = KnowledgeGraph(REPO_ROOT / "data" / "kg").functions()
+        return cls({name: lambda fields, function=function: function(**fields) for name, function in graph.items()})
 
     def _send(self, url: str, body: dict[str, Any], timeout: tuple[float, float]) -> requests.Response:
         name = self._paths[url.removeprefix(self.base_url)]

@@ -14,7 +14,8 @@ filtered by team here, with a small alias table for the organisers' spellings.
 
 Results: the calls of the batch run concurrently within the stage's deadline; each result becomes rows (one
 attribute, award, game or day: models/stages/kg_rows.py); a query's rows are ranked by relevance to its
-question and whole rows are kept within `kg.max_chars`; they reach the calculator and reasoning prompts as
+question (shared words, named dates, and meaning: the batch's questions and rows are embedded in one call by the
+system's embedder) and whole rows are kept within `kg.max_chars`; they reach the calculator and reasoning prompts as
 knowledge-graph results.
 """
 
@@ -406,6 +407,26 @@ def read_calls(output: str, max_calls: int) -> tuple[list[tuple[str, dict[str, A
     return accepted, refused
 
 
+def similarities(embedder: Any, lookups: list[tuple[QueryState, Lookup]], deadline: Deadline) -> list[list[float]]:
+    """Per lookup, the cosine of its question and each of its rows, from one embedding call for the batch. Rows
+    the embedder did not reach before the deadline get none (ranked on words and dates alone)."""
+    texts = [state.query for state, _ in lookups] + [row.text for _, kg in lookups for row in kg.rows]
+    if len(texts) == len(lookups):  # no rows to rank
+        return [[] for _ in lookups]
+    vectors = embedder.encode(texts, deadline=deadline)
+    if len(vectors) < len(texts):
+        logger.info("KG rows: {} of {} texts embedded before the deadline; the rest ranked on words and dates",
+                    len(vectors), len(texts))
+    if len(vectors) < len(lookups):  # not even the questions
+        return [[] for _ in lookups]
+    found, start = [], len(lookups)
+    for number, (_, kg) in enumerate(lookups):
+        rows = vectors[start:start + len(kg.rows)]
+        found.append([float(x) for x in rows @ vectors[number]])
+        start += len(kg.rows)
+    return found
+
+
 @STAGES.register("kg")
 class KGStage(Stage):
     """Tasks 2 and 3; CragSystem leaves it out when no KG server answered at start-up."""
@@ -413,7 +434,7 @@ class KGStage(Stage):
     prompts = ("kg_entities", "kg_functions")
     sections = ("kg",)
     writes = frozenset({"kg_results", "kg_calls"})
-    needs = frozenset({"llm", "kg"})
+    needs = frozenset({"llm", "kg", "embedder"})
 
     @classmethod
     def active(cls, config: SystemConfig) -> bool:
@@ -452,10 +473,12 @@ class KGStage(Stage):
             jobs.append((state, kg, lambda kg=kg, d=domain, e=entities, t=today: rule_lookup(kg, d, e, t)))
         with ThreadPoolExecutor(max_workers=max(1, settings.concurrency)) as pool:
             futures = [pool.submit(job) for _, _, job in jobs]
-        for (state, kg, _), future in zip(jobs, futures):
+        for (state, _, _), future in zip(jobs, futures):
             if error := future.exception():  # one query's lookup bug leaves the others their results
                 logger.opt(exception=error).error("{}: KG lookup failed: {}", state.interaction_id, error)
-            ranked = rows_.rank(kg.rows, state.query, kg.dates)
+        lookups = [(state, kg) for state, kg, _ in jobs]
+        for (state, kg), similarity in zip(lookups, similarities(ctx.embedder, lookups, work)):
+            ranked = rows_.rank(kg.rows, state.query, kg.dates, similarity)
             state.kg_results = rows_.fit(ranked, settings.max_chars)
             state.kg_calls = kg.made
             logger.debug("{}: {} KG calls, {} of {} rows kept", state.interaction_id, kg.calls,

@@ -55,7 +55,7 @@ EVERY_CALL = {
     "sports_nba_get_play_by_play_data_by_game_ids": {"game_ids": ["0022300850"]},
 }
 SPOT_CHECKS = {
-    "open_get_entity": lambda r: r["summary_structured"]["completed"] == "31 March 1889",
+    "open_get_entity": lambda r: r["summary_structured"]["completion_date"] == "{{end date|1889|03|31|df=y}}",
     "movie_get_movie_info": lambda r: r[0]["budget"] == 160000000,
     "finance_get_ticker_by_name": lambda r: r == "AAPL",
     "music_get_billboard_rank_date": lambda r: r == [["Lovin On Me"], ["Jack Harlow"]],

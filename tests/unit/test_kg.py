@@ -10,7 +10,8 @@ from models.stages import kg_rows as rows_
 from models.stages.kg import games_date, query_date, read_calls, read_entities
 from models.stages.kg_rows import value as compact
 from tests.conftest import to_batch, write
-from tests.fakes import RecordingKG, ScriptedLLM, by_prompt, prompt_name
+from models.system import CragSystem
+from tests.fakes import HashEmbedder, RecordingKG, ScriptedLLM, by_prompt, prompt_name
 from utils.kg_api import ENDPOINTS
 from utils.llm_json import parse_llm_json
 
@@ -229,6 +230,55 @@ def test_rows_are_ranked_by_the_question_and_kept_whole_within_the_budget(make_s
     assert sum(map(len, lines)) <= 300 and set(lines) <= set(rows_.entity_rows("Albert Einstein", entity))
     assert ("open_get_entity", {"query": "Albert Einstein"}) in kg.sent
     assert ("open_get_entity", {"query": "Einstein (crater)"}) not in kg.sent  # the exact name wins alone
+
+
+def test_rows_rank_by_meaning_words_and_dates_together():
+    rows = rows_.as_rows(["Eiffel Tower owner: City of Paris", "Eiffel Tower height: 330 m (1,100 ft)",
+                          "Eiffel Tower opening: 31 March 1889"], 0)
+    question = "how tall is the eiffel tower?"
+    assert rows_.rank(rows, question, set())[0] == rows[0]  # words alone: a tie, kept in arrival order
+    ranked = rows_.rank(rows, question, set(), [0.30, 0.62, 0.35])
+    assert [row.order for row in ranked] == [1, 2, 0]  # the height row means what the question asks
+    dated = rows_.as_rows(["Eiffel Tower opening: 1889-03-31", "Eiffel Tower height: 330 m"], 0)
+    assert rows_.rank(dated, question, {"1889-03-31"}, [0.35, 0.62])[0] == dated[0]  # a named date outweighs
+    assert rows_.rank(rows, question, set(), [0.30])[0] == rows[0]  # rows without a cosine rank on words
+
+
+class RecordingEmbedder(HashEmbedder):
+    """The hashing embedder, keeping the texts of each encode call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.texts: list[list[str]] = []
+
+    def encode(self, texts, deadline=None):
+        self.texts.append(list(texts))
+        return super().encode(texts, deadline)
+
+
+def test_a_200_key_infobox_fits_the_budget_with_one_embedding_call_per_batch(cpu_config, sample_examples):
+    infobox = {f"field_{i}": f"{{{{convert|{i + 1}|m|ft}}}} and [[Page {i}|value {i}]]" for i in range(197)}
+    infobox |= {"image": "Huge.jpg", "caption": "A caption", "height": "{{convert|330|m|ft|abbr=on}}"}
+    entities = {"Big Tower": {"summary_text": "Big Tower is a tower. " * 40, "summary_structured": infobox},
+                "Small Tower": {"summary_text": "Small Tower is smaller.", "summary_structured": {"height": "12 m"}}}
+    kg = RecordingKG({"open_search_entity_by_name": lambda body: [n for n in entities if body["query"] in n.lower()],
+                      "open_get_entity": lambda body: entities.get(body["query"])})
+    llm = ScriptedLLM(by_prompt(kg_entities=lambda c: entities_reply(
+        "open", main_entity="big tower" if "big tower" in c[1]["content"] else "small tower")))
+    cpu_config.task, embedder = 2, RecordingEmbedder()
+    system = CragSystem(cpu_config, llm=llm, embedder=embedder, kg=kg)
+    try:
+        questions = ["how tall is the big tower?", "how tall is the small tower?"]
+        system.batch_generate_answer(to_batch([dict(sample_examples[4], interaction_id=q, query=q)
+                                               for q in questions]))
+        big, small = (trace["kg_results"] for trace in system.last_batch_trace)
+    finally:
+        system.close()
+    assert 0 < sum(map(len, big)) <= cpu_config.kg.max_chars and not any("{{" in line for line in big)
+    assert small == ["Small Tower: Small Tower is smaller.", "Small Tower height: 12 m"]
+    with_rows = [texts for texts in embedder.texts if "Small Tower height: 12 m" in texts]
+    assert len(with_rows) == 1  # one call for the batch: both questions and every row of both
+    assert with_rows[0][:2] == questions and len(with_rows[0]) == 2 + 1 + 197 + 1 + 2
 
 
 def test_a_named_date_older_than_the_last_days_is_kept(make_system, cpu_config, sample_examples):
