@@ -6,7 +6,8 @@ combines shard folders; calibrate shows how often a judge agrees with a person (
 run B's score difference from run A with a paired interval and the questions that flipped. run, rejudge, merge
 and compare take the same selection flags (--domain, --question-type, --static-or-dynamic, --split).
 Judges: "rules" (exact match to a gold answer, else wrong), "local" (the embedded SmolLM2 through the hf
-backend), or the base URL of an OpenAI-compatible server with --judge-model.
+backend), the base URL of an OpenAI-compatible server with --judge-model, or "person:FILE" (a person's verdicts,
+as data/judge/calibration.jsonl holds them; a prediction the file does not hold stays unjudged).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from evaluation import manifest
 from evaluation.attribution import attribute_records, page_texts
 from evaluation.data import (QUESTION_TYPES, DataError, ReadStats, Selection, check_data_file, count_examples,
                              parse_choices, parse_shard, read_examples)
-from evaluation.judge import UNJUDGED, LLMJudge, judge_records
+from evaluation.judge import UNJUDGED, LLMJudge, PersonJudge, judge_records
 from evaluation.kg_server import KGServerError, fixture_kg
 from evaluation.report import format_table, score_records, write_report
 from evaluation.runner import EvaluationError, load_predictions, run_model, save_judgements
@@ -49,6 +50,7 @@ DEFAULT_DATA = Path(__file__).resolve().parent / "data" / "crag_sample.jsonl"
 
 
 COMMANDS = ("run", "rejudge", "merge", "calibrate", "compare", "gate")
+PERSON = "person:"  # --judge person:FILE
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")  # loguru's
 RUN_HELP = "answer the selected questions (resuming the run folder), judge them, write the report (the default)"
 
@@ -69,7 +71,8 @@ def judge_flags() -> argparse.ArgumentParser:
     flags = CommandParser(add_help=False)
     group = flags.add_argument_group("judge")
     group.add_argument("--judge", default="rules",
-                       help="rules, local, or an OpenAI-compatible base URL such as http://127.0.0.1:8001/v1")
+                       help="rules, local, person:FILE (a person's verdicts), or an OpenAI-compatible base URL "
+                            "such as http://127.0.0.1:8001/v1")
     group.add_argument("--judge-model", default=None, help="model name for a URL judge")
     return flags
 
@@ -174,8 +177,11 @@ def check_judge(spec: str, model_name: str | None) -> None:
     """A ConfigError naming --judge when it cannot name a judge (checked before any model loads)."""
     if spec in ("rules", "local"):
         return
+    if spec.startswith(PERSON):
+        person_judge(spec)
+        return
     if not spec.startswith(("http://", "https://")):
-        raise ConfigError(f"--judge {spec!r}: use rules, local, or an http(s) base URL")
+        raise ConfigError(f"--judge {spec!r}: use rules, local, person:FILE, or an http(s) base URL")
     if not model_name:
         raise ConfigError(f"--judge {spec}: name the served model with --judge-model")
 
@@ -232,11 +238,25 @@ def check_variant(name: str, path: Path, label: str) -> None:
                           f"{sorted(wanted)} (a prompt of another stage?); give a variant of prompts/{name}.yaml")
 
 
-def build_judge(spec: str, model_name: str | None) -> LLMJudge | None:
-    """The LLM judge named by --judge; None for rules only."""
+def person_judge(spec: str) -> PersonJudge:
+    """The verdicts of --judge person:FILE; a ConfigError naming the file and its first bad line."""
+    path = Path(spec.removeprefix(PERSON))
+    if not path.is_file():
+        raise ConfigError(f"--judge {spec}: no such file; give person:FILE, a JSON Lines file of {{query, "
+                          "prediction, human} verdicts (as data/judge/calibration.jsonl)")
+    try:
+        return PersonJudge.load(path)
+    except ValueError as err:
+        raise ConfigError(f"--judge {PERSON}{err}") from None
+
+
+def build_judge(spec: str, model_name: str | None) -> LLMJudge | PersonJudge | None:
+    """The judge named by --judge; None for rules only."""
     check_judge(spec, model_name)
     if spec == "rules":
         return None
+    if spec.startswith(PERSON):
+        return person_judge(spec)
     if spec == "local":
         from models.llm.hf import HFBackend, resolve_model_folder
 

@@ -3,11 +3,13 @@
 The embedded default (configs/cpu.yaml: SmolLM2 through the hf backend, task 2, the KG fixture server over
 data/kg) answers two sets disjoint from data/crag_sample.jsonl (which `make eval` runs) with its gate off:
 data/gate_dev.jsonl (handwritten pages: the answer present, absent, conflicting, or a false premise) and
-benchmarks/kg_reach/questions.jsonl (KG questions without pages). The rules judge each answer; their gold answers
-are short, so an answer that matches none is taken as wrong (`--rules-wrong-is-wrong`). `gate fit` on both runs
-gives the gate and its cross-validated figures over the answered questions: the CRAG score with no gate, with the
-gate, always "i don't know" and an oracle that answers only the right ones, the coverage, and the paired
-intervals of gate minus no gate and of gate minus always abstaining.
+benchmarks/kg_reach/questions.jsonl (KG questions without pages). The rules judge each answer first; what they
+leave open (an answer in a sentence) a person judged: data/gate_dev/verdicts.jsonl holds their verdicts on
+SmolLM2's answers to both sets (`--judge person:FILE`). An answer the person has not seen (after a change to the
+prompts or the model) stays unjudged and is left out of the fit, counted in its output: judge the new ones and
+add them to the file. `gate fit` on both runs gives the gate and its cross-validated figures over the answered
+questions: the CRAG score with no gate, with the gate, always "i don't know" and an oracle that answers only the
+right ones, the coverage, and the paired intervals of gate minus no gate and of gate minus always abstaining.
 
 Target: the gate above both no gate and always abstaining, answering at least one question. It reports and never
 gates (exit 0); a run that fails is an error (exit 1).
@@ -29,8 +31,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SETS = {"gate-dev": REPO / "data" / "gate_dev.jsonl", "gate-kg": REPO / "benchmarks" / "kg_reach" / "questions.jsonl"}
+VERDICTS = REPO / "data" / "gate_dev" / "verdicts.jsonl"
+# A prediction the person has not judged is left out of the fit, not an error of the run.
 SETTINGS = ["--config", str(REPO / "configs" / "cpu.yaml"), "--set", "answer.gate=null", "--serve-kg", "--restart",
-            "--log-level", "ERROR"]
+            "--log-level", "ERROR", "--judge", f"person:{VERDICTS}", "--max-unjudged", str(10 ** 9)]
 
 
 def run(data: Path, out: Path) -> float:
@@ -88,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name}: {data.relative_to(REPO)} answered in {seconds:.0f} s into {folder}")
         out = args.out or Path(scratch) / "gate.json"
         try:
-            printed = fit(folders, out, rules_wrong_is_wrong=True)
+            printed = fit(folders, out)
         except TooFewLabels as err:  # SmolLM2 answered too few to fit on: that is the benchmark's finding
             print(f"gate: no gate fit ({err})")
             return 0

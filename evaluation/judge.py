@@ -1,5 +1,6 @@
-"""Judging predictions: rules first, then an LLM judge for what the rules cannot decide; and, beside ours, the
-organisers' rules, so a run shows the leaderboard's reading of the same predictions.
+"""Judging predictions: rules first, then an LLM judge (or a person's verdicts, `PersonJudge`) for what the rules
+cannot decide; and, beside ours, the organisers' rules, so a run shows the leaderboard's reading of the same
+predictions.
 
 Verdicts: correct (+1), miss (0, "i don't know"), wrong (-1), unjudged (the LLM judge failed: reported on
 its own, never counted as a hallucination). Where the judge's backend gives log-probabilities (vLLM, OpenAI, the
@@ -15,10 +16,12 @@ judge it asks ours, gold answer only; without an LLM judge those are "unjudged",
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from loguru import logger
@@ -151,6 +154,66 @@ def read_reply(sample: str) -> tuple[bool | None, str, float | None]:
     return judged, reason, p
 
 
+PERSON_VERDICTS = {"correct": CORRECT, "incorrect": WRONG, "miss": MISS}
+
+
+class PersonJudge:
+    """A person's verdicts, read from a JSON Lines file of {query, prediction, human} records (`human`: correct,
+    incorrect or miss, as in data/judge/calibration.jsonl), for the predictions the rules leave open. A verdict
+    belongs to its question and its prediction as the grader reads it (cut to 75 Llama-2 tokens, whitespace
+    folded): a prediction the person never saw stays unjudged, never guessed.
+    """
+
+    kind = "person"
+
+    def __init__(self, verdicts: dict[str, str], name: str) -> None:
+        self.verdicts, self.name = verdicts, name
+        self.reasons: dict[str, str] = {}
+        self.p_correct: dict[str, float] = {}
+        self.unseen = 0
+
+    @classmethod
+    def load(cls, path: Path) -> PersonJudge:
+        """The verdicts of `path`; ValueError naming the file and its first bad line."""
+        verdicts: dict[str, str] = {}
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except OSError as err:
+            raise ValueError(f"{path}: cannot be read ({err.strerror or err})") from None
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                query, prediction, human = record["query"], record["prediction"], record["human"]
+            except (ValueError, KeyError, TypeError) as err:
+                raise ValueError(f"{path}:{number}: not a {{query, prediction, human}} record ({err})") from None
+            if human not in PERSON_VERDICTS or not isinstance(query, str) or not isinstance(prediction, str):
+                raise ValueError(f"{path}:{number}: human must be one of {sorted(PERSON_VERDICTS)}, query and "
+                                 "prediction strings")
+            verdicts[cls.key_of(query, prediction)] = PERSON_VERDICTS[human]
+        if not verdicts:
+            raise ValueError(f"{path}: no verdicts")
+        return cls(verdicts, f"person:{path.name}")
+
+    @staticmethod
+    def key_of(query: str, prediction: str) -> str:
+        return content_key(" ".join(query.lower().split()), " ".join(grader_cut(prediction).split()))
+
+    def key(self, item: Item) -> str:
+        return self.key_of(item.query, item.prediction)
+
+    def judge(self, items: Sequence[Item]) -> list[str]:
+        found = [self.verdicts.get(self.key(item), UNJUDGED) for item in items]
+        for item, verdict in zip(items, found):
+            self.reasons[self.key(item)] = f"{self.name}: {verdict}" if verdict != UNJUDGED else ""
+        self.unseen = sum(verdict == UNJUDGED for verdict in found)
+        if self.unseen:
+            logger.warning("{}: no verdict for {} of {} predictions the rules leave open (unjudged)", self.name,
+                           self.unseen, len(items))
+        return found
+
+
 class LLMJudge:
     """Judges items with `llm` (any backend) through `prompt`; `name` identifies the judge model in the cache.
 
@@ -160,6 +223,8 @@ class LLMJudge:
     it is unjudged where they cannot. `reasons` keeps the judge's reason of every verdict, by item key, and
     `p_correct` the probability the judge gave "correct", where its backend offers log-probabilities.
     """
+
+    kind = "llm"
 
     def __init__(self, llm: LLM, prompt: Prompt, name: str, cache: JsonCache | None = None, batch_size: int = 16,
                  retries: int = 2, max_tokens: int = 64) -> None:
@@ -258,8 +323,8 @@ def ungated(record: dict[str, Any]) -> dict[str, Any]:
     return {**record, **record["ungated"]} if withheld_answer(record) is not None and record.get("ungated") else record
 
 
-def judge_records(records: list[dict[str, Any]], llm_judge: LLMJudge | None) -> None:
-    """Set on every record: "verdict" and "judged_by" ("rules", "llm", "rules-fallback" or "none") by our rules,
+def judge_records(records: list[dict[str, Any]], llm_judge: LLMJudge | PersonJudge | None) -> None:
+    """Set on every record: "verdict" and "judged_by" ("rules", "llm", "person", "rules-fallback" or "none"),
     with "judge_reason" where the LLM judge gave one and "judge_confidence" (the probability the judge gave its
     verdict) where its backend offers log-probabilities; the same prefixed "organisers_" by the organisers' rules;
     "cut_by_grader" (the grader's 75-token cut changes the prediction) and "null_prediction" (not a string:
@@ -277,7 +342,7 @@ def judge_records(records: list[dict[str, Any]], llm_judge: LLMJudge | None) -> 
                                                                                         "alt_answers")}
 
 
-def _judge(records: list[dict[str, Any]], llm_judge: LLMJudge | None) -> None:
+def _judge(records: list[dict[str, Any]], llm_judge: LLMJudge | PersonJudge | None) -> None:
     for record in records:  # a null or non-string prediction is read as "i don't know", and counted
         record["null_prediction"] = not isinstance(record.get("prediction"), str)
         for prefix in ("", "organisers_"):  # an earlier judge's reasons, from the record file, do not carry over
@@ -309,7 +374,7 @@ def _judge(records: list[dict[str, Any]], llm_judge: LLMJudge | None) -> None:
         key = llm_judge.key(item)
         reason = llm_judge.reasons.get(key, "")
         judged_by = "none" if verdicts[key] == UNJUDGED else "rules-fallback" if reason.startswith(
-            "rules-fallback") else "llm"
+            "rules-fallback") else llm_judge.kind
         record.update({f"{prefix}verdict": verdicts[key], f"{prefix}judged_by": judged_by,
                        f"{prefix}judge_reason": reason})
         if judged_by == "llm" and key in llm_judge.p_correct:

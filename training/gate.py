@@ -48,10 +48,11 @@ def answered_signals(record: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def label_records(records: list[dict[str, Any]], rules_wrong_is_wrong: bool = False) -> Labelled:
-    """The labelled records among judged ones. Labels come from an LLM judge, or from what our rules decide (an
-    exact or alternative match, the "invalid question" rules); an answer marked wrong only because it matched no
-    gold answer exactly (`--judge rules`, or the rules' fallback when the LLM judge failed) is left out unless
-    `rules_wrong_is_wrong` (data with short gold answers, where no match is a wrong answer)."""
+    """The labelled records among judged ones. Labels come from an LLM judge or a person (`--judge person:FILE`), or
+    from what our rules decide (an exact or alternative match, the "invalid question" rules); an answer marked
+    wrong only because it matched no gold answer exactly (`--judge rules`, or the rules' fallback when the LLM
+    judge failed) is left out unless `rules_wrong_is_wrong` (data with short gold answers, where no match is a
+    wrong answer)."""
     out = Labelled()
     for record in map(ungated, records):  # a gated run's withheld answers teach as much as the others
         verdict, by = record.get("verdict"), record.get("judged_by")
@@ -65,8 +66,8 @@ def label_records(records: list[dict[str, Any]], rules_wrong_is_wrong: bool = Fa
         if signals is None:
             out.counts["no signals (run before signals were recorded)"] += 1
             continue
-        if by == "llm":
-            out.counts["labelled by the LLM judge"] += 1
+        if by in ("llm", "person"):
+            out.counts[f"labelled by {'the LLM judge' if by == 'llm' else 'a person'}"] += 1
         elif verdict == CORRECT:
             out.counts["labelled correct by the rules"] += 1
         elif by == "rules" and judge_by_rules(Item(str(record.get("query") or ""), str(record.get("answer") or ""),

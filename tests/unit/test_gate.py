@@ -84,6 +84,8 @@ def test_labels_leave_out_what_the_rules_only_failed_to_match():
     assert labelled.questions == ["q0", "q1", "q4", "q6"] and labelled.correct == [1, 0, 1, 0]
     assert labelled.counts["no exact match, left out (--rules-wrong-is-wrong takes it as wrong)"] == 1
     assert label_records(records, rules_wrong_is_wrong=True).questions == ["q0", "q1", "q4", "q5", "q6"]
+    by_a_person = label_records([record(8, WRONG, by="person", prediction="a longer sentence")])
+    assert by_a_person.correct == [0] and by_a_person.counts["labelled by a person"] == 1
 
 
 def write_run(folder, records, reasoning=None):

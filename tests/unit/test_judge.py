@@ -7,8 +7,8 @@ import re
 import pytest
 
 import local_evaluation
-from evaluation.judge import (CORRECT, MISS, UNJUDGED, WRONG, Item, LLMJudge, judge_by_organisers_rules, judge_by_rules,
-                              judge_records, p_correct, parse_judgement)
+from evaluation.judge import (CORRECT, MISS, UNJUDGED, WRONG, Item, LLMJudge, PersonJudge, judge_by_organisers_rules,
+                              judge_by_rules, judge_records, p_correct, parse_judgement)
 from evaluation.report import format_table, score_records, write_report
 from models.prompting import PromptLibrary
 from tests.conftest import SAMPLE, write
@@ -137,6 +137,31 @@ def test_judge_records_uses_rules_first_and_the_llm_for_the_rest():
     assert records[2]["verdict"] == "wrong"  # rules only: no exact match is wrong
 
 
+def test_a_person_s_verdicts_judge_what_the_rules_leave_open(tmp_path, caplog_loguru):
+    verdicts = tmp_path / "verdicts.jsonl"
+    write(verdicts, json.dumps({"query": "Who?", "prediction": "It is  Paris, of course", "human": "correct"}) + "\n"
+          + json.dumps({"query": "who?", "prediction": "Lyon, I think", "human": "incorrect"}) + "\n")
+    records = [{"query": "who?", "answer": "paris", "alt_answers": [], "prediction": p}
+               for p in ("Paris", "It is Paris, of course", "Lyon, I think", "Marseille")]
+    judge_records(records, PersonJudge.load(verdicts))
+    assert [(r["verdict"], r["judged_by"]) for r in records] == [
+        ("correct", "rules"), ("correct", "person"), ("wrong", "person"), ("unjudged", "none")]
+    assert [r["organisers_verdict"] for r in records] == ["correct", "correct", "wrong", "unjudged"]
+    assert "no verdict for 1 of" in caplog_loguru.text  # the organisers' column asks again: never guessed
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "no verdicts"), ("{\"query\": \"q\"}\n", ":1: not a {query, prediction, human} record"),
+    ('{"query": "q", "prediction": "p", "human": "maybe"}\n', ":1: human must be one of"),
+])
+def test_a_verdicts_file_that_cannot_be_read_is_one_line(tmp_path, capsys, text, message):
+    write(tmp_path / "v.jsonl", text)
+    args = ["--judge", f"person:{tmp_path / 'v.jsonl'}", "--data", str(SAMPLE), "--out", str(tmp_path / "run")]
+    assert local_evaluation.main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err
+
+
 @pytest.mark.parametrize("prediction, answer, alt, ours, theirs", [
     ("I don't know", "paris", (), MISS, MISS),
     ("well, i don't know it", "paris", (), MISS, MISS),
@@ -227,7 +252,8 @@ def test_cli_rejudges_without_loading_the_model(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--judge", "gpt"], "use rules, local, or an http(s) base URL"),
+    (["--judge", "gpt"], "use rules, local, person:FILE, or an http(s) base URL"),
+    (["--judge", "person:no/such.jsonl"], "no such file; give person:FILE"),
     (["--judge", "http://127.0.0.1:9/v1"], "--judge-model"),
     (["rejudge"], "does not exist; answer the questions first (run)"),
 ])
