@@ -413,7 +413,11 @@ def similarities(embedder: Any, lookups: list[tuple[QueryState, Lookup]], deadli
     texts = [state.query for state, _ in lookups] + [row.text for _, kg in lookups for row in kg.rows]
     if len(texts) == len(lookups):  # no rows to rank
         return [[] for _ in lookups]
-    vectors = embedder.encode(texts, deadline=deadline)
+    try:
+        vectors = embedder.encode(texts, deadline=deadline)
+    except Exception as err:  # the rows are worth more ranked on words than lost with the stage
+        logger.opt(exception=err).warning("KG rows: embedding failed ({}); ranked on words and dates", err)
+        return [[] for _ in lookups]
     if len(vectors) < len(texts):
         logger.info("KG rows: {} of {} texts embedded before the deadline; the rest ranked on words and dates",
                     len(vectors), len(texts))

@@ -305,6 +305,21 @@ def test_a_movie_keeps_its_original_title_and_language_and_the_best_title_match(
     assert not any("Parasite Lost" in line for line in lines)
 
 
+def test_an_embedder_that_fails_leaves_the_rows_ranked_on_words(make_system, cpu_config, sample_examples,
+                                                                  caplog_loguru, monkeypatch):
+    encode = HashEmbedder.encode
+
+    def fails_on_kg_rows(self, texts, deadline=None):
+        return 1 / 0 if any(text.startswith("Berlin leader") for text in texts) else encode(self, texts, deadline)
+
+    monkeypatch.setattr(HashEmbedder, "encode", fails_on_kg_rows)
+    lines = kg_rows_of(make_system, cpu_config, RecordingKG.over_fixtures(),
+                       dict(sample_examples[4], query="who is the mayor of berlin?"),
+                       kg_entities=entities_reply("open", main_entity="berlin"))
+    assert lines[0] == "Berlin leader: Governing Mayor: Kai Wegner (CDU)"  # "berlin" and "mayor" both in it
+    assert "KG rows: embedding failed (division by zero)" in caplog_loguru.text
+
+
 def test_year_rows_put_the_asked_award_first_and_winners_before_nominees():
     awards = [{"year_ceremony": 2020, "category": c, "name": f"person {i}", "film": f"film {i}", "winner": i % 2 == 0}
               for i, c in enumerate(["BEST PICTURE", "BEST PICTURE", "DIRECTING", "COSTUME DESIGN", "COSTUME DESIGN"])]
