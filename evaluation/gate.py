@@ -165,7 +165,8 @@ def format_gate(summary: dict[str, Any], rows: int = 8) -> list[str]:
     if gate := summary.get("gate"):
         without = gate["ungated"]
         lines.append(f"answer gate (threshold {gate['threshold']:.3f}): withheld {gate['withheld']} of "
-                     f"{gate['scored']} answers; score {summary['overall']['score']:+.3f} with it, "
+                     f"{gate['scored']} answers, answering {1 - summary['overall']['missing']:.1%} of the questions "
+                     f"({1 - without['missing']:.1%} without); score {summary['overall']['score']:+.3f} with it, "
                      f"{without['score']:+.3f} without; with - without: {_interval(gate['paired_ci'])}")
     curve = summary.get("risk_coverage")
     if curve and curve.get("points"):

@@ -218,6 +218,8 @@ def test_gate_eval_reproduces_the_gated_score_of_a_run_with_that_gate(cpu_config
     assert curve["points"][-1]["score"] == pytest.approx(summary["gate"]["ungated"]["score"])
     printed = format_table(summary)
     assert "answer gate (threshold 0.500): withheld" in printed and "risk-coverage" in printed
+    answering = sum(r["verdict"] in (CORRECT, WRONG) for r in records) / len(records)
+    assert f"answering {answering:.1%} of the questions" in printed
 
     write_run(tmp_path / "run", records)
     assert main(["gate", "eval", str(tmp_path / "gate.json"), str(tmp_path / "run")]) == 0
