@@ -54,13 +54,14 @@ def test_answers_a_batch_from_data(user_model, sample_examples):
     assert len(answers) == len(examples) and all(isinstance(a, str) and a for a in answers)
     assert all(grader_cut(a) == a for a in answers)  # the grader's 75-token cut changes nothing
     gathered = ["attributes", "kg", "precheck", "references", "evidence"]  # the pre-check after the KG (task 2)
+    closing = ["answer", "gate"]  # configs/cpu.yaml ships an answer gate: it runs after the answer step
     for trace in user_model.last_batch_trace:
         stages = [r["stage"] for r in trace["stages"]]
         assert all(r["status"] == "ok" for r in trace["stages"])
         if trace["reason"].startswith(("predicted", "no usable text")):  # answered "i don't know" before the LLM
-            assert stages[:-1] == gathered[:len(stages) - 1] and stages[-1] == "answer"
+            assert stages[:-2] == gathered[:len(stages) - 2] and stages[-2:] == closing
         else:
-            assert stages == [*gathered, "knowledge", "calculator", "reasoning", "answer"]
+            assert stages == [*gathered, "knowledge", "calculator", "reasoning", *closing]
 
 
 def test_openai_config_sends_prompts_to_the_server(served_model, embedder, sample_examples, tmp_path, monkeypatch):
@@ -72,6 +73,7 @@ def test_openai_config_sends_prompts_to_the_server(served_model, embedder, sampl
     config["attributes"]["method"] = "none"  # no dynamic pre-check: both queries reach the LLM stages
     config["calculator"]["n"] = 1
     config["task"] = 1  # no KG entity extraction: the request count below is the seed stages'
+    config["answer"]["gate"] = None  # fit on the hf backend's signals: refused for another backend
     config["budget"]["per_query_s"] = config["references"]["timeout_s"] = UNHURRIED_S
     config["llm"]["openai"]["request_timeout_s"] = UNHURRIED_S  # a request timed out would be sent again
     path = tmp_path / "openai.yaml"
