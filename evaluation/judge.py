@@ -170,7 +170,6 @@ class PersonJudge:
         self.verdicts, self.name = verdicts, name
         self.reasons: dict[str, str] = {}
         self.p_correct: dict[str, float] = {}
-        self.unseen = 0
 
     @classmethod
     def load(cls, path: Path) -> PersonJudge:
@@ -204,13 +203,13 @@ class PersonJudge:
         return self.key_of(item.query, item.prediction)
 
     def judge(self, items: Sequence[Item]) -> list[str]:
-        found = [self.verdicts.get(self.key(item), UNJUDGED) for item in items]
-        for item, verdict in zip(items, found):
-            self.reasons[self.key(item)] = f"{self.name}: {verdict}" if verdict != UNJUDGED else ""
-        self.unseen = sum(verdict == UNJUDGED for verdict in found)
-        if self.unseen:
+        keys = [self.key(item) for item in items]
+        found = [self.verdicts.get(key, UNJUDGED) for key in keys]
+        self.reasons.update((key, f"{self.name}: {verdict}" if verdict != UNJUDGED else "")
+                            for key, verdict in zip(keys, found))
+        if unseen := found.count(UNJUDGED):
             logger.warning("{}: no verdict for {} of {} predictions the rules leave open (unjudged)", self.name,
-                           self.unseen, len(items))
+                           unseen, len(items))
         return found
 
 
