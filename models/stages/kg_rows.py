@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import date
@@ -154,8 +155,13 @@ def person_rows(person: dict[str, Any]) -> list[str]:
 
 
 def year_rows(year: str, info: dict[str, Any]) -> list[str]:
+    """One row per award (winners first) and one naming every film that won, with its count: a set question ("which
+    films won an oscar in 2020") is answered by that row alone, where the award rows would not fit the budget."""
     awards = [a for a in info.get("oscar_awards") or [] if isinstance(a, dict)]
-    rows = [_oscar(a) for a in sorted(awards, key=lambda a: not a.get("winner"))]  # winners first
+    won = Counter(str(a.get("film")) for a in awards if a.get("winner") and present(a.get("film")))
+    rows = [f"{year} oscars, films that won (awards): {', '.join(f'{film} ({n})' for film, n in won.items())}"
+            ] if won else []
+    rows += [_oscar(a) for a in sorted(awards, key=lambda a: not a.get("winner"))]  # winners first
     if info.get("movie_list"):
         rows.append(f"{year} movies in the KG: {len(info['movie_list'])}")
     return rows

@@ -5,7 +5,7 @@ from datetime import date
 
 import pytest
 
-from models.config import ConfigError, load_config
+from models.config import REPO_ROOT, ConfigError, load_config
 from models.stages import kg_rows as rows_
 from models.stages.kg import games_date, query_date, read_calls, read_entities
 from models.stages.kg_rows import value as compact
@@ -326,6 +326,17 @@ def test_year_rows_put_the_asked_award_first_and_winners_before_nominees():
     rows = rows_.as_rows(rows_.year_rows("2020", {"oscar_awards": awards}), 0)
     ranked = rows_.rank(rows, "which film won the oscar for best costume design in 2020?", set())
     assert ranked[0].text == "2020 oscar costume design: person 4 (film 4), won"
+
+
+def test_year_rows_name_every_winning_film_in_one_row_within_the_budget():
+    with open(REPO_ROOT / "data" / "kg" / "movie.json", encoding="utf-8") as f:
+        info = json.load(f)["year_db"]["2020"]
+    rows = rows_.as_rows(rows_.year_rows("2020", info), 0)
+    kept = rows_.fit(rows_.rank(rows, "which movies won an oscar at the 2020 academy awards?", set()), 1000)
+    winners = {a["film"] for a in info["oscar_awards"] if a["winner"]}
+    assert len(winners) > 10 and sum(len(rows_._oscar(a)) for a in info["oscar_awards"] if a["winner"]) > 1000
+    assert all(f"{film} (" in kept[0] for film in winners)
+    assert "Parasite (4)" in kept[0]
 
 
 def test_unreadable_extraction_means_no_lookup_for_that_query_only(make_system, cpu_config, sample_examples):
