@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from loguru import logger
@@ -35,11 +36,13 @@ assert set(BUILD_ORDER) == set(RESOURCES)
 
 class CragSystem:
     """Builds the strategy's stages and only the resources they need. `llm`, `embedder` and `kg` (the KG client,
-    tasks 2 and 3) are built from the config unless given (tests pass fakes)."""
+    tasks 2 and 3) are built from the config unless given (tests pass fakes); batch deadlines are read on `clock`."""
 
     def __init__(self, config: SystemConfig | None = None, llm: LLM | None = None,
-                 embedder: Any | None = None, kg: KGClient | None = None) -> None:
+                 embedder: Any | None = None, kg: KGClient | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config or load_config()
+        self.clock = clock
         self.prompts = PromptLibrary(self.config.prompts)
         classes = pipeline_stages(self.config)
         for name in {name for cls in classes for name in cls.prompts}:  # a broken prompt file fails before any
@@ -144,7 +147,7 @@ class CragSystem:
 
     def batch(self, size: int, prompts: PromptLibrary | None = None) -> Batch:
         """What the stages of one batch share: this system's resources and a fresh batch deadline."""
-        return Batch.start(self.config, size, prompts or self.prompts, self.resources)
+        return Batch.start(self.config, size, prompts or self.prompts, self.resources, self.clock)
 
     def get_batch_size(self) -> int:
         return self.config.batch_size

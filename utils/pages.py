@@ -15,6 +15,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from utils.chunking import seed_chunks, split_sentences
 from utils.html import block_text, parse_html, remove_boilerplate, unescape_unicode
 from utils.tables import extract_tables
 
+POLL_S = 0.05  # how often a wait on the pool looks at the clock again; it bounds no page
 PROCESSING_VERSION = "pages-1"  # bump when the output of process_html changes, to invalidate cached pages
 
 
@@ -103,12 +105,14 @@ class PageProcessor:
     """Processes pages in `workers` processes (1: in this process), with a content-addressed cache.
 
     `cache_folder` None keeps results in memory only; `use_cache` False processes every page every time, repeats
-    within one call included (for benchmarks). Call `close()` to stop the workers.
+    within one call included (for benchmarks). `process`'s timeout is read on `clock`. Call `close()` to stop the
+    workers.
     """
 
     def __init__(self, settings: PageSettings, workers: int = 0, cache_folder: Path | None = None,
-                 use_cache: bool = True) -> None:
+                 use_cache: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
+        self.clock = clock
         self.workers = workers if workers > 0 else (os.cpu_count() or 1)
         self.cache = JsonCache(cache_folder) if use_cache else None
         self._fingerprint = settings.fingerprint()
@@ -134,7 +138,7 @@ class PageProcessor:
 
     def process(self, pages: list[tuple[object, str]], timeout_s: float) -> list[ProcessedPage | None]:
         """One result per (html, page name), in order; None for a page not finished within timeout_s."""
-        end = time.monotonic() + max(timeout_s, 0.0)
+        end = self.clock() + max(timeout_s, 0.0)
         if self.cache is None:  # no cache, no reuse: even a repeated page is processed again
             keys = [str(position) for position in range(len(pages))]
         else:
@@ -171,7 +175,7 @@ class PageProcessor:
         if self._pool is None:  # in this process: no page can be interrupted, so check the clock between pages
             results: dict[str, ProcessedPage | str] = {}
             for key, task in todo.items():
-                if time.monotonic() >= end:
+                if self.clock() >= end:
                     break
                 results[key] = _work(task)
             return results
@@ -179,11 +183,14 @@ class PageProcessor:
         ordered = sorted(todo.items(), key=lambda item: -len(item[1][0]))  # todo holds str or bytes pages only
         pending = {key: self._pool.apply_async(_work, (task,)) for key, task in ordered}
         results = {}
-        for key, async_result in pending.items():
-            try:
-                results[key] = async_result.get(timeout=max(end - time.monotonic(), 0.0))
-            except multiprocessing.TimeoutError:  # past the end, the remaining ones are only collected if ready
-                continue
-        if len(results) < len(pending):  # a worker is stuck on a page: replace the pool rather than wait for it
+        while True:
+            for key in [key for key, async_result in pending.items() if async_result.ready()]:
+                results[key] = pending.pop(key).get()
+            remaining = end - self.clock()
+            if not pending or remaining <= 0:
+                break
+            # waits on the first page left, looking again at least every POLL_S: the end is read on self.clock
+            next(iter(pending.values())).wait(min(remaining, POLL_S))
+        if pending:  # a worker is stuck on a page: replace the pool rather than wait for it
             self.close()
         return results

@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -117,10 +117,11 @@ class Batch:
     resources: dict[str, Any]
 
     @classmethod
-    def start(cls, config: SystemConfig, size: int, prompts: PromptLibrary, resources: dict[str, Any]) -> Batch:
+    def start(cls, config: SystemConfig, size: int, prompts: PromptLibrary, resources: dict[str, Any],
+              clock: Callable[[], float] = time.monotonic) -> Batch:
         budget = config.budget
-        return cls(config, Deadline.for_batch(max(size, 1), budget.per_query_s, budget.safety_margin_s), prompts,
-                   resources)
+        return cls(config, Deadline.for_batch(max(size, 1), budget.per_query_s, budget.safety_margin_s, clock),
+                   prompts, resources)
 
     def context(self, stage: Stage) -> StageContext:
         return StageContext(stage, self.deadline, self.config.budget, self.prompts,

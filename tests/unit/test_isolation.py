@@ -1,6 +1,8 @@
 """Per-query isolation: a bad item or a bad reply costs that query only, whatever the rest of its batch is."""
 
 import copy
+import time
+from collections.abc import Callable
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -138,11 +140,11 @@ def _about(body: dict, query: str) -> bool:
     return f"Question: {query}" in body["messages"][-1]["content"]
 
 
-def _openai_system(cpu_config, url: str) -> CragSystem:
+def _openai_system(cpu_config, url: str, clock: Callable[[], float] = time.monotonic) -> CragSystem:
     cpu_config.llm.backend = "openai"
     cpu_config.llm.openai.base_url = url
     cpu_config.llm.openai.max_retries = 0
-    return CragSystem(cpu_config, embedder=HashEmbedder())  # the openai backend, probed at start-up
+    return CragSystem(cpu_config, embedder=HashEmbedder(), clock=clock)  # the openai backend, probed at start-up
 
 
 def test_a_faulty_llm_server_costs_only_the_queries_it_fails(cpu_config, sample_examples, caplog_loguru):
@@ -167,20 +169,28 @@ def test_a_faulty_llm_server_costs_only_the_queries_it_fails(cpu_config, sample_
 
 
 def test_a_reply_trickled_past_the_batch_deadline_is_left_there(cpu_config, sample_examples, caplog_loguru):
-    """A server that sends its reply 16 bytes a second, so that it cannot arrive in under 15 s: the batch is left
-    at its deadline (9.5 s; the stages before the request take a fraction of a second, so a busy machine still
-    sends it) and answers "i don't know". Outcome, not duration: a batch that waited for the reply would log it
-    "finished after ..., past the deadline"."""
+    """A server that sends its reply 16 bytes a second, so that it cannot arrive in under 15 s, against a batch
+    deadline of 9.5 s. The batch's clock stands still until the server has the reasoning request (however long the
+    stages before it took), then runs: the request is sent with 9.5 s left and the batch is left at its deadline,
+    answering "i don't know". A batch that waited for the reply would log it "finished after ..., past the deadline"."""
     from tests.unit.test_llm_backends import ChatServer
 
     server = ChatServer(answer_with=_reasoning_answer,
                         trickle_s=lambda body: 1.0 if "Question: " in body["messages"][-1]["content"] else 0.0)
+    started, lag = time.monotonic(), []
+
+    def clock() -> float:
+        if not lag and any("Question: " in r["body"]["messages"][-1]["content"] for r in server.requests):
+            lag.append(time.monotonic() - started)
+        return time.monotonic() - lag[0] if lag else started
+
     cpu_config.budget.per_query_s, cpu_config.budget.safety_margin_s = 10.0, 0.5
-    system = _openai_system(cpu_config, server.url)
+    system = _openai_system(cpu_config, server.url, clock)
     try:
         answers = system.batch_generate_answer(to_batch(sample_examples[2:3]))
     finally:
         system.close()
         server.close()
     assert answers == ["i don't know"]
+    assert sum("Question: " in r["body"]["messages"][-1]["content"] for r in server.requests) == 1
     assert "reply not used: still arriving after" in caplog_loguru.text, caplog_loguru.text

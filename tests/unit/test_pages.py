@@ -3,6 +3,7 @@
 import bz2
 import json
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -243,23 +244,32 @@ def test_pool_gives_the_same_pages_as_one_process():
         pool.close()
 
 
+DONE_MARKS: Path | None = None  # where the forked workers mark each page they finished (set by the test)
+
+
 def _slow_or_broken(raw, name, settings):
     if raw == "STUCK":
         time.sleep(600)  # never finishes: the pool is replaced and its worker killed
+    (DONE_MARKS / raw).touch()
     if raw == "BUG":
         raise RuntimeError("parser bug")
     return ProcessedPage(chunks=[f"{raw} ok"])
 
 
-def test_stuck_page_times_out_and_the_pool_is_replaced(monkeypatch, caplog_loguru):
+def test_stuck_page_times_out_and_the_pool_is_replaced(monkeypatch, tmp_path, caplog_loguru):
     monkeypatch.setattr(utils.pages, "process_html", _slow_or_broken)  # the forked workers inherit the patch
-    pool = PageProcessor(SETTINGS, workers=2, use_cache=False)
+    monkeypatch.setattr(f"{__name__}.DONE_MARKS", tmp_path)
+
+    def clock() -> float:  # the 8 s pass once the three other pages are done, however long they took
+        return 100.0 if len(list(tmp_path.iterdir())) == 3 else 0.0
+
+    pool = PageProcessor(SETTINGS, workers=2, use_cache=False, clock=clock)
     try:
-        # 8 s for three one-word pages in a forked worker: time enough on any machine; the stuck page never ends
         results = pool.process([("a", "A"), ("STUCK", "S"), ("BUG", "B"), ("b", "B")], timeout_s=8)
         assert [r.chunks if r else None for r in results] == [["a ok"], None, [], ["b ok"]]
         assert "parser bug" in caplog_loguru.text and "1 of 4 pages not processed" in caplog_loguru.text
-        (later,) = pool.process([("c", "C")], timeout_s=600)  # a fresh pool took over
+        pool.clock = lambda: 0.0
+        (later,) = pool.process([("c", "C")], timeout_s=8)  # a fresh pool took over
         assert later.chunks == ["c ok"]
     finally:
         pool.close()
