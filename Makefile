@@ -54,8 +54,10 @@ quantize-venv: $(QSTAMP)
 eval: $(STAMP)
 	$(PY) local_evaluation.py --data data/crag_sample.jsonl --config configs/cpu.yaml --restart --serve-kg
 
+# Two pytest workers, a test file each at a time (module fixtures built once), one thread per process: torch's
+# OpenMP threads spin while they wait, and two workers of two threads each on two cores slow every test down.
 test: $(STAMP)
-	$(PY) -m pytest
+	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile
 
 # tests/ray (a local Ray instance of 2 CPUs: a few minutes) is left out of `make test` (pytest.ini); `.ci/run` runs it.
 test-ray: $(RAY_STAMP)

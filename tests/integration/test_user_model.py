@@ -49,12 +49,15 @@ def test_default_user_model_builds_from_cpu_config(monkeypatch, hf_llm, embedder
 
 
 def test_answers_a_batch_from_data(user_model, sample_examples):
-    examples = sample_examples[:user_model.get_batch_size()]
+    """Per query, the stages the shipped config runs, each "ok", and an answer the grader reads whole. Two questions
+    (what is asserted holds per query); at least one must reach the LLM stages."""
+    examples = sample_examples[:2]
     answers = user_model.batch_generate_answer(to_batch(examples))
     assert len(answers) == len(examples) and all(isinstance(a, str) and a for a in answers)
     assert all(grader_cut(a) == a for a in answers)  # the grader's 75-token cut changes nothing
     gathered = ["attributes", "kg", "precheck", "references", "evidence"]  # the pre-check after the KG (task 2)
     closing = ["answer", "gate"]  # configs/cpu.yaml ships an answer gate: it runs after the answer step
+    reached_the_llm = 0
     for trace in user_model.last_batch_trace:
         stages = [r["stage"] for r in trace["stages"]]
         assert all(r["status"] == "ok" for r in trace["stages"])
@@ -62,6 +65,8 @@ def test_answers_a_batch_from_data(user_model, sample_examples):
             assert stages[:-2] == gathered[:len(stages) - 2] and stages[-2:] == closing
         else:
             assert stages == [*gathered, "knowledge", "calculator", "reasoning", *closing]
+            reached_the_llm += 1
+    assert reached_the_llm, "no question of the batch reached the LLM stages: pick others"
 
 
 def test_openai_config_sends_prompts_to_the_server(served_model, embedder, sample_examples, tmp_path, monkeypatch):

@@ -2,8 +2,8 @@
 
 import bz2
 import json
+import multiprocessing.pool
 import time
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -244,24 +244,27 @@ def test_pool_gives_the_same_pages_as_one_process():
         pool.close()
 
 
-DONE_MARKS: Path | None = None  # where the forked workers mark each page they finished (set by the test)
-
-
 def _slow_or_broken(raw, name, settings):
     if raw == "STUCK":
         time.sleep(600)  # never finishes: the pool is replaced and its worker killed
-    (DONE_MARKS / raw).touch()
     if raw == "BUG":
         raise RuntimeError("parser bug")
     return ProcessedPage(chunks=[f"{raw} ok"])
 
 
-def test_stuck_page_times_out_and_the_pool_is_replaced(monkeypatch, tmp_path, caplog_loguru):
+def test_stuck_page_times_out_and_the_pool_is_replaced(monkeypatch, caplog_loguru):
     monkeypatch.setattr(utils.pages, "process_html", _slow_or_broken)  # the forked workers inherit the patch
-    monkeypatch.setattr(f"{__name__}.DONE_MARKS", tmp_path)
+    delivered = []  # results the parent has received: multiprocessing.pool.ApplyResult._set runs there for each
+    receive = multiprocessing.pool.ApplyResult._set
 
-    def clock() -> float:  # the 8 s pass once the three other pages are done, however long they took
-        return 100.0 if len(list(tmp_path.iterdir())) == 3 else 0.0
+    def counted(result, index, obj):
+        receive(result, index, obj)
+        delivered.append(index)
+
+    monkeypatch.setattr(multiprocessing.pool.ApplyResult, "_set", counted)
+
+    def clock() -> float:  # the 8 s pass once the three other pages' results are in, however long they took
+        return 100.0 if len(delivered) >= 3 else 0.0
 
     pool = PageProcessor(SETTINGS, workers=2, use_cache=False, clock=clock)
     try:
