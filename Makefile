@@ -12,16 +12,19 @@
 # make ray: Ray into .venv (requirements-ray.txt) for `local_evaluation.py --ray`; make test-ray: its tests.
 # make quantize-venv: .venv-quantize (llm-compressor; its pins clash with .venv's) for tools/quantize.py gptq/rtn/eval;
 # make test-quantize: GPTQ W4A16 of the embedded SmolLM2 and the tool's input checks.
+# make docs: the documentation site (docs/, mkdocs.yml) built strictly into site/, its reference pages generated from
+# the code; make lint: ruff and the import layers (pyproject.toml).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 RAY_STAMP := $(VENV)/.ray-installed
+DEV_STAMP := $(VENV)/.dev-installed
 QVENV := .venv-quantize
 QPY := $(QVENV)/bin/python
 QSTAMP := $(QVENV)/.installed
 
-.PHONY: setup eval test bench gate sample check browser ray test-ray quantize-venv test-quantize
+.PHONY: setup eval test bench gate sample check browser ray test-ray quantize-venv test-quantize docs lint
 
 # The project itself installs editable last (pyproject.toml: the packages and the crag-* console scripts), built with
 # the venv's setuptools (torch requires it) rather than one fetched for an isolated build.
@@ -41,6 +44,19 @@ $(RAY_STAMP): $(STAMP) requirements-ray.txt
 	touch $(RAY_STAMP)
 
 ray: $(RAY_STAMP)
+
+# MkDocs, ruff and import-linter, resolved against .venv's pins (installing them changes none of those).
+$(DEV_STAMP): $(STAMP) requirements-dev.txt
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	touch $(DEV_STAMP)
+
+# --strict with mkdocs.yml's `validation` settings: a page left out of the navigation, a broken link or anchor fails.
+docs: $(DEV_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --clean --site-dir site
+
+lint: $(DEV_STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 # The quantizer's own venv: llm-compressor pins transformers 5.15-5.17 against .venv's 5.23. torch first, as in .venv.
 $(QSTAMP): requirements-quantize.txt

@@ -4,8 +4,9 @@ The grader gives a batch batch-size x 30 s; a batch that overruns loses every an
 (configs/cpu.yaml: the embedded SmolLM2 through the hf backend, pages in worker processes) over the sample
 questions in the grader's batches, first on a quiet machine (the baseline), then with `--load` processes spinning
 on the CPU (by default as many as there are cores), and prints per run the worst ratio of a batch's seconds to
-its limit and the smallest margin left. One question gets an extra 3 MB page (the size that once took 68.8 s
-to clean against a 30 s limit), so page cleaning, chunking and embedding are under test too.
+its limit and the smallest margin left. One question gets an extra 3 MB page (a size whose cleaning and embedding
+must be cut to the references stage's share: docs/decisions/references-shortlist.md), so page cleaning, chunking
+and embedding are under test too.
 
     .venv/bin/python -m benchmarks.deadline                     # 10 s a query (a batch of 4: 40 s), load = cores
     .venv/bin/python -m benchmarks.deadline --per-query-s 30    # the grader's limit (several minutes)
@@ -27,12 +28,12 @@ import multiprocessing
 import os
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-SAMPLE = REPO / "data" / "crag_sample.jsonl"
-SHARED_SAMPLE = REPO.parent / "shared" / "crag_sample"
+from models.config import REPO_ROOT
+
+SAMPLE = REPO_ROOT / "data" / "crag_sample.jsonl"
+SHARED_SAMPLE = REPO_ROOT.parent / "shared" / "crag_sample"
 
 
 def big_page(size: int = 3_000_000) -> dict[str, Any]:

@@ -29,23 +29,26 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-SETS = {"gate-dev": REPO / "data" / "gate_dev.jsonl", "gate-kg": REPO / "benchmarks" / "kg_reach" / "questions.jsonl"}
-VERDICTS = REPO / "data" / "gate_dev" / "verdicts.jsonl"
+from evaluation import commands
+from evaluation.commands import Answering, ConfigChoice, JudgeChoice, RunFolder
+from models.config import REPO_ROOT
+
+SETS = {"gate-dev": REPO_ROOT / "data" / "gate_dev.jsonl",
+        "gate-kg": REPO_ROOT / "benchmarks" / "kg_reach" / "questions.jsonl"}
+VERDICTS = REPO_ROOT / "data" / "gate_dev" / "verdicts.jsonl"
 # A prediction the person has not judged is left out of the fit, not an error of the run.
-SETTINGS = ["--config", str(REPO / "configs" / "cpu.yaml"), "--set", "answer.gate=null", "--serve-kg", "--restart",
-            "--log-level", "ERROR", "--judge", f"person:{VERDICTS}", "--max-unjudged", str(10 ** 9)]
+UNGATED = ConfigChoice(REPO_ROOT / "configs" / "cpu.yaml", sets=("answer.gate=null",))
+ANSWERING = Answering(restart=True, serve_kg=True, log_level="ERROR")
 
 
 def run(data: Path, out: Path) -> float:
     """Seconds of one ungated `local_evaluation.py` run of `data` into `out` (its report is not shown); a failed
     run is an error."""
-    import local_evaluation
-
+    folder = RunFolder(data, UNGATED, out, judge=JudgeChoice(f"person:{VERDICTS}"), max_unjudged=10 ** 9)
     started = time.perf_counter()
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        code = local_evaluation.main(["--data", str(data), "--out", str(out), *SETTINGS])
+        code = commands.run(folder, ANSWERING)
     if code != 0:
         raise SystemExit(f"error: the run of {data} into {out} exited {code}:\n{printed.getvalue()[-2000:]}")
     return time.perf_counter() - started
@@ -79,9 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --reuse needs --runs, the folder that holds the runs to fit on", file=sys.stderr)
         return 2
     from evaluation.gate import fit
+    from evaluation.gate_fit import TooFewLabels
     from evaluation.runner import load_predictions
     from models.gate import Gate, GateError
-    from training.gate import TooFewLabels
 
     with tempfile.TemporaryDirectory(prefix="gate-bench-") as scratch:
         root = args.runs or Path(scratch)
@@ -89,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.reuse:
             for (name, data), folder in zip(SETS.items(), folders):
                 seconds = run(data, folder)
-                print(f"{name}: {data.relative_to(REPO)} answered in {seconds:.0f} s into {folder}")
+                print(f"{name}: {data.relative_to(REPO_ROOT)} answered in {seconds:.0f} s into {folder}")
         out = args.out or Path(scratch) / "gate.json"
         try:
             printed = fit(folders, out)

@@ -19,9 +19,9 @@ Methods, each with one thread and one query at a time (the RAG case):
   memory-mapped from the saved index file; `ours (numpy)` is the same with the numpy popcount engine, `ours,
   codes only` without the exact re-rank, and `ours, PCA start` with the layer ADSH starts from (untrained).
 
-512-bit codes by default: at N = 10^6 on this data, 256 bits needed alpha 8000 and depth 800 for recall@20 0.92
-(5.0 ms/query), 512 bits reached 0.95 with alpha 4000 and depth 400 (4.4 ms/query), at 68 rather than 36 bytes a
-unit (--bits 256 --alpha 8000 --depth 800 to compare).
+512-bit codes by default, with alpha 4000 and depth 400: at N = 10^6 they reach a higher recall@20 than 256 bits
+with a funnel half as wide, at 68 rather than 36 bytes a unit (--bits 256 --alpha 8000 --depth 800 to compare;
+docs/decisions/hash-rag-defaults.md).
 
 Index bytes: what a method keeps in memory to search: floats for exact and flat-ip, codes for LSH, codes and
 source ids for ours. Our exact re-rank reads `depth` float rows per query from the memory-mapped file (N x d x 4
@@ -46,8 +46,8 @@ import numpy as np
 from loguru import logger
 from threadpoolctl import threadpool_limits
 
-from benchmarks.pages import recall as answer_recall
-from models.config import load_config
+from evaluation.recall import recall as answer_recall
+from models.config import REPO_ROOT, load_config
 from models.retrieval.embedder import Embedder
 from models.retrieval.hash_index import HashIndex, HashModel, SearchSettings
 from models.stages.references import proposition_units
@@ -55,9 +55,8 @@ from models.state import Reference
 from training.hash_training import ADSHSettings, initial_layer, neighbour_similarity, positive_recall, train_adsh
 from utils.pages import PageProcessor, PageSettings, process_html
 
-REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared" / "crag_sample" / "crag_public_sample_5.jsonl.bz2"
-DATA = REPO / "data" / "crag_sample.jsonl"
+SHARED = REPO_ROOT.parent / "shared" / "crag_sample" / "crag_public_sample_5.jsonl.bz2"
+DATA = REPO_ROOT / "data" / "crag_sample.jsonl"
 KS = (5, 20, 100)
 
 
@@ -157,7 +156,7 @@ def run_size(n: int, real: np.ndarray, generator: Generator, queries: np.ndarray
     add("exact", found, ms, database.nbytes)
     flat = faiss.IndexFlatIP(database.shape[1])
     flat.add(database)
-    found, ms = timed(lambda q: flat.search(q[None], k_max)[1][0], queries)
+    found, ms = timed(lambda q: flat.search(q[None], k_max)[1][0], queries)  # noqa: B023, F821 - timed() calls it at once; ruff reads the `del` below as unbinding the name
     add("faiss-flat-ip", found, ms, database.nbytes)
     del flat
 
@@ -165,7 +164,7 @@ def run_size(n: int, real: np.ndarray, generator: Generator, queries: np.ndarray
     lsh = HashModel(weight, bias, "bench")
     binary = faiss.IndexBinaryFlat(args.bits)
     binary.add(lsh.codes(database))
-    found, ms = timed(lambda q: binary.search(lsh.codes(q[None]), k_max)[1][0], queries)
+    found, ms = timed(lambda q: binary.search(lsh.codes(q[None]), k_max)[1][0], queries)  # noqa: B023, F821 - timed() calls it at once; ruff reads the `del` below as unbinding the name
     add(f"lsh {args.bits} bits", found, ms, binary.ntotal * args.bits // 8)
     del binary
 
@@ -173,7 +172,7 @@ def run_size(n: int, real: np.ndarray, generator: Generator, queries: np.ndarray
     weight, bias = initial_layer(database, args.bits, "pca", np.random.default_rng(args.seed))
     start = HashIndex(HashModel(weight, bias, "bench"), "faiss-flat")
     start.add(database, keep_vectors=True)
-    found, ms = timed(lambda q: np.array([h.source for h in start.search(q, k_max, settings)[0]]), queries)
+    found, ms = timed(lambda q: np.array([h.source for h in start.search(q, k_max, settings)[0]]), queries)  # noqa: B023, F821 - timed() calls it at once; ruff reads the `del` below as unbinding the name
     add("ours, PCA start", found, ms, start.nbytes())
     del start
 
@@ -185,11 +184,11 @@ def run_size(n: int, real: np.ndarray, generator: Generator, queries: np.ndarray
     del built
     for engine in ("faiss-flat", "numpy"):
         index = HashIndex.load(path, engine=engine)
-        found, ms = timed(lambda q: np.array([h.source for h in index.search(q, k_max, settings)[0]]), queries)
+        found, ms = timed(lambda q: np.array([h.source for h in index.search(q, k_max, settings)[0]]), queries)  # noqa: B023, F821 - timed() calls it at once; ruff reads the `del` below as unbinding the name
         add("ours" if engine == "faiss-flat" else "ours (numpy)", found, ms, index.nbytes())
         if engine == "faiss-flat":
             codes_only = SearchSettings(args.alpha, args.depth, exact=False)
-            found, ms = timed(lambda q: np.array([h.source for h in index.search(q, k_max, codes_only)[0]]), queries)
+            found, ms = timed(lambda q: np.array([h.source for h in index.search(q, k_max, codes_only)[0]]), queries)  # noqa: B023, F821 - timed() calls it at once; ruff reads the `del` below as unbinding the name
             add("ours, codes only", found, ms, index.nbytes())
             rows["ours"]["disk"] = index.vectors.nbytes
         del index

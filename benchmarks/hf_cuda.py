@@ -13,7 +13,7 @@ token: every generation runs to max_tokens or to the deadline, so this measures 
 
     python -m benchmarks.hf_cuda --tokenizer FOLDER   # needs a CUDA GPU and ~30 GB of disk for the random model
 
-Run on an H100 for README "GPU config". Without CUDA it says so in one line and exits 0 (make bench runs it).
+Run on an H100 for docs/how-to/gpu-submission.md. Without CUDA it says so in one line and exits 0 (make bench runs it).
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-SAMPLE = REPO / "data" / "crag_sample.jsonl"
+from models.config import REPO_ROOT
+
+SAMPLE = REPO_ROOT / "data" / "crag_sample.jsonl"
 EIGHT_B = dict(num_hidden_layers=32, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
                num_key_value_heads=8, max_position_embeddings=8192)
 SMOKE = dict(num_hidden_layers=2, hidden_size=256, intermediate_size=512, num_attention_heads=4,
@@ -87,8 +88,8 @@ def build_model(tokenizer_folder: Path, folder: Path, shape: dict[str, int], dev
 
 @torch.inference_mode()
 def prefill_rates(backend, tokens: int = 4096) -> dict[str, float]:
-    """One forward pass over `tokens` tokens timed three ways: from the launch alone (the host clock, as HFBackend
-    read it before device_clock), with the device synchronised, and HFBackend's own measurement at load."""
+    """One forward pass over `tokens` tokens timed three ways: from the launch alone (a host clock read without
+    waiting for the GPU), with the device synchronised (device_clock), and HFBackend's own measurement at load."""
     from models.llm.hf import device_clock
 
     synchronised = device_clock(backend.config.device)
@@ -181,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     device, shape = ("cpu", SMOKE) if args.smoke else ("cuda", EIGHT_B)
     if not args.smoke and not torch.cuda.is_available():
-        print("hf_cuda: skipped (no CUDA device; run it on a GPU machine, see README \"GPU config\")")
+        print("hf_cuda: skipped (no CUDA device; run it on a GPU machine, see docs/how-to/gpu-submission.md)")
         return 0
     from models.config import HFConfig
     from models.llm.hf import HFBackend, resolve_model_folder

@@ -45,9 +45,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-QUESTIONS = REPO / "benchmarks" / "kg_reach" / "questions.jsonl"
-SAMPLE = REPO / "data" / "crag_sample.jsonl"
+from models.config import REPO_ROOT
+from utils.cli import command
+from utils.errors import HarnessError
+
+QUESTIONS = REPO_ROOT / "benchmarks" / "kg_reach" / "questions.jsonl"
+SAMPLE = REPO_ROOT / "data" / "crag_sample.jsonl"
 DOMAINS = ("finance", "movie", "music", "sports", "open")
 DYNAMISM = ("static", "slow-changing", "fast-changing", "real-time")
 QUESTION_TYPES = ("simple", "simple_w_condition", "comparison", "aggregation", "set", "multi-hop",
@@ -64,7 +67,7 @@ PAGES_PER_QUESTION = 5
 IDK_REPLY = "===START===\n## Answer: i don't know\n## False Premise: no\n===END==="
 
 
-class QuestionError(ValueError):
+class QuestionError(HarnessError, ValueError):
     """A question file the benchmark cannot use; the message names the line and the problem."""
 
 
@@ -303,7 +306,7 @@ class Outcome:
 def build_config(variant: Variant, base_url: str, cache_dir: str) -> Any:
     from models.config import load_config
 
-    config = load_config(REPO / "configs" / "cpu.yaml")
+    config = load_config(REPO_ROOT / "configs" / "cpu.yaml")
     config.task = 2
     config.strategy, config.multihop = "hybrid", "none"
     config.attributes.method = "icl"
@@ -385,6 +388,7 @@ def longest_answer(outcomes: list[Outcome]) -> str:
             f"{qid} ({variant}): {shown}")
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--questions", type=Path, default=QUESTIONS)
@@ -394,11 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--show", nargs="*", default=[], metavar="ID",
                         help="print the KG lines that reached the prompt of these questions, per variant")
     args = parser.parse_args(argv)
-    try:
-        questions = load_questions(args.questions)
-    except QuestionError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    questions = load_questions(args.questions)
 
     from loguru import logger
 

@@ -19,8 +19,6 @@ import bz2
 import gc
 import json
 import os
-import re
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -29,19 +27,14 @@ from typing import Any
 import trafilatura
 from bs4 import BeautifulSoup
 
-from evaluation.data import alternative_answers
-from models.config import load_config
+from evaluation.recall import recall
+from models.config import REPO_ROOT, load_config
 from models.retrieval.embedder import Embedder
-from models.stages.base import run_alone
-from models.stages.references import ReferencesStage
-from models.state import QueryState
-from utils.answers import contains_answer, normalize_text
 from utils.chunking import seed_chunks, split_sentences
 from utils.pages import PageProcessor, PageSettings, ProcessedPage, process_html
 
-REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared" / "crag_sample" / "crag_public_sample_5.jsonl.bz2"
-DATA = REPO / "data" / "crag_sample.jsonl"
+SHARED = REPO_ROOT.parent / "shared" / "crag_sample" / "crag_public_sample_5.jsonl.bz2"
+DATA = REPO_ROOT / "data" / "crag_sample.jsonl"
 
 
 def seed_tables(html: str, page_name: str) -> list[str]:
@@ -81,39 +74,6 @@ def load(path: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
-def answer_found(example: dict[str, Any], texts: list[str]) -> bool:
-    return contains_answer(" ".join(texts), [example["answer"], *alternative_answers(example)])
-
-
-def token_recall(example: dict[str, Any], texts: list[str]) -> float:
-    """The share of the gold answer's words (best over alternatives) found among the references' words.
-
-    CRAG's real answers are often sentences that no page holds verbatim; this shows what recall cannot.
-    """
-    words = set(re.findall(r"\w+", normalize_text(" ".join(texts))))
-    best = 0.0
-    for answer in [example["answer"], *alternative_answers(example)]:
-        needed = set(re.findall(r"\w+", normalize_text(str(answer))))
-        if needed:
-            best = max(best, len(needed & words) / len(needed))
-    return best
-
-
-def recall(examples: list[dict[str, Any]], processor: Any, config: Any,
-           embedder: Embedder, hash_model: Any = None) -> tuple[int, int, float]:
-    """(questions whose answer is in the selected references, questions counted, mean token recall);
-    `hash_model` for a config with `references.retriever: hash`."""
-    counted = [e for e in examples if normalize_text(e["answer"]) != "invalid question"]
-    states = [QueryState(i, e["interaction_id"], e["query"], e["query_time"], e["search_results"])
-              for i, e in enumerate(counted)]
-    resources = {"embedder": embedder, "pages": processor, "hash_model": hash_model, "reranker": None, "llm": None}
-    run_alone(ReferencesStage(), states, config, resources)
-    selected = [[r.text for r in s.references] for s in states]
-    found = sum(answer_found(e, texts) for e, texts in zip(counted, selected))
-    tokens = statistics.fmean(token_recall(e, texts) for e, texts in zip(counted, selected)) if counted else 0.0
-    return found, len(counted), tokens
-
-
 def _fmt(runs: list[float]) -> str:
     return "/".join(f"{run:.1f}" for run in runs)
 
@@ -131,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5, help="interleaved runs of (a), (b), (c); the best is reported")
     args = parser.parse_args(argv)
 
-    config = load_config(REPO / "configs" / "cpu.yaml")
+    config = load_config(REPO_ROOT / "configs" / "cpu.yaml")
     settings = PageSettings.from_config(config.references)
     sets = {"data": load(DATA)}
     if SHARED.exists():
@@ -157,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         pool.process(unique[:pool.workers], timeout_s=600)  # warm the workers' lazy imports
         for _ in range(args.repeat):  # interleaved, so that a slow spell of the machine hits all three
             results: list[ProcessedPage | None] = []
-            pool_runs.append(per_page_ms(lambda ps: results.extend(pool.process(ps, timeout_s=600)), pages))
+            # per_page_ms calls each function at once, inside this iteration
+            pool_runs.append(per_page_ms(lambda ps: results.extend(pool.process(ps, timeout_s=600)), pages))  # noqa: B023
             ours_runs.append(per_page_ms(lambda ps: [process_html(h, n, settings) for h, n in ps], pages))
             seed_runs.append(per_page_ms(lambda ps: [seed_page(h, n, settings) for h, n in ps], pages))
             if any(r is None for r in results):

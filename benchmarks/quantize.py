@@ -28,10 +28,11 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-TOOL = REPO / "tools" / "quantize.py"
-SAMPLE = REPO / "data" / "crag_sample.jsonl"
-SHARED_SAMPLE = REPO.parent / "shared" / "crag_sample" / "crag_public_sample_5.jsonl.bz2"
+from models.config import REPO_ROOT
+
+TOOL = REPO_ROOT / "tools" / "quantize.py"
+SAMPLE = REPO_ROOT / "data" / "crag_sample.jsonl"
+SHARED_SAMPLE = REPO_ROOT.parent / "shared" / "crag_sample" / "crag_public_sample_5.jsonl.bz2"
 
 
 class StepFailed(RuntimeError):
@@ -41,7 +42,7 @@ class StepFailed(RuntimeError):
 def step(python: Path | str, log: Path, *args: str | Path) -> tuple[float, str]:
     """Run `python tools/quantize.py ARGS` with its output in `log`; (wall seconds, stdout)."""
     started = time.perf_counter()
-    result = subprocess.run([str(python), str(TOOL), *map(str, args)], cwd=REPO, capture_output=True, text=True)
+    result = subprocess.run([str(python), str(TOOL), *map(str, args)], cwd=REPO_ROOT, capture_output=True, text=True)
     seconds = time.perf_counter() - started
     log.write_text(f"$ {python} tools/quantize.py {' '.join(map(str, args))}\n{result.stdout}\n{result.stderr}",
                    encoding="utf-8")
@@ -58,13 +59,13 @@ def quantize_seconds(stdout: str) -> float:
 
 
 def held_out_scores(fp16: Path, folders: dict[str, Path], texts: Path, threads: int) -> tuple[dict, int, int, int]:
-    """tools/quantize.py eval's scores of each folder against fp16 on the held-out texts, and the number of
-    held-out texts, their tokens and the calibration texts' tokens."""
+    """The scores of tools/quantize.py eval (training/quantization.py) of each folder against fp16 on the held-out
+    texts, and the number of held-out texts, their tokens and the calibration texts' tokens."""
     import torch
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from tools import quantize
+    from training import quantization as quantize
 
     hf_logging.disable_progress_bar()
     torch.set_num_threads(threads)
@@ -81,9 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--held-out", type=int, default=6, help="questions scored, kept out of calibration")
     parser.add_argument("--group-size", type=int, default=64, help="SmolLM2-135M's widths (576) need 64 or less")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (GPTQ runs fastest on 1)")
-    parser.add_argument("--work", type=Path, default=REPO / "runs" / "quantize" / "bench",
+    parser.add_argument("--work", type=Path, default=REPO_ROOT / "runs" / "quantize" / "bench",
                         help="folder for the fp16, gptq and rtn folders, the texts and each step's log")
-    parser.add_argument("--runtime-python", type=Path, default=REPO / ".venv" / "bin" / "python",
+    parser.add_argument("--runtime-python", type=Path, default=REPO_ROOT / ".venv" / "bin" / "python",
                         help="the runtime venv's python, for the gguf and texts steps")
     args = parser.parse_args(argv)
     os.environ.setdefault("TQDM_DISABLE", "1")  # no progress bars, here or in the steps (read when tqdm is imported)

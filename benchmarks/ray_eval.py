@@ -29,21 +29,22 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-SAMPLE = REPO / "data" / "crag_sample.jsonl"
-SETTINGS = ["--set", "task=1", "--set", "references.cache=false", "--log-level", "ERROR"]
+from models.config import REPO_ROOT
+
+SAMPLE = REPO_ROOT / "data" / "crag_sample.jsonl"
+SETTINGS = ("task=1", "references.cache=false")
 
 
-def timed_run(out: Path, limit: int, *extra: str) -> float:
+def timed_run(out: Path, limit: int, ray: str | None = None, actors: int | None = None) -> float:
     """Seconds of one `local_evaluation.py` run of the first `limit` sample questions into `out` (its report, on
     stdout, is not shown); a failed run is an error."""
-    import local_evaluation
+    from evaluation import commands
 
+    folder = commands.RunFolder(SAMPLE, commands.ConfigChoice(sets=SETTINGS), out)
     started = time.perf_counter()
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        code = local_evaluation.main(["--data", str(SAMPLE), "--out", str(out), "--limit", str(limit), *SETTINGS,
-                                      *extra])
+        code = commands.run(folder, commands.Answering(limit=limit, log_level="ERROR", ray=ray, ray_actors=actors))
     if code != 0:
         raise SystemExit(f"error: the run into {out} exited {code}:\n{printed.getvalue()[-2000:]}")
     return time.perf_counter() - started
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="ray-eval-") as folder:
         local = timed_run(Path(folder) / "local", args.limit)
-        on_ray = timed_run(Path(folder) / "ray", args.limit, "--ray", "--ray-actors", str(args.actors))
+        on_ray = timed_run(Path(folder) / "ray", args.limit, "local", args.actors)
     local_rate, ray_rate = args.limit / local, args.limit / on_ray
     print(f"ray_eval ({args.limit} sample questions, embedded CPU default, end to end):")
     print(f"  local run (baseline)       {local:7.1f} s   {local_rate:.3f} q/s")

@@ -8,6 +8,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from evaluation.data import DataError
 from evaluation.judge import CORRECT, MISS, UNCERTAIN, UNJUDGED, VERDICTS, WRONG, LLMJudge, judge_records
 from models.config import REPO_ROOT
 
@@ -16,7 +17,7 @@ HUMAN = {"correct": CORRECT, "incorrect": WRONG, "miss": MISS}
 
 
 def load_set(path: Path = CALIBRATION_SET) -> list[dict[str, Any]]:
-    """The triples with their human verdict; ValueError naming the line of one that is not usable."""
+    """The triples with their human verdict; a DataError naming the line of one that is not usable."""
     rows = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
@@ -25,7 +26,7 @@ def load_set(path: Path = CALIBRATION_SET) -> list[dict[str, Any]]:
             row = json.loads(line)
             rows.append({**row, "human": HUMAN[row["human"]], "alt_answers": row.get("alt_answers") or []})
         except (json.JSONDecodeError, KeyError, TypeError) as err:
-            raise ValueError(f"{path}:{number}: not a calibration row ({err}); each line needs query, answer, "
+            raise DataError(f"{path}:{number}: not a calibration row ({err}); each line needs query, answer, "
                              f"prediction and human ({', '.join(HUMAN)})") from None
     return rows
 

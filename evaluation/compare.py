@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 from scipy.stats import bootstrap
 
-from evaluation.judge import CORRECT, MISS, UNJUDGED, WRONG
 from evaluation.html import compare_html, write_html
+from evaluation.judge import CORRECT, MISS, UNJUDGED, WRONG
 from evaluation.metrics import MIN_FOR_INTERVAL, RESAMPLES
 
 POINTS = {CORRECT: 1, MISS: 0, WRONG: -1}

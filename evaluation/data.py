@@ -17,10 +17,11 @@ from typing import Any, BinaryIO
 from loguru import logger
 
 from utils.batch import BATCH_FIELDS
+from utils.errors import ConfigError, HarnessError
 from utils.names import closest
 
 
-class DataError(ValueError):
+class DataError(HarnessError, ValueError):
     """A data file that cannot be read at all; the message names the file."""
 
 
@@ -57,23 +58,23 @@ QUESTION_TYPES = ("simple", "simple_w_condition", "set", "comparison", "aggregat
 
 
 def parse_choices(flag: str, text: str, allowed: tuple[str, ...]) -> frozenset[str]:
-    """The comma-separated values of `flag`; ValueError naming a value CRAG does not have, with the closest one."""
+    """The comma-separated values of `flag`; a ConfigError naming a value CRAG does not have, with the closest one."""
     values = frozenset(v.strip() for v in text.split(",") if v.strip())
     for value in sorted(values - set(allowed)):
         close = closest(value, allowed)
         hint = f"did you mean {close!r}?" if close else f"use one of {', '.join(allowed)}"
-        raise ValueError(f"{flag} {value!r} is not a CRAG value: {hint}")
+        raise ConfigError(f"{flag} {value!r} is not a CRAG value: {hint}")
     return values
 
 
 def parse_shard(text: str) -> tuple[int, int]:
-    """"i/n" -> (i, n) with 1 <= i <= n; ValueError naming the input otherwise."""
+    """"i/n" -> (i, n) with 1 <= i <= n; a ConfigError naming the input otherwise."""
     try:
         index, count = (int(part) for part in text.split("/"))
     except ValueError:
-        raise ValueError(f"--shard {text!r}: write it as i/n, e.g. 2/4") from None
+        raise ConfigError(f"--shard {text!r}: write it as i/n, e.g. 2/4") from None
     if not 1 <= index <= count:
-        raise ValueError(f"--shard {text!r}: i must be between 1 and n")
+        raise ConfigError(f"--shard {text!r}: i must be between 1 and n")
     return index, count
 
 
@@ -83,7 +84,9 @@ SUPPORTED = "a CRAG .jsonl, .jsonl.bz2 or Task 3 .tar.bz2 file (or the first of 
 def _parts(path: Path) -> list[Path]:
     """The pieces of a split archive, in order, when `path` names one piece or their common stem."""
     stem = re.sub(r"\.part\d+$", "", path.name)
-    pieces = sorted(path.parent.glob(f"{glob.escape(stem)}.part*"), key=lambda p: int(re.findall(r"\d+$", p.name)[0] or 0))
+    pieces = sorted(
+        path.parent.glob(f"{glob.escape(stem)}.part*"), key=lambda p: int(re.findall(r"\d+$", p.name)[0] or 0)
+    )
     return [p for p in pieces if re.search(r"\.part\d+$", p.name)]
 
 
@@ -196,7 +199,7 @@ def data_lines(path: Path) -> Iterator[str]:
     check_data_file(path)
     number = 0
     try:
-        for number, line in enumerate(_raw_lines(path), start=1):
+        for number, line in enumerate(_raw_lines(path), start=1):  # noqa: B007 - the except below names it
             yield line
     except (OSError, EOFError, tarfile.TarError, UnicodeDecodeError) as err:
         where = f" after line {number}" if number else ""

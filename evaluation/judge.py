@@ -4,9 +4,10 @@ predictions.
 
 Verdicts: correct (+1), miss (0, "i don't know"), wrong (-1), unjudged (the LLM judge failed: reported on
 its own, never counted as a hallucination). Where the judge's backend gives log-probabilities (vLLM, OpenAI, the
-local hf judge; not transformers serve), each LLM verdict carries the probability the judge gave it. Every prediction is cut as the grader cuts it (75 Llama-2 tokens,
-utils/grader_tokens.py) before either judge reads it. LLM judgements are cached by (question, gold answers,
-prediction, judge model, prompt), so re-judging a run costs nothing.
+local hf judge; not transformers serve), each LLM verdict carries the probability the judge gave it. Every
+prediction is cut as the grader cuts it (75 Llama-2 tokens, utils/grader_tokens.py) before either judge reads it.
+LLM judgements are cached by (question, gold answers, prediction, judge model, prompt), so re-judging a run costs
+nothing.
 
 Our rules differ from the organisers' on purpose: they accept the alternative answers (`alt_ans`), read the
 usual ways of saying "i don't know", and want "invalid question" as a prefix. The organisers' column
@@ -27,10 +28,11 @@ from typing import Any
 from loguru import logger
 from tqdm import tqdm
 
+from models.config import ConfigError, HFConfig, OpenAIConfig
 from models.llm.base import LLM, GenParams, TopLogprobs
-from models.prompting import Prompt
+from models.prompting import Prompt, PromptLibrary
 from utils.answers import INVALID, contains_answer, is_idk, is_invalid, normalize_text
-from utils.cache import JsonCache, content_key
+from utils.cache import JsonCache, cache_root, content_key
 from utils.grader_tokens import grader_cut
 from utils.llm_json import parse_llm_json
 
@@ -379,3 +381,51 @@ def _judge(records: list[dict[str, Any]], llm_judge: LLMJudge | PersonJudge | No
         if judged_by == "llm" and key in llm_judge.p_correct:
             p = llm_judge.p_correct[key]
             record[f"{prefix}judge_confidence"] = round(p if verdicts[key] == CORRECT else 1 - p, 4)
+
+
+PERSON = "person:"  # --judge person:FILE
+
+
+def check_judge(spec: str, model_name: str | None) -> None:
+    """A ConfigError naming --judge when it cannot name a judge (checked before any model loads)."""
+    if spec in ("rules", "local"):
+        return
+    if spec.startswith(PERSON):
+        person_judge(spec)
+        return
+    if not spec.startswith(("http://", "https://")):
+        raise ConfigError(f"--judge {spec!r}: use rules, local, person:FILE, or an http(s) base URL")
+    if not model_name:
+        raise ConfigError(f"--judge {spec}: name the served model with --judge-model")
+
+
+def person_judge(spec: str) -> PersonJudge:
+    """The verdicts of --judge person:FILE; a ConfigError naming the file and its first bad line."""
+    path = Path(spec.removeprefix(PERSON))
+    if not path.is_file():
+        raise ConfigError(f"--judge {spec}: no such file; give person:FILE, a JSON Lines file of {{query, "
+                          "prediction, human} verdicts (as data/judge/calibration.jsonl)")
+    try:
+        return PersonJudge.load(path)
+    except ValueError as err:
+        raise ConfigError(f"--judge {PERSON}{err}") from None
+
+
+def build_judge(spec: str, model_name: str | None) -> LLMJudge | PersonJudge | None:
+    """The judge named by --judge (rules, local, person:FILE or a server's base URL); None for rules only."""
+    check_judge(spec, model_name)
+    if spec == "rules":
+        return None
+    if spec.startswith(PERSON):
+        return person_judge(spec)
+    if spec == "local":
+        from models.llm.hf import HFBackend, resolve_model_folder
+
+        llm, name = HFBackend(HFConfig()), f"hf:{resolve_model_folder(HFConfig()).name}"
+    else:
+        from models.llm.openai import OpenAIBackend
+
+        llm, name = OpenAIBackend(OpenAIConfig(base_url=spec, model=model_name)), f"{spec}#{model_name}"
+    judge = LLMJudge(llm, PromptLibrary().get("judge"), name, JsonCache(cache_root(None) / "judge"))
+    judge.probe()
+    return judge

@@ -14,10 +14,12 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from utils.errors import HarnessError
+
 SERVER = Path(__file__).resolve().parent.parent / "tools" / "kg_server.py"
 
 
-class KGServerError(RuntimeError):
+class KGServerError(HarnessError, RuntimeError):
     """The fixture KG server did not start; the message holds the end of its output."""
 
 
@@ -51,7 +53,9 @@ def fixture_kg(*extra_args: str, startup_s: float = 60.0) -> Iterator[str]:
                     break
             except OSError:
                 if process.poll() is not None or time.monotonic() > deadline:
-                    raise KGServerError(f"the fixture KG server does not answer at {url}: {''.join(output)[-1000:]}")
+                    raise KGServerError(
+                        f"the fixture KG server does not answer at {url}: {''.join(output)[-1000:]}"
+                    ) from None
                 time.sleep(0.1)
         yield url
     finally:

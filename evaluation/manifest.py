@@ -58,8 +58,12 @@ def answer_inputs(config: SystemConfig, data: Path, time_limit_s: float | None, 
         _drop(resolved, key)
     if served_kg:  # the port changes every run; what it serves does not
         resolved["kg"]["base_url"] = f"{SERVED_KG} ({_folder_hash(REPO_ROOT / 'data' / 'kg')[:16]})"
-    return {"config": resolved, "prompts": PromptLibrary(config.prompts).hashes(), "data": {"name": data.name, "sha256": file_hash(data)},
-            "time_limit_s": time_limit_s}
+    return {
+        "config": resolved,
+        "prompts": PromptLibrary(config.prompts).hashes(),
+        "data": {"name": data.name, "sha256": file_hash(data)},
+        "time_limit_s": time_limit_s,
+    }
 
 
 def _folder_hash(folder: Path) -> str:

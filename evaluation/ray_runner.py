@@ -32,8 +32,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from tqdm import tqdm
 
 from evaluation.judge import judge_records
-from evaluation.runner import (EvaluationError, PredictionLog, call_with_limit, check_batch_size,
-                               checked_answers, take)
+from evaluation.runner import EvaluationError, PredictionLog, call_with_limit, check_batch_size, checked_answers, take
 from evaluation.worker import WorkerError
 from models.config import ConfigError, SystemConfig
 from models.llm.base import BackendUnavailable
@@ -393,7 +392,9 @@ def judge_on_ray(records: list[dict[str, Any]], build: Callable[[], Any], tasks:
     from `build()` (None: the rules); the judge's name."""
     size = max(1, -(-len(records) // max(1, tasks)))
     remote = ray.remote(num_cpus=1, max_retries=1)(_judge_part)
-    parts = {remote.remote(build, records[start:start + size], log_level): start for start in range(0, len(records), size)}
+    parts = {
+        remote.remote(build, records[start : start + size], log_level): start for start in range(0, len(records), size)
+    }
     name = "rules"
     with tqdm(total=len(records), desc=f"judging ({len(parts)} Ray tasks)", unit="q", disable=None,
               dynamic_ncols=True) as bar:
@@ -404,7 +405,7 @@ def judge_on_ray(records: list[dict[str, Any]], build: Callable[[], Any], tasks:
                 try:
                     judged, name = ray.get(ref)
                 except RayTaskError as err:  # the judge could not be built there: its own error, one line
-                    raise err.cause if isinstance(err.cause, Exception) else err
+                    raise (err.cause if isinstance(err.cause, Exception) else err) from None
                 records[start:start + len(judged)] = judged
                 bar.update(len(judged))
     return name

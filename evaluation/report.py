@@ -211,8 +211,13 @@ def format_markdown(summary: dict[str, Any], title: str) -> str:
     lines += [f"Answers the grader cuts at 75 Llama-2 tokens: {summary.get('cut_by_grader', 0)}", ""]
     lines += [f"Queries in batches over the time limit (answered \"i don't know\"): {summary['timed_out']}", ""]
     lat = summary["latency_s"]
-    lines += ["## Latency (seconds per query)", "", "| | p50 | p95 | max |", "|---|---|---|---|",
-              f"| query | {lat['per_query']['p50']:.2f} | {lat['per_query']['p95']:.2f} | {lat['per_query']['max']:.2f} |"]
+    lines += [
+        "## Latency (seconds per query)",
+        "",
+        "| | p50 | p95 | max |",
+        "|---|---|---|---|",
+        f"| query | {lat['per_query']['p50']:.2f} | {lat['per_query']['p95']:.2f} | {lat['per_query']['max']:.2f} |",
+    ]
     lines += [f"| {name} | {v['p50']:.2f} | {v['p95']:.2f} | {v['max']:.2f} |" for name, v in lat["per_stage"].items()]
     if summary.get("steps_by_question_type"):
         lines += ["", "## Multi-hop steps (LLM calls per query)", "",

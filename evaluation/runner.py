@@ -19,13 +19,14 @@ from models.config import MAX_BATCH_SIZE
 from utils.answers import IDK
 from utils.batch import make_batch
 from utils.deadline import Deadline
+from utils.errors import HarnessError
 
 LOOK_S = 0.5  # how often a running batch's deadline is looked at
 RECORD_FIELDS = ("interaction_id", "query", "answer", "alt_answers", "domain", "question_type", "static_or_dynamic",
                  "popularity", "split")
 
 
-class EvaluationError(RuntimeError):
+class EvaluationError(HarnessError, RuntimeError):
     """The model broke the grader's contract; finished predictions are kept."""
 
 
@@ -46,7 +47,9 @@ def load_predictions(path: Path) -> dict[str, dict[str, Any]]:
             record = json.loads(line)
             records[record["interaction_id"]] = record
         except (json.JSONDecodeError, KeyError, TypeError) as err:
-            raise EvaluationError(f"{path}:{number}: unreadable prediction ({err}); delete the file or use --restart") from err
+            raise EvaluationError(
+                f"{path}:{number}: unreadable prediction ({err}); delete the file or use --restart"
+            ) from err
     return records
 
 

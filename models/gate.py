@@ -1,5 +1,5 @@
 """The answer gate: P(correct | a query's confidence signals) by a logistic model read from a JSON file, and the
-threshold under which an answer is withheld ("i don't know"). Fitting is in training/gate.py.
+threshold under which an answer is withheld ("i don't know"). Fitting is in evaluation/gate_fit.py.
 
 A gate file holds readable numbers only (never a pickle): the columns the signals become, their scaling, the
 weights, the threshold, what it was fit on and its figures. Columns: a number (a bool counts 0/1) with a column
@@ -21,12 +21,13 @@ from loguru import logger
 from models.config import ConfigError, SystemConfig, resolve_path
 from models.prompting import PromptLibrary
 from models.state import Signal
+from utils.errors import HarnessError
 from utils.trees import differences
 
 FORMAT = "crag-answer-gate/1"
 
 
-class GateError(ValueError):
+class GateError(HarnessError, ValueError):
     """A gate file that cannot be read, or a gate the configuration cannot feed; the message says which."""
 
 

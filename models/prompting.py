@@ -12,13 +12,14 @@ import jinja2.meta
 import yaml
 
 from models.config import REPO_ROOT
+from utils.errors import HarnessError
 
 PROMPT_DIR = REPO_ROOT / "prompts"
 _ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=False,
                           trim_blocks=True, lstrip_blocks=True, autoescape=False)
 
 
-class PromptError(ValueError):
+class PromptError(HarnessError, ValueError):
     """A prompt file that cannot be loaded or rendered; the message names the file."""
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
+from utils.errors import HarnessError
 from utils.names import closest
 
 T = TypeVar("T")
 
 
-class RegistryError(ValueError):
+class RegistryError(HarnessError, ValueError):
     """An unknown name, a name taken twice, or a class of the wrong kind; the message says which."""
 
 

@@ -18,8 +18,8 @@ from models.retrieval.r2former import R2FormerError, R2FormerHead, load_checkpoi
 from models.retrieval.reranker import Reranker
 from models.stages import Stage, pipeline_stages
 from models.stages.answer import AnswerStage
-from models.stages.gate import GateStage
 from models.stages.base import RESOURCES, Batch, run_stage
+from models.stages.gate import GateStage
 from models.state import QueryState
 from utils.answers import IDK
 from utils.batch import BATCH_FIELDS

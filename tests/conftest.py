@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from loguru import logger
 
 from models.config import REPO_ROOT, load_config
@@ -90,6 +91,16 @@ def caplog_loguru():
 
 def write(path: Path, text: str) -> Path:
     path.write_text(text, encoding="utf-8")
+    return path
+
+
+def write_config(path: Path, changes: dict[str, Any], base: Path = REPO_ROOT / "configs" / "cpu.yaml") -> Path:
+    """`base` with `changes` merged in key by key (as an --overlay is), written to `path`."""
+    def merged(tree: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+        return tree | {k: merged(tree.get(k) or {}, v) if isinstance(v, dict) else v for k, v in extra.items()}
+
+    path.write_text(yaml.safe_dump(merged(yaml.safe_load(base.read_text(encoding="utf-8")) or {}, changes)),
+                    encoding="utf-8")
     return path
 
 

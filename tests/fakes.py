@@ -19,7 +19,6 @@ from tools.kg_server import KnowledgeGraph, answer, read_body
 from utils.bag_embedder import BagOfWordsEmbedder
 from utils.kg_api import ENDPOINTS, KGClient
 
-
 SEED_REPLY = "Thinking.\n===START===\n## Answer: paris\n## False Premise: no\n===END==="
 
 

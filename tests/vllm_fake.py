@@ -21,8 +21,8 @@ tests/unit/test_vllm_engine_api.py):
 
 The model is scripted: child `index` repeats one word (`WORDS[index]`, token id 100 + index) and finishes after
 `words + index` words ("stop") unless max_tokens comes first ("length"); its sampled token has log-probability
--0.1 x (index + 1), rank 1 for child 0 and rank 2 for the others (TOP, LAST). `on_step` is called at every step (a test's clock advances
-there), so deadlines are tested without real time.
+-0.1 x (index + 1), rank 1 for child 0 and rank 2 for the others (TOP, LAST). `on_step` is called at every step
+(a test's clock advances there), so deadlines are tested without real time.
 """
 
 from __future__ import annotations

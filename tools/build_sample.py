@@ -12,6 +12,8 @@ from typing import Any
 
 import yaml
 
+from utils.cli import command
+
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "data" / "sample"
 TARGET = ROOT / "data" / "crag_sample.jsonl"
@@ -39,13 +41,14 @@ def _resolve(path: Path) -> Path:
     return path if path.is_absolute() else ROOT / path
 
 
-def main() -> int:
+@command
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--source", type=Path, default=SOURCE,
                         help="folder holding questions.yaml and pages/ (default data/sample)")
     parser.add_argument("--target", type=Path, default=TARGET, help="file to write (default data/crag_sample.jsonl)")
     parser.add_argument("--check", action="store_true", help="exit 1 if the committed file is out of date")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     source, target = _resolve(args.source), _resolve(args.target)
     text = "\n".join(build_lines(source)) + "\n"
     if args.check:

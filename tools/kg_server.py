@@ -70,10 +70,10 @@ from loguru import logger
 from pydantic import BaseModel, ValidationError
 from rank_bm25 import BM25Okapi
 
+from models.config import REPO_ROOT
+from utils.cli import CommandParser, command
 from utils.kg_api import ENDPOINTS
 from utils.processes import die_with_parent
-
-REPO = Path(__file__).resolve().parent.parent
 
 DOMAINS = ("open", "movie", "finance", "music", "sports")
 FAULTS = ("__slow__", "__500__", "__503__", "__garbage__", "__wrongtype__")
@@ -486,7 +486,7 @@ def answer(function: Callable[..., Any], name: str, values: dict[str, Any]) -> t
     lets the exception through and uvicorn answers HTTP 500."""
     try:
         return 200, {"result": function(**values)}
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:  # noqa: BLE001 - any error of the endpoint is the 500 reply their server gives
         logger.debug("KG fixture {}({}) raised {!r}: HTTP 500", name, values, err)
         return 500, "Internal Server Error"
 
@@ -529,11 +529,10 @@ def create_app(folder: Path, faults: bool = False, slow_s: float = 3.0) -> FastA
     return app
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
-    from tools import CommandParser
-
     parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=REPO / "data" / "kg", help="folder of the fixture files")
+    parser.add_argument("--data", type=Path, default=REPO_ROOT / "data" / "kg", help="folder of the fixture files")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="0: a free port (printed)")
     parser.add_argument("--faults", action="store_true", help="odd argument values trigger failures (tests)")

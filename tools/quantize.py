@@ -24,7 +24,7 @@ the rest "calibration"; gptq uses the "calibration" rows (a row without "split" 
 special tokens); one longer than --max-seq-length keeps its head quarter and its tail (the question and
 answer), as the hf backend cuts an over-long prompt.
 
-On a CPU the calibration forward runs in float32 (CPU float16 matmuls are ~8x slower) and the result is saved in
+On a CPU the calibration forward runs in float32 (CPU float16 matmuls are far slower) and the result is saved in
 the model's own dtype (--dtype to change it; T4s need float16): the packed int4 weights and their scales are the
 same either way, up to the scales' rounding to the saved dtype. The output folder is written to a temporary
 folder beside it and renamed into place; an existing non-empty --out needs --force.
@@ -45,23 +45,27 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # .venv-quantize does not install the project; `tools` comes from the checkout
+if str(REPO) not in sys.path:  # .venv-quantize does not install the project; the packages come from the checkout
     sys.path.insert(0, str(REPO))
 
-from tools import CommandParser, interrupted  # noqa: E402  (standard library only)
+from training.quantization import (  # noqa: E402 - after the sys.path line
+    CALIBRATION,
+    HELD_OUT,
+    QuantizeError,
+    load_for_eval,
+    read_texts,
+    score,
+    tokenize,
+)
+from utils.cli import CommandParser, command, interrupted  # noqa: E402 - after the sys.path line
 
 DEFAULT_DATA = REPO / "data" / "crag_sample.jsonl"
-CALIBRATION, HELD_OUT = "calibration", "held_out"
 WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 MARLIN_GROUP_SIZES = (-1, 32, 64, 128)  # what vLLM's Marlin WNA16 kernels take
 DTYPES = ("float16", "bfloat16", "float32")
 THREADS_HELP = ("CPU threads for torch (default: torch's choice); GPTQ's column-by-column updates of a small model "
                 "run fastest on 1, many times faster than on 2 busy cores")
-
-
-class QuantizeError(ValueError):
-    """A bad input: the message is one line naming it and the fix."""
 
 
 # --- inputs (both venvs) --------------------------------------------------------------------------------------
@@ -136,47 +140,6 @@ def check_out(out: Path, force: bool) -> None:
         existing = existing.parent
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise QuantizeError(f"--out {out}: {existing} is not a writable folder; give a folder you can write to")
-
-
-def read_texts(path: Path, split: str | None) -> list[str]:
-    """The texts of a JSONL of {"text", "split"?} rows in `split` (a row without "split" is calibration; None:
-    every row); a QuantizeError for a missing or bad file or no such rows."""
-    if not path.is_file():
-        raise QuantizeError(f"--texts {path}: no such file; make one with `.venv/bin/python tools/quantize.py "
-                            "texts --model FOLDER --out FILE` (or give a JSONL of {\"text\": ...} rows)")
-    texts, splits = [], set()
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise QuantizeError(f"--texts {path}:{number}: not JSON ({err.msg}); give one JSON object per "
-                                    "line") from err
-            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                raise QuantizeError(f"--texts {path}:{number}: needs a \"text\" string; give {{\"text\": ...}} rows")
-            row_split = row.get("split", CALIBRATION)
-            splits.add(row_split)
-            if (split is None or row_split == split) and row["text"].strip():
-                texts.append(row["text"])
-    if not texts:
-        found = f"its splits are {sorted(map(str, splits))}" if splits else "it has no rows"
-        raise QuantizeError(f"--texts {path}: no non-empty {split or ''} texts ({found}); give a file with some, "
-                            f"e.g. from `tools/quantize.py texts` (fewer --held-out)")
-    return texts
-
-
-def cut(ids: list[int], limit: int) -> list[int]:
-    """An over-long token list's head quarter and tail, as the hf backend cuts an over-long prompt."""
-    if len(ids) <= limit:
-        return ids
-    head = limit // 4
-    return ids[:head] + ids[len(ids) - (limit - head):]
-
-
-def tokenize(tokenizer: Any, texts: list[str], max_seq_length: int) -> list[list[int]]:
-    return [cut(tokenizer(text, add_special_tokens=False)["input_ids"], max_seq_length) for text in texts]
 
 
 def staging_folder(out: Path) -> Path:
@@ -256,7 +219,7 @@ def render_texts(data: list[Path], model: Path, config_path: Path | None, held_o
     from models.prompting import PromptLibrary
     from models.retrieval.embedder import Embedder
     from models.stages.reasoning import reasoning_conversation
-    from tools.train_r2former import answer_block, reference_states
+    from training.examples import answer_block, reference_states
 
     model_config(model)
     tokenizer = AutoTokenizer.from_pretrained(model)
@@ -375,48 +338,13 @@ def check_saved(folder: Path, scheme: Scheme) -> None:
                            f"{scheme.name}")
 
 
-def load_for_eval(folder: Path, device: str) -> Any:
-    """A model folder (dense or compressed-tensors) ready to score, in float32 on a CPU: a W4A16 folder is
-    decompressed to its int4 x scale weights, so the scores are those of the quantized weights."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    dtype = torch.float32 if device == "cpu" else "auto"
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
-
-
-def score(reference: Any, models: dict[str, Any], token_lists: list[list[int]], device: str
-          ) -> dict[str, dict[str, float]]:
-    """Per model (the reference under "reference"): perplexity over every next-token prediction of the texts, and
-    the mean KL divergence KL(reference || model) of the next-token distributions."""
-    import torch
-    from tqdm import tqdm
-
-    nll = {name: 0.0 for name in ("reference", *models)}
-    kl = {name: 0.0 for name in models}
-    count = 0
-    with torch.inference_mode():
-        for ids in tqdm(token_lists, desc="scoring", unit="text"):
-            inputs = torch.tensor([ids], device=device)
-            targets = inputs[0, 1:]
-            ref = torch.log_softmax(reference(inputs).logits[0, :-1].float(), dim=-1)
-            nll["reference"] += -ref.gather(1, targets[:, None]).sum().item()
-            for name, model in models.items():
-                logp = torch.log_softmax(model(inputs).logits[0, :-1].float(), dim=-1)
-                nll[name] += -logp.gather(1, targets[:, None]).sum().item()
-                kl[name] += (ref.exp() * (ref - logp)).sum().item()
-            count += len(ids) - 1
-    result = {name: {"ppl": float(torch.tensor(total / count).exp()), "tokens": count} for name, total in nll.items()}
-    for name in models:
-        result[name]["kl"] = kl[name] / count
-    return result
-
-
 # --- command line ---------------------------------------------------------------------------------------------
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = CommandParser(prog="quantize.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(
+        prog="quantize.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=CommandParser)
 
     gguf = commands.add_parser("gguf", help="(.venv) a GGUF de-quantised to a plain HF folder")
@@ -475,13 +403,11 @@ def default_device(device: str | None, threads: int | None) -> str:
     return device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         return run(args)
-    except QuantizeError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return interrupted(f"nothing written ({getattr(args, 'out', 'no output')} is unchanged)")
 
@@ -512,7 +438,7 @@ def run_texts(args: argparse.Namespace) -> int:
     from models.config import ConfigError
     from models.llm.base import BackendUnavailable
     from models.prompting import PromptError
-    from tools import check_out_file
+    from utils.cli import check_out_file
 
     try:
         check_out_file(args.out)

@@ -1,4 +1,4 @@
-"""A picture of a run's report.html (or compare.html) in headless Chromium, as the README's screenshot is made:
+"""A picture of a run's report.html (or compare.html) in headless Chromium, as the docs' screenshots are made:
 
     .venv/bin/python tools/screenshot.py runs/crag_sample__cpu/report.html docs/report.png
     .venv/bin/python tools/screenshot.py runs/crag_sample__cpu/report.html docs/record.png --open 3
@@ -17,12 +17,15 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from utils.cli import CommandParser, check_out_file, command
+from utils.errors import HarnessError
+
 FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--disable-dev-shm-usage")
 
 
-class NoBrowser(RuntimeError):
+class NoBrowser(HarnessError, RuntimeError):
     """No chromium or chromedriver on PATH, or no selenium."""
 
 
@@ -51,9 +54,8 @@ def headless_chromium(width: int = 1280, height: int = 1000) -> Iterator:
             driver.quit()
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
-    from tools import CommandParser, check_out_file
-
     parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("page", type=Path, help="report.html or compare.html")
     parser.add_argument("png", type=Path, help="where the picture goes")
@@ -69,27 +71,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --width {args.width}, --height {args.height}, --open {args.open}: each must be positive (--open "
               "1 is the table's first row)", file=sys.stderr)
         return 2
-    try:
-        check_out_file(args.png, "png")
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    try:
-        with headless_chromium(args.width, args.height) as driver:
-            from selenium.webdriver.common.by import By  # importable once the driver started
+    check_out_file(args.png, "png")
+    with headless_chromium(args.width, args.height) as driver:
+        from selenium.webdriver.common.by import By  # importable once the driver started
 
-            driver.get(args.page.resolve().as_uri())
-            if args.open is not None:
-                rows = driver.find_elements(By.CSS_SELECTOR, "#question-table tbody tr")
-                if not 1 <= args.open <= len(rows):
-                    print(f"error: --open {args.open}: the table has rows 1..{len(rows)}", file=sys.stderr)
-                    return 2
-                rows[args.open - 1].click()
-            args.png.parent.mkdir(parents=True, exist_ok=True)
-            driver.save_screenshot(str(args.png))
-    except NoBrowser as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        driver.get(args.page.resolve().as_uri())
+        if args.open is not None:
+            rows = driver.find_elements(By.CSS_SELECTOR, "#question-table tbody tr")
+            if not 1 <= args.open <= len(rows):
+                print(f"error: --open {args.open}: the table has rows 1..{len(rows)}", file=sys.stderr)
+                return 2
+            rows[args.open - 1].click()
+        args.png.parent.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(args.png))
     print(args.png)
     return 0
 

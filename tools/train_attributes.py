@@ -20,22 +20,20 @@ from pathlib import Path
 from tqdm import tqdm
 
 from evaluation.data import DataError, check_data_file, data_lines
-from models.config import DOMAINS, DYNAMISM, ConfigError, EmbedderConfig, load_config
+from models.config import DOMAINS, DYNAMISM, REPO_ROOT, ConfigError, EmbedderConfig, load_config
 from models.llm.base import BackendUnavailable
 from models.retrieval.embedder import Embedder
 from models.stages.attributes import SVMAttributes, read_labelled, svm_classifier
-from tools import CommandParser, check_out_file, interrupted
-
-REPO = Path(__file__).resolve().parent.parent
+from utils.cli import CommandParser, check_out_file, command, interrupted
 
 MIN_ROWS = 20
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, default=REPO / "data" / "attributes" / "questions.jsonl",
+    parser.add_argument("--data", type=Path, default=REPO_ROOT / "data" / "attributes" / "questions.jsonl",
                         help="CRAG-format .jsonl or .jsonl.bz2 with query, domain and static_or_dynamic")
-    parser.add_argument("--out", type=Path, default=REPO / "data" / "attributes" / "svm_minilm.pkl",
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "data" / "attributes" / "svm_minilm.pkl",
                         help="where to write the model")
     parser.add_argument("--folds", type=int, default=5, help="cross-validation folds")
     parser.add_argument("--test-size", type=float, default=0.2, help="held-out share for the SVM/ICL comparison")
@@ -96,6 +94,7 @@ def check_rows(rows: list[dict[str, str]], path: Path, folds: int) -> None:
                             " give more questions or a smaller --folds")
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -107,22 +106,18 @@ def main(argv: list[str] | None = None) -> int:
 def train_attributes(args: argparse.Namespace) -> int:
     from sklearn.model_selection import StratifiedKFold, cross_val_score, train_test_split
 
-    try:
-        if args.folds < 2 or not 0 < args.test_size < 1 or args.c <= 0:
-            raise ConfigError(f"--folds {args.folds}, --test-size {args.test_size}, --c {args.c}: --folds must be 2 or "
-                              "more, --test-size in (0, 1) and --c positive")
-        check_out_file(args.out)
-        if not args.data.is_file():
-            raise ConfigError(f"--data {args.data} not found (give a CRAG-format .jsonl or .jsonl.bz2)")
-        check_data_file(args.data)
-        if args.icl:
-            load_config(args.config)  # a config that cannot load fails now, not after the SVMs
-        rows = read_labelled(args.data, data_lines(args.data))  # .jsonl, .jsonl.bz2 or an archive
-        check_rows(rows, args.data, args.folds)
-        embedder = Embedder(EmbedderConfig())
-    except (ConfigError, DataError, BackendUnavailable) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    if args.folds < 2 or not 0 < args.test_size < 1 or args.c <= 0:
+        raise ConfigError(f"--folds {args.folds}, --test-size {args.test_size}, --c {args.c}: --folds must be 2 or "
+                          "more, --test-size in (0, 1) and --c positive")
+    check_out_file(args.out)
+    if not args.data.is_file():
+        raise ConfigError(f"--data {args.data} not found (give a CRAG-format .jsonl or .jsonl.bz2)")
+    check_data_file(args.data)
+    if args.icl:
+        load_config(args.config)  # a config that cannot load fails now, not after the SVMs
+    rows = read_labelled(args.data, data_lines(args.data))  # .jsonl, .jsonl.bz2 or an archive
+    check_rows(rows, args.data, args.folds)
+    embedder = Embedder(EmbedderConfig())
     vectors = embedder.encode([row["query"] for row in rows])
     domains = [row["domain"] for row in rows]
     dynamism = [row["static_or_dynamic"] for row in rows]
@@ -131,7 +126,9 @@ def train_attributes(args: argparse.Namespace) -> int:
     for name, labels in (("domain", domains), ("dynamism", dynamism)):
         folds = StratifiedKFold(n_splits=args.folds, shuffle=True, random_state=args.seed)
         scores = cross_val_score(svm_classifier(args.c), vectors, labels, cv=folds)
-        print(f"cross-validated SVM accuracy, {name:8s}: {scores.mean():.3f} (+/- {scores.std():.3f}, {args.folds} folds)")
+        print(
+            f"cross-validated SVM accuracy, {name:8s}: {scores.mean():.3f} (+/- {scores.std():.3f}, {args.folds} folds)"
+        )
 
     index = list(range(len(rows)))
     train, test = train_test_split(index, test_size=args.test_size, random_state=args.seed,

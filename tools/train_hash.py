@@ -12,8 +12,9 @@ every proposition (or every positive and negative text), each once.
 Questions are split into train and held-out sets (seeded). ADSH trains on the train questions against the whole
 database; then recall@k on the held-out questions (the share of their positives in the top k) is printed for
 exact cosine, LSH by random hyperplanes at the same code length (Hamming ranking), the layer ADSH starts from
-(codes only), and the trained index with and without the exact re-rank. The saved file holds the hash layer, the database codes ADSH learned, the propositions'
-texts and (unless --no-vectors) their float vectors; `references.hash.model` takes it.
+(codes only), and the trained index with and without the exact re-rank. The saved file holds the hash layer, the
+database codes ADSH learned, the propositions' texts and (unless --no-vectors) their float vectors;
+`references.hash.model` takes it.
 """
 
 from __future__ import annotations
@@ -28,17 +29,14 @@ import numpy as np
 from loguru import logger
 
 from evaluation.data import DataError, alternative_answers, check_data_file, is_crag_format, read_examples
-from models.config import ConfigError, SystemConfig, load_config
-from models.llm.base import BackendUnavailable
+from models.config import REPO_ROOT, ConfigError, SystemConfig, load_config
 from models.retrieval.embedder import Embedder
 from models.retrieval.hash_index import HashIndex, HashModel, SearchSettings
 from models.stages.references import proposition_units
-from tools import CommandParser, check_out_file, interrupted
-from tools.train_r2former import reference_states
+from training.examples import reference_states
 from training.hash_training import ADSHSettings, initial_layer, pair_similarity, positive_recall, recall_at, train_adsh
 from utils.answers import contains_answer, is_invalid
-
-REPO = Path(__file__).resolve().parent.parent
+from utils.cli import CommandParser, check_out_file, command, interrupted
 
 MIN_QUERIES = 4
 
@@ -138,7 +136,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, required=True, help="CRAG-format .jsonl(.bz2), or a .jsonl of pairs")
     parser.add_argument("--config", type=Path, default=None, help="system config (embedder, references)")
-    parser.add_argument("--out", type=Path, default=REPO / "runs" / "hash" / "hash.hidx")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "hash" / "hash.hidx")
     parser.add_argument("--limit", type=int, default=None, help="use the first N questions")
     parser.add_argument("--bits", type=int, default=256, help="code length, a multiple of 8 (the paper: 768)")
     parser.add_argument("--rounds", type=int, default=10, help="ADSH alternations")
@@ -155,6 +153,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logger.remove()
@@ -166,27 +165,23 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def train_hash(args: argparse.Namespace) -> int:
-    try:
-        if (args.bits < 8 or args.bits % 8 or args.rounds < 0 or args.epochs < 1 or not 0 < args.held_out < 1
-                or args.lr <= 0 or min(args.k) < 1 or (args.limit is not None and args.limit < 1)):
-            raise ConfigError("--bits must be a positive multiple of 8, --rounds >= 0, --epochs >= 1, --held-out in "
-                              "(0, 1), and --lr, --k and --limit positive")
-        check_out_file(args.out)
-        check_data_file(args.data)
-        config = load_config(args.config)
-        if is_crag_format(args.data, "pairs"):
-            examples = list(read_examples(args.data, limit=args.limit))
-            embedder = Embedder(config.embedder)
-            pairs = pairs_from_crag(examples, config, embedder)
-        else:
-            pairs = read_pairs(args.data, args.limit)  # a bad file fails before the embedder loads
-            embedder = Embedder(config.embedder)
-        if len(pairs.queries) < MIN_QUERIES:
-            raise DataError(f"{args.data}: {len(pairs.queries)} questions with a positive; at least {MIN_QUERIES} "
-                            "are needed")
-    except (ConfigError, DataError, BackendUnavailable) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    if (args.bits < 8 or args.bits % 8 or args.rounds < 0 or args.epochs < 1 or not 0 < args.held_out < 1
+            or args.lr <= 0 or min(args.k) < 1 or (args.limit is not None and args.limit < 1)):
+        raise ConfigError("--bits must be a positive multiple of 8, --rounds >= 0, --epochs >= 1, --held-out in "
+                          "(0, 1), and --lr, --k and --limit positive")
+    check_out_file(args.out)
+    check_data_file(args.data)
+    config = load_config(args.config)
+    if is_crag_format(args.data, "pairs"):
+        examples = list(read_examples(args.data, limit=args.limit))
+        embedder = Embedder(config.embedder)
+        pairs = pairs_from_crag(examples, config, embedder)
+    else:
+        pairs = read_pairs(args.data, args.limit)  # a bad file fails before the embedder loads
+        embedder = Embedder(config.embedder)
+    if len(pairs.queries) < MIN_QUERIES:
+        raise DataError(f"{args.data}: {len(pairs.queries)} questions with a positive; at least {MIN_QUERIES} "
+                        "are needed")
     database = embedder.encode(pairs.texts)
     queries = embedder.encode(pairs.queries)
     train, held = held_out_split(len(pairs.queries), args.held_out, args.seed)

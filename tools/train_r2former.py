@@ -18,10 +18,8 @@ the weights of the epoch with the lowest validation loss are saved.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -30,52 +28,18 @@ from loguru import logger
 from tqdm import tqdm
 
 from evaluation.data import DataError, alternative_answers, check_data_file, is_crag_format, read_examples
-from models.config import ConfigError, SystemConfig, load_config, resolve_path
-from models.llm.base import BackendUnavailable
-from models.prompting import PromptError, PromptLibrary
+from models.config import REPO_ROOT, ConfigError, SystemConfig, load_config
+from models.prompting import PromptLibrary
 from models.retrieval.embedder import Embedder
-from models.retrieval.hash_index import load_model
 from models.retrieval.r2former import R2Former, R2FormerConfig, retrieval_features, save_checkpoint
-from models.stages.base import run_alone
-from models.stages.reasoning import END, START, place_embeddings, reasoning_conversation
-from models.stages.references import ReferencesStage
+from models.stages.reasoning import place_embeddings, reasoning_conversation
 from models.state import QueryState, Reference
-from tools import CommandParser, check_out_file, interrupted
+from training.examples import answer_block, reference_states
 from training.r2former_training import RankedList, TrainSettings, split, train
 from utils.answers import contains_answer, is_invalid
-from utils.pages import PageProcessor, PageSettings
-
-REPO = Path(__file__).resolve().parent.parent
+from utils.cli import CommandParser, check_out_file, command, interrupted
 
 MIN_LISTS = 4
-
-
-def answer_block(answer: str) -> str:
-    """The reasoning prompt's output format around a gold answer: the LM loss's target."""
-    premise = "yes" if is_invalid(answer) else "no"
-    return f"{START}\n## Answer: {answer}\n## False Premise: {premise}\n{END}"
-
-
-def reference_states(examples: list[dict], config: SystemConfig, embedder: Embedder
-                     ) -> Iterator[tuple[QueryState, dict]]:
-    """(state after the references stage of `config`, its example) for each CRAG example, batch by batch.
-    There is no LLM here: a hash retriever splits chunks into sentences even with `hash.units: llm`."""
-    refs = config.references
-    config = dataclasses.replace(config, references=dataclasses.replace(
-        refs, hash=dataclasses.replace(refs.hash, units="sentence")))
-    pages = PageProcessor(PageSettings.from_config(config.references), config.references.workers, None)
-    hashing = config.references.retriever == "hash"
-    hash_model = load_model(resolve_path(config.references.hash.model), embedder.name) if hashing else None
-    resources = {"embedder": embedder, "pages": pages, "hash_model": hash_model, "reranker": None, "llm": None}
-    try:
-        for start in tqdm(range(0, len(examples), config.batch_size), desc="references", unit="batch"):
-            chunk = examples[start:start + config.batch_size]
-            states = [QueryState(i, e["interaction_id"], e["query"], e["query_time"],
-                                 [p for p in e["search_results"] if isinstance(p, dict)]) for i, e in enumerate(chunk)]
-            run_alone(ReferencesStage(), states, config, resources, seconds=10 ** 9)
-            yield from zip(states, chunk)
-    finally:
-        pages.close()
 
 
 def lists_from_crag(examples: list[dict], config: SystemConfig, embedder: Embedder) -> list[RankedList]:
@@ -167,7 +131,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, required=True, help="CRAG-format .jsonl(.bz2), or a .jsonl of lists")
     parser.add_argument("--config", type=Path, default=None, help="system config (embedder, references, LLM)")
-    parser.add_argument("--out", type=Path, default=REPO / "runs" / "r2former" / "r2former.pt")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "r2former" / "r2former.pt")
     parser.add_argument("--lm", action="store_true", help="add the LM loss through the config's hf LLM (frozen)")
     parser.add_argument("--limit", type=int, default=None, help="use the first N questions")
     parser.add_argument("--epochs", type=int, default=20)
@@ -198,6 +162,7 @@ def check_labels(labels: list[np.ndarray], data: Path) -> None:
                         "lists with negatives too")
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logger.remove()
@@ -209,29 +174,25 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def train_r2former(args: argparse.Namespace) -> int:
-    try:
-        if (args.epochs < 1 or args.batch_size < 1 or not 0 < args.val_share < 1 or args.hidden < 1 or args.heads < 1
-                or args.hidden % args.heads or args.layers < 1 or not 0 <= args.dropout < 1 or args.max_refs < 1
-                or args.lr <= 0 or (args.limit is not None and args.limit < 1)):
-            raise ConfigError("--epochs, --batch-size, --hidden, --heads, --layers, --max-refs, --lr and --limit must "
-                              "be positive, --val-share in (0, 1), --dropout in [0, 1), and --hidden a multiple of "
-                              "--heads")
-        check_out_file(args.out)
-        check_data_file(args.data)
-        config = load_config(args.config)
-        crag = is_crag_format(args.data, "reference lists")
-        rows = list(read_examples(args.data, limit=args.limit)) if crag else read_pairs(args.data, args.limit)
-        if not crag:  # the labels are in the file: a file that cannot train fails before the embedder loads
-            check_labels([np.asarray(row["labels"], dtype=bool) for _, row in rows], args.data)
-        embedder = Embedder(config.embedder)
-        lists = lists_from_crag(rows, config, embedder) if crag else lists_from_pairs(rows, embedder)
-        if len(lists) < MIN_LISTS:
-            raise DataError(f"{args.data}: {len(lists)} usable reference lists; at least {MIN_LISTS} are needed")
-        check_labels([item.labels for item in lists], args.data)
-        lm = LMLoss(config) if args.lm else None
-    except (ConfigError, DataError, BackendUnavailable, PromptError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    if (args.epochs < 1 or args.batch_size < 1 or not 0 < args.val_share < 1 or args.hidden < 1 or args.heads < 1
+            or args.hidden % args.heads or args.layers < 1 or not 0 <= args.dropout < 1 or args.max_refs < 1
+            or args.lr <= 0 or (args.limit is not None and args.limit < 1)):
+        raise ConfigError("--epochs, --batch-size, --hidden, --heads, --layers, --max-refs, --lr and --limit must "
+                          "be positive, --val-share in (0, 1), --dropout in [0, 1), and --hidden a multiple of "
+                          "--heads")
+    check_out_file(args.out)
+    check_data_file(args.data)
+    config = load_config(args.config)
+    crag = is_crag_format(args.data, "reference lists")
+    rows = list(read_examples(args.data, limit=args.limit)) if crag else read_pairs(args.data, args.limit)
+    if not crag:  # the labels are in the file: a file that cannot train fails before the embedder loads
+        check_labels([np.asarray(row["labels"], dtype=bool) for _, row in rows], args.data)
+    embedder = Embedder(config.embedder)
+    lists = lists_from_crag(rows, config, embedder) if crag else lists_from_pairs(rows, embedder)
+    if len(lists) < MIN_LISTS:
+        raise DataError(f"{args.data}: {len(lists)} usable reference lists; at least {MIN_LISTS} are needed")
+    check_labels([item.labels for item in lists], args.data)
+    lm = LMLoss(config) if args.lm else None
     train_lists, val_lists = split(lists, args.val_share, args.seed)
     if len({bool(label) for item in val_lists for label in item.labels}) < 2:
         print(f"note: the {len(val_lists)} validation lists hold one class only, so the validation AUC is not "

@@ -32,22 +32,19 @@ from typing import Any
 
 from tqdm import tqdm
 
-from evaluation.data import DataError, check_data_file, read_examples
 from evaluation.compare import compare_records, format_comparison
+from evaluation.data import check_data_file, read_examples
 from evaluation.judge import judge_records
 from evaluation.report import score_records
-from models.config import ConfigError, SystemConfig, add_config_arguments, config_from_args
-from models.llm.base import BackendUnavailable
-from models.prompting import PromptError, PromptLibrary
+from models.config import REPO_ROOT, ConfigError, SystemConfig, add_config_arguments, config_from_args
+from models.prompting import PromptLibrary
 from models.stages.base import run_stage
 from models.state import Proposition, QueryState, Reference, StageRecord
 from models.system import CragSystem, unpack_batch
-from tools import CommandParser, check_out, interrupted
 from utils.batch import make_batch
 from utils.cache import JsonCache, cache_root, content_key
+from utils.cli import CommandParser, check_out, command, interrupted
 from utils.names import closest
-
-REPO = Path(__file__).resolve().parent.parent
 
 STAGE_CACHE_VERSION = "stages-1"
 
@@ -136,9 +133,10 @@ def compare(rows: dict[str, dict[str, Any]]) -> str:
     base = rows[names[0]]
     lines = ["| variant | group | n | score | Δ score | accuracy | hallucination | missing | unjudged |",
              "|---|---|---|---|---|---|---|---|---|"]
-    groups = [("overall", "overall", None)] + [(section, group, section) for section in base if section.startswith("by_")
-                                               for group in base[section]]
-    for section, group, parent in groups:
+    groups = [("overall", "overall", None)] + [
+        (section, group, section) for section in base if section.startswith("by_") for group in base[section]
+    ]
+    for _section, group, parent in groups:
         for name in names:
             s = rows[name]["overall"] if parent is None else rows[name].get(parent, {}).get(group)
             b = base["overall"] if parent is None else base.get(parent, {}).get(group)
@@ -191,9 +189,10 @@ def grid_variants(path: Path, out_dir: Path) -> tuple[str, list[str]]:
         grid = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as err:
         raise ConfigError(f"--grid {path}: unreadable ({err})") from err
-    if not isinstance(grid, dict) or not {"prompt", "base", "replace"} <= grid.keys() or not isinstance(grid["replace"], dict):
+    if (not isinstance(grid, dict) or not {"prompt", "base", "replace"} <= grid.keys()
+            or not isinstance(grid["replace"], dict)):
         raise ConfigError(f"--grid {path}: needs 'prompt', 'base' and a 'replace' mapping of text to alternatives")
-    base_path = Path(grid["base"]) if Path(grid["base"]).is_absolute() else REPO / grid["base"]
+    base_path = Path(grid["base"]) if Path(grid["base"]).is_absolute() else REPO_ROOT / grid["base"]
     if not base_path.is_file():
         raise ConfigError(f"--grid {path}: base {grid['base']} not found")
     base = base_path.read_text(encoding="utf-8")
@@ -218,7 +217,7 @@ def grid_variants(path: Path, out_dir: Path) -> tuple[str, list[str]]:
 
 def variant_path(variant: str) -> Path | None:
     """A variant file as given (from the working folder), else from the repository; None if neither exists."""
-    for candidate in (Path(variant), REPO / variant):
+    for candidate in (Path(variant), REPO_ROOT / variant):
         if candidate.is_file():
             return candidate.resolve()
     return None
@@ -230,15 +229,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--variant", action="append", default=[],
                         help="a prompt file; give it once per variant; the first is the baseline")
     parser.add_argument("--grid", type=Path, default=None, help="a grid file of text alternatives (see above)")
-    parser.add_argument("--data", type=Path, default=REPO / "data" / "crag_sample.jsonl")
+    parser.add_argument("--data", type=Path, default=REPO_ROOT / "data" / "crag_sample.jsonl")
     add_config_arguments(parser)
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--judge", default="rules", help="rules, local, or an OpenAI-compatible base URL")
     parser.add_argument("--judge-model", default=None)
-    parser.add_argument("--out", type=Path, default=REPO / "runs" / "tuning")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "tuning")
     return parser.parse_args(argv)
 
 
+@command
 def main(argv: list[str] | None = None, system: CragSystem | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -249,52 +249,49 @@ def main(argv: list[str] | None = None, system: CragSystem | None = None) -> int
 
 
 def tune(args: argparse.Namespace, system: CragSystem | None) -> int:
-    from local_evaluation import build_judge, check_judge, check_prompts, check_variant
+    from evaluation.commands import check_prompts, check_variant
+    from evaluation.judge import build_judge, check_judge
 
-    try:
-        if args.limit is not None and args.limit < 1:
-            raise ConfigError(f"--limit {args.limit}: give a positive number of questions, or leave it out for all")
-        check_out(args.out)
-        check_data_file(args.data, examples=True)
-        check_judge(args.judge, args.judge_model)
-        if args.grid is not None:
-            args.prompt, grid_files = grid_variants(args.grid, args.out)
-            args.variant = args.variant + grid_files
-        if len(args.variant) < 1:
-            raise ConfigError("give prompt files with --variant, or a --grid file")
-        missing = [v for v in args.variant if variant_path(v) is None]
-        if missing:
-            raise ConfigError(f"--variant {missing[0]}: no such prompt file")
-        config = system.config if system is not None else config_from_args(args)
-        check_prompts(config.prompts, config.source)
-        known = sorted(path.stem for path in (REPO / "prompts").glob("*.yaml"))
-        if args.prompt not in known:
-            close = closest(args.prompt, known)
-            raise ConfigError(f"--prompt {args.prompt!r}: no prompt has that name; "
-                              + (f"did you mean {close!r}?" if close else f"the names are {', '.join(known)}"))
-        for variant in args.variant:
-            check_variant(args.prompt, variant_path(variant), f"--variant {variant}")
-        system = system or CragSystem(config)
-        tuner = Tuner(system, args.prompt, JsonCache(cache_root(None) / "stages"))
-        judge = build_judge(args.judge, args.judge_model)
-        examples = list(read_examples(args.data, limit=args.limit))
-        states = tuner.upstream_states(examples)
-        rows: dict[str, dict[str, Any]] = {}
-        judged: dict[str, list[dict[str, Any]]] = {}
-        for number, variant in enumerate(args.variant, start=1):
-            answers = tuner.variant_answers(states, str(variant_path(variant)),
-                                            f"variant {number}/{len(args.variant)} {Path(variant).name}")
-            records = [dict({k: e.get(k) for k in ("interaction_id", "query", "answer", "alt_answers", "domain",
-                                                   "question_type", "static_or_dynamic", "popularity")},
-                            prediction=a) for e, a in zip(examples, answers)]
-            judge_records(records, judge)
-            summary = score_records(records)
-            summary.pop("latency_s")
-            name = Path(variant).name if Path(variant).name not in rows else variant
-            rows[name], judged[name] = summary, records
-    except (ConfigError, DataError, BackendUnavailable, PromptError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"--limit {args.limit}: give a positive number of questions, or leave it out for all")
+    check_out(args.out)
+    check_data_file(args.data, examples=True)
+    check_judge(args.judge, args.judge_model)
+    if args.grid is not None:
+        args.prompt, grid_files = grid_variants(args.grid, args.out)
+        args.variant = args.variant + grid_files
+    if len(args.variant) < 1:
+        raise ConfigError("give prompt files with --variant, or a --grid file")
+    missing = [v for v in args.variant if variant_path(v) is None]
+    if missing:
+        raise ConfigError(f"--variant {missing[0]}: no such prompt file")
+    config = system.config if system is not None else config_from_args(args)
+    check_prompts(config.prompts, config.source)
+    known = sorted(path.stem for path in (REPO_ROOT / "prompts").glob("*.yaml"))
+    if args.prompt not in known:
+        close = closest(args.prompt, known)
+        raise ConfigError(f"--prompt {args.prompt!r}: no prompt has that name; "
+                          + (f"did you mean {close!r}?" if close else f"the names are {', '.join(known)}"))
+    for variant in args.variant:
+        check_variant(args.prompt, variant_path(variant), f"--variant {variant}")
+    system = system or CragSystem(config)
+    tuner = Tuner(system, args.prompt, JsonCache(cache_root(None) / "stages"))
+    judge = build_judge(args.judge, args.judge_model)
+    examples = list(read_examples(args.data, limit=args.limit))
+    states = tuner.upstream_states(examples)
+    rows: dict[str, dict[str, Any]] = {}
+    judged: dict[str, list[dict[str, Any]]] = {}
+    for number, variant in enumerate(args.variant, start=1):
+        answers = tuner.variant_answers(states, str(variant_path(variant)),
+                                        f"variant {number}/{len(args.variant)} {Path(variant).name}")
+        records = [dict({k: e.get(k) for k in ("interaction_id", "query", "answer", "alt_answers", "domain",
+                                               "question_type", "static_or_dynamic", "popularity")},
+                        prediction=a) for e, a in zip(examples, answers)]
+        judge_records(records, judge)
+        summary = score_records(records)
+        summary.pop("latency_s")
+        name = Path(variant).name if Path(variant).name not in rows else variant
+        rows[name], judged[name] = summary, records
     table = compare(rows)
     first = next(iter(judged))  # each variant against the first, as local_evaluation.py compare reads two runs
     comparisons = {name: compare_records(judged[first], records) for name, records in judged.items() if name != first}

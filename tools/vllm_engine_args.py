@@ -33,7 +33,8 @@ import zipfile
 from email.parser import Parser
 from pathlib import Path
 
-from tools import CommandParser
+from utils.cli import CommandParser, command
+from utils.errors import HarnessError
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT_DIR = ROOT / "data" / "vllm"
@@ -47,10 +48,10 @@ PROMPT_SCHEMAS = ("TokensPrompt", "EmbedsPrompt")
 TOKENIZER_FILE = "vllm/tokenizers/protocol.py"
 TOKENIZER_METHODS = ("encode", "apply_chat_template")
 SERVE_FILE = "vllm/entrypoints/openai/cli_args.py"
-FORMAT = 1  # keys are only ever added (prompt_schemas, tokenizer, serve_cli since the first 0.14.1 extract)
+FORMAT = 1  # the extract's layout: keys are only ever added under it, so a reader checks for the keys it needs
 
 
-class WheelError(Exception):
+class WheelError(HarnessError):
     """A wheel that cannot be read, or lacks what is extracted (one line)."""
 
 
@@ -253,17 +254,14 @@ def render(api: dict) -> str:
     return json.dumps(api, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
     parser = CommandParser(prog="vllm_engine_args.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("wheel", type=Path, help="a vllm-*.whl (pip download vllm==X --no-deps -d DIR)")
     parser.add_argument("--out", type=Path, default=None,
                         help="the JSON file to write (default data/vllm/engine_api-<version>.json)")
     args = parser.parse_args(argv)
-    try:
-        api = extract(args.wheel)
-    except WheelError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    api = extract(args.wheel)
     out = args.out or OUT_DIR / f"engine_api-{api['version']}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(api), encoding="utf-8")

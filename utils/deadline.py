@@ -1,4 +1,7 @@
-"""Deadline: the wall-clock end of one batch, shared by every stage and backend so that none overruns it."""
+"""Deadline: the wall-clock end of one batch, shared by every stage and backend so that none overruns it.
+
+How a batch's seconds are shared among the stages: docs/decisions/time-budget.md.
+"""
 
 from __future__ import annotations
 

@@ -12,13 +12,15 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
+from utils.errors import HarnessError
+
 TOKENIZER_PATH = Path(__file__).resolve().parent.parent / "data" / "tokenizers" / "llama2" / "tokenizer.json"
 GRADER_MAX_TOKENS = 75
 _VOCAB_SIZE = 32000
 _BOS_ID = 1
 
 
-class GraderTokenizerError(RuntimeError):
+class GraderTokenizerError(HarnessError, RuntimeError):
     """The grader's tokenizer file is missing or is not the Llama-2 tokenizer."""
 
 

@@ -29,7 +29,11 @@ def decode_html(raw: bytes) -> str:
 
     A declared charset is tried after UTF-8 because pages often declare one they are not written in.
     """
-    for bom, codec in ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16")):
+    for bom, codec in (
+        (codecs.BOM_UTF8, "utf-8-sig"),
+        (codecs.BOM_UTF16_LE, "utf-16"),
+        (codecs.BOM_UTF16_BE, "utf-16"),
+    ):
         if raw.startswith(bom):
             return raw.decode(codec, errors="replace")
     try:

@@ -18,6 +18,7 @@ PROBE_READ_S for the reply): calls resume only when it answers, and then one mor
 again; a probe that gets no answer keeps it down another `down_s`. A reply of any kind (HTTP 4xx and 5xx
 included) resets the count. `probe()` asks once, at start-up, whether a server is there. Down time and the time an
 attempt without a deadline has left are read on the client's `clock` (time.monotonic unless a test injects one).
+Why: docs/decisions/kg-server-down.md and docs/decisions/kg-reply-cap.md.
 
 Nothing raises: a failure (server down, HTTP error, garbage JSON, a reply too large or too slow, a result of the
 wrong type, a call that does not match the table) returns None and is logged once per endpoint and kind of failure.
@@ -44,7 +45,7 @@ from utils.deadline import Deadline
 KG_URL_ENV = "CRAG_MOCK_API_URL"
 DEFAULT_KG_URL = "http://localhost:8000"
 TRANSIENT_STATUS = frozenset({502, 503, 504})  # a proxy or a server starting: worth another try
-DEFAULT_MAX_REPLY_BYTES = 16_000_000  # see KGConfig.max_reply_bytes in models/config.py for the reasoning
+DEFAULT_MAX_REPLY_BYTES = 16_000_000  # KGConfig.max_reply_bytes's default; why: docs/decisions/kg-reply-cap.md
 READ_CHUNK = 64 * 1024  # the most one read of a reply takes
 PROBE_READ_S = 1.0  # the longest a probe of a server marked down waits for its reply (never past read_timeout_s)
 

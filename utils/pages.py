@@ -24,9 +24,9 @@ import trafilatura
 from loguru import logger
 
 from utils.cache import JsonCache, content_key
-from utils.processes import die_with_parent
 from utils.chunking import seed_chunks, split_sentences
 from utils.html import block_text, parse_html, remove_boilerplate, unescape_unicode
+from utils.processes import die_with_parent
 from utils.tables import extract_tables
 
 POLL_S = 0.05  # how often a wait on the pool looks at the clock again; it bounds no page
@@ -106,7 +106,7 @@ class PageProcessor:
 
     `cache_folder` None keeps results in memory only; `use_cache` False processes every page every time, repeats
     within one call included (for benchmarks). `process`'s timeout is read on `clock`. Call `close()` to stop the
-    workers.
+    workers. Why a forked pool polled on a clock: docs/decisions/page-pool.md.
     """
 
     def __init__(self, settings: PageSettings, workers: int = 0, cache_folder: Path | None = None,
@@ -169,7 +169,9 @@ class PageProcessor:
                            missing, len(keys), timeout_s)
         return [done.get(key) for key in keys]
 
-    def _run(self, todo: dict[str, tuple[str | bytes, str, PageSettings]], end: float) -> dict[str, ProcessedPage | str]:
+    def _run(
+        self, todo: dict[str, tuple[str | bytes, str, PageSettings]], end: float
+    ) -> dict[str, ProcessedPage | str]:
         if self._pool is None and self.workers > 1:
             self._pool = self._new_pool()
         if self._pool is None:  # in this process: no page can be interrupted, so check the clock between pages

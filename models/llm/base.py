@@ -6,8 +6,9 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from utils.deadline import Deadline
 from models.config import LLMConfig
+from utils.deadline import Deadline
+from utils.errors import HarnessError
 
 Conversation = list[dict[str, str]]
 
@@ -91,7 +92,7 @@ class LLM(Protocol):
         `Sample`s where the backend knows why generation ended."""
 
 
-class BackendUnavailable(RuntimeError):
+class BackendUnavailable(HarnessError, RuntimeError):
     """A backend whose model or library is missing; the message says how to fix it."""
 
 

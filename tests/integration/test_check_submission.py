@@ -13,8 +13,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from packaging.markers import Marker
+from packaging.requirements import Requirement
 
-from models.config import REPO_ROOT
+from models.config import REPO_ROOT, load_config
+from tests.conftest import write_config
+from tools.check_submission import (
+    VLLM_WHEEL_CUDA,
+    check_gpus,
+    check_image,
+    check_memory,
+    check_prompt_embeds,
+    check_quantization,
+    pinned,
+)
 
 CHECKER = REPO_ROOT / "tools" / "check_submission.py"
 FAKE_MODEL = '''import time
@@ -116,8 +128,8 @@ def test_a_missing_weights_path_fails_before_any_model_runs(copy):
     assert rows["image"].startswith("PASS") and rows["GPUs"].startswith("PASS")
     assert rows["quantization"].startswith("WARN") and "not checked" in rows["quantization"]
     # the quantizer's config.json alone (weights still missing): the folder's quantization and the plan are checked
-    (copy / "configs" / "t4.yaml").write_text((copy / "configs" / "t4x4-llama3-70b-gptq.yaml").read_text()
-                                              .replace("quantization: null", "quantization: gptq"))
+    write_config(copy / "configs" / "t4.yaml", {"llm": {"vllm": {"quantization": "gptq"}}},
+                 copy / "configs" / "t4x4-llama3-70b-gptq.yaml")
     model = load_config(copy / "configs" / "t4.yaml").llm.vllm.model
     fake_folder(copy, Path(model).name, LLAMA3_70B, W4A16)
     code, rows = check(copy, "--config", "configs/t4.yaml")
@@ -159,12 +171,6 @@ def test_the_dockerfile_passes_hadolint():
 
 # --- the GPU submission's checks, on small fake model folders (config.json as Meta's Llama-3 folders write it) ---
 
-from packaging.markers import Marker  # noqa: E402
-from packaging.requirements import Requirement  # noqa: E402
-
-from models.config import load_config  # noqa: E402
-from tools.check_submission import (VLLM_WHEEL_CUDA, check_gpus, check_image, check_memory,  # noqa: E402
-                                    check_prompt_embeds, check_quantization, pinned)
 
 T4_CONFIG = REPO_ROOT / "configs" / "t4x4-llama3-70b-gptq.yaml"
 LLAMA3_70B = {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "bos_token_id": 128000,

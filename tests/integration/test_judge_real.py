@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.judge import CORRECT, MISS, UNJUDGED, WRONG, Item, LLMJudge, judge_records, parse_judgement
-from local_evaluation import build_judge
+from evaluation.judge import CORRECT, MISS, UNJUDGED, WRONG, Item, LLMJudge, build_judge, judge_records, parse_judgement
 from models.config import OpenAIConfig
 from models.llm.base import BackendUnavailable, Conversation, GenParams
 from models.llm.openai import OpenAIBackend

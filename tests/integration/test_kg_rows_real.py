@@ -5,8 +5,8 @@ import json
 
 from models.system import CragSystem
 from tests.conftest import to_batch
-from tests.integration.conftest import unhurried
 from tests.fakes import RecordingKG, ScriptedLLM, by_prompt, prompt_name
+from tests.integration.conftest import unhurried
 
 CASES = [  # question, the entity as written, a line that must reach the prompt
     ("how tall is the eiffel tower?", "eiffel tower", "Eiffel Tower height: 330 m (1,100 ft)"),

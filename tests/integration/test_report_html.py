@@ -11,7 +11,6 @@ from evaluation.compare import compare_records, write_comparison
 from evaluation.judge import judge_records
 from evaluation.report import score_records, write_report
 from tests.conftest import SAMPLE
-
 from tools.screenshot import NoBrowser, headless_chromium
 
 INJECTED = "</script><script>window.injected = 1</script><b>bold</b>"

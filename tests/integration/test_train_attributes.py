@@ -6,6 +6,7 @@ import json
 
 from models.config import REPO_ROOT
 from models.stages.attributes import SVMAttributes
+from tests.conftest import write_config
 from tools.train_attributes import main
 
 LABELLED = REPO_ROOT / "data" / "attributes" / "questions.jsonl"
@@ -16,10 +17,8 @@ def test_trains_reports_and_writes_a_loadable_model(tmp_path, capsys, embedder, 
     rows = LABELLED.read_text(encoding="utf-8").splitlines()[::4]  # 85 questions, every class present
     data = tmp_path / "slice.jsonl"
     data.write_text("\n".join(rows) + "\n", encoding="utf-8")
-    config = tmp_path / "cpu.yaml"  # ICL runs, not how well: one demonstration a class, one sample
-    config.write_text((REPO_ROOT / "configs" / "cpu.yaml").read_text().replace("shots_per_class: 5",
-                                                                               "shots_per_class: 1")
-                      .replace("n: 5", "n: 1"))
+    # ICL runs, not how well: one demonstration a class, one sample
+    config = write_config(tmp_path / "cpu.yaml", {"attributes": {"icl": {"shots_per_class": 1, "n": 1}}})
     out = tmp_path / "model.pkl"
     assert main(["--data", str(data), "--out", str(out), "--folds", "3", "--test-size", "0.1", "--icl",
                  "--config", str(config)]) == 0

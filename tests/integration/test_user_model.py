@@ -8,13 +8,12 @@ import json
 import re
 
 import pytest
-import yaml
 
 from models.config import REPO_ROOT, load_config
 from models.stages.base import run_alone
 from models.system import CragSystem, unpack_batch
 from models.user_config import UserModel
-from tests.conftest import SHARED_CRAG, stage_of, to_batch
+from tests.conftest import SHARED_CRAG, stage_of, to_batch, write_config
 from tests.integration.conftest import UNHURRIED_S, unhurried
 from utils.grader_tokens import grader_cut
 
@@ -71,18 +70,15 @@ def test_answers_a_batch_from_data(user_model, sample_examples):
 
 def test_openai_config_sends_prompts_to_the_server(served_model, embedder, sample_examples, tmp_path, monkeypatch):
     base_url, model, log = served_model
-    config = yaml.safe_load((REPO_ROOT / "configs" / "cpu.yaml").read_text())
-    config["llm"]["backend"] = "openai"
-    config["llm"]["openai"].update(base_url=base_url, model=model)
-    config["references"]["cache_dir"] = str(tmp_path / "cache")
-    config["attributes"]["method"] = "none"  # no dynamic pre-check: both queries reach the LLM stages
-    config["calculator"]["n"] = 1
-    config["task"] = 1  # no KG entity extraction: the request count below is the seed stages'
-    config["answer"]["gate"] = None  # fit on the hf backend's signals: refused for another backend
-    config["budget"]["per_query_s"] = config["references"]["timeout_s"] = UNHURRIED_S
-    config["llm"]["openai"]["request_timeout_s"] = UNHURRIED_S  # a request timed out would be sent again
-    path = tmp_path / "openai.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path = write_config(tmp_path / "openai.yaml", {
+        "llm": {"backend": "openai", "openai": {"base_url": base_url, "model": model,
+                                                "request_timeout_s": UNHURRIED_S}},  # else a request is sent again
+        "references": {"cache_dir": str(tmp_path / "cache"), "timeout_s": UNHURRIED_S},
+        "attributes": {"method": "none"},  # no dynamic pre-check: both queries reach the LLM stages
+        "calculator": {"n": 1},
+        "task": 1,  # no KG entity extraction: the request count below is the seed stages'
+        "answer": {"gate": None},  # fit on the hf backend's signals: refused for another backend
+        "budget": {"per_query_s": UNHURRIED_S}})
     monkeypatch.setenv("CRAG_CONFIG", str(path))
     before = log.read_text().count("POST /v1/chat/completions")
     system = UserModel(embedder=embedder)

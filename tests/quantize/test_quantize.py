@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from tools import quantize
+from training import quantization
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / "tools" / "quantize.py"
@@ -146,8 +147,8 @@ def test_group_size_check_reads_every_layer_width():
 
 def test_cut_keeps_head_quarter_and_tail():
     ids = list(range(100))
-    assert quantize.cut(ids, 100) == ids
-    assert quantize.cut(ids, 20) == ids[:5] + ids[85:]
+    assert quantization.cut(ids, 100) == ids
+    assert quantization.cut(ids, 20) == ids[:5] + ids[85:]
 
 
 # --- GPTQ on SmolLM2-135M (.venv-quantize) --------------------------------------------------------------------
@@ -224,13 +225,13 @@ def test_gptq_folder_reloads_and_scores_near_the_reference(gptq_folder: Path):
     torch.set_num_threads(1)
     held_out = [row["text"] for row in rows() if row.get("split") == "held_out"] or [rows()[-1]["text"]]
     tokenizer = AutoTokenizer.from_pretrained(gptq_folder)
-    ids = quantize.tokenize(tokenizer, held_out[:1], MAX_SEQ_LENGTH)
-    model = quantize.load_for_eval(gptq_folder, "cpu")
+    ids = quantization.tokenize(tokenizer, held_out[:1], MAX_SEQ_LENGTH)
+    model = quantization.load_for_eval(gptq_folder, "cpu")
     with torch.inference_mode():
         logits = model(torch.tensor(ids)).logits
     assert logits.shape == (1, len(ids[0]), 49152)
     assert torch.isfinite(logits).all()
-    result = quantize.score(quantize.load_for_eval(FP16, "cpu"), {"gptq": model}, ids, "cpu")
+    result = quantization.score(quantization.load_for_eval(FP16, "cpu"), {"gptq": model}, ids, "cpu")
     assert math.isfinite(result["gptq"]["ppl"]) and math.isfinite(result["reference"]["ppl"])
     # a broken packing or scale gives several nats; 4-bit GPTQ of this model about 0.2
     assert 0 <= result["gptq"]["kl"] < 1.0, result

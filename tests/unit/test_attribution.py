@@ -9,7 +9,7 @@ from evaluation import manifest
 from evaluation.attribution import attribute, attribute_records, attribution_table, evidence_form, page_texts
 from evaluation.data import Selection
 from models.config import REPO_ROOT, load_config
-from tests.conftest import SAMPLE, write
+from tests.conftest import SAMPLE, write, write_config
 
 
 def record(answer, prediction="i don't know", verdict="miss", references=(), kg_results=(), kg_ran=False,
@@ -82,8 +82,7 @@ def test_a_rejudged_run_reports_where_its_misses_were_lost(tmp_path, capsys):
     config = load_config(REPO_ROOT / "configs" / "cpu.yaml")
     manifest.write(out, manifest.build(manifest.answer_inputs(config, SAMPLE, 30.0, False), Selection(limit=4),
                                        {"spec": "rules"}))
-    config_file = write(tmp_path / "c.yaml", (REPO_ROOT / "configs" / "cpu.yaml").read_text().replace(
-        "cache_dir: null          # null: $CRAG_CACHE_DIR", f"cache_dir: {tmp_path / 'cache'}  #"))
+    config_file = write_config(tmp_path / "c.yaml", {"references": {"cache_dir": str(tmp_path / "cache")}})
     assert local_evaluation.main(["rejudge", "--data", str(SAMPLE), "--out", str(out), "--config",
                                   str(config_file)]) == 0
     table = json.loads((out / "report.json").read_text())["attribution"]

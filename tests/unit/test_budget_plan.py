@@ -2,8 +2,9 @@
 
 import pytest
 
+from models.budget_plan import Speed, StagePlan, format_plan, largest_fitting_batch, llm_stages, plan
 from models.config import REPO_ROOT, load_config
-from tools.budget_plan import Speed, StagePlan, format_plan, largest_fitting_batch, llm_stages, main, plan
+from tools.budget_plan import main
 
 
 @pytest.fixture

@@ -21,8 +21,8 @@ CPU = REPO_ROOT / "configs" / "cpu.yaml"
 
 
 def _config(tmp_path: Path, prompts: str) -> Path:
-    """configs/cpu.yaml with `prompts: {...}` replaced."""
-    return write(tmp_path / "config.yaml", CPU.read_text().replace("prompts: {}", f"prompts: {{{prompts}}}"))
+    """configs/cpu.yaml with `prompts: {...}` set."""
+    return write(tmp_path / "config.yaml", CPU.read_text() + f"prompts: {{{prompts}}}\n")
 
 
 def _labelled_bz2(tmp_path: Path) -> Path:

@@ -15,14 +15,13 @@ from pathlib import Path
 import pytest
 
 import local_evaluation
-from evaluation import manifest
+from evaluation import commands, manifest
 from evaluation.data import DataError, ReadStats, Selection, alternative_answers, read_examples
 from evaluation.judge import CORRECT, MISS, UNJUDGED, WRONG, Item, judge_by_rules
 from evaluation.metrics import Scores, latency
-from evaluation.runner import (EvaluationError, call_with_limit, load_predictions, run_model,
-                               save_judgements)
+from evaluation.runner import EvaluationError, call_with_limit, load_predictions, run_model, save_judgements
 from models.config import REPO_ROOT, load_config
-from tests.conftest import SAMPLE, running, write
+from tests.conftest import SAMPLE, running, write, write_config
 from utils.batch import make_batch
 from utils.trees import differences
 
@@ -334,7 +333,9 @@ def test_task3_tar_bz2_whole_and_in_parts(tmp_path):
     split.mkdir()
     size = len(data) // 3 + 1
     for number in range(3):  # part10 sorts before part2 as text: the reader orders pieces by number
-        (split / f"crag_task_3_dev_v4.tar.bz2.part{[1, 2, 10][number]}").write_bytes(data[number * size:(number + 1) * size])
+        (split / f"crag_task_3_dev_v4.tar.bz2.part{[1, 2, 10][number]}").write_bytes(
+            data[number * size : (number + 1) * size]
+        )
     first = split / "crag_task_3_dev_v4.tar.bz2.part1"
     assert [e["interaction_id"] for e in read_examples(first, limit=3)] == ["id0", "id1", "id2"]
     assert len(list(read_examples(split / "crag_task_3_dev_v4.tar.bz2"))) == 5  # the stem names the pieces too
@@ -351,7 +352,9 @@ def test_interrupted_and_resumed_run_reports_like_an_uninterrupted_one(tmp_path)
     straight = run_model(CountingModel(), iter(examples), tmp_path / "b" / "p.jsonl")
     for records in (resumed, straight):
         judge_records(records, None)
-    strip = lambda summary: {k: v for k, v in summary.items() if k != "latency_s"}  # noqa: E731
+    def strip(summary: dict) -> dict:
+        return {k: v for k, v in summary.items() if k != "latency_s"}
+
     assert strip(score_records(resumed)) == strip(score_records(straight))
 
 
@@ -397,7 +400,7 @@ def test_task_3_data_turns_a_task_1_config_to_task_3(tmp_path, capsys, pages, ta
     config.task = task
     page = {"page_name": "p", "page_url": "u", "page_snippet": "s", "page_result": "<p>x</p>", "page_last_modified": ""}
     data = write(tmp_path / "d.jsonl", json.dumps(_example(0, search_results=[page] * pages)) + "\n")
-    assert local_evaluation.task_for_data(config, data).task == runs
+    assert commands.task_for_data(config, data).task == runs
     assert ("Task 3 data" in capsys.readouterr().err) == (runs != task)
 
 
@@ -420,8 +423,7 @@ def test_a_resume_with_a_changed_prompt_file_is_refused(tmp_path, capsys):
     out = _run_folder(tmp_path / "run", load_config(REPO_ROOT / "configs" / "cpu.yaml"))
     variant = write(tmp_path / "reasoning_v2.yaml", (REPO_ROOT / "prompts" / "reasoning.yaml").read_text()
                     + "# a variant\n")
-    config = write(tmp_path / "v2.yaml", (REPO_ROOT / "configs" / "cpu.yaml").read_text().replace(
-        "prompts: {}", f"prompts: {{reasoning: {variant}}}"))
+    config = write_config(tmp_path / "v2.yaml", {"prompts": {"reasoning": str(variant)}})
     before = (out / "predictions.jsonl").read_bytes()
     assert local_evaluation.main(["--data", str(SAMPLE), "--config", str(config), "--out", str(out),
                                   "--limit", "2"]) == 2

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from evaluation.gate_fit import Labelled, TooFewLabels, fit_gate, label_records
 from evaluation.judge import CORRECT, MISS, WRONG, judge_records
 from evaluation.metrics import Scores
 from models.config import ConfigError
@@ -14,7 +15,6 @@ from models.prompting import PromptLibrary
 from models.system import CragSystem
 from tests.conftest import SAMPLE, to_batch
 from tests.fakes import HashEmbedder, ScriptedLLM
-from training.gate import Labelled, TooFewLabels, fit_gate, label_records
 from utils.answers import IDK
 
 TRUE_THRESHOLD = -0.9  # answers whose line's mean log-probability is above this are right, the rest wrong

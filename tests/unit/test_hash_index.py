@@ -5,14 +5,31 @@ import numpy as np
 import pytest
 
 from models.config import ConfigError, load_config
-from models.retrieval.hash_index import (HashIndex, HashIndexError, HashModel, SearchSettings, asymmetric_scores,
-                                         hamming, pack, sign_bits, within_widening_radius)
+from models.retrieval.hash_index import (
+    HashIndex,
+    HashIndexError,
+    HashModel,
+    SearchSettings,
+    asymmetric_scores,
+    hamming,
+    pack,
+    sign_bits,
+    within_widening_radius,
+)
 from models.stages.references import read_propositions
 from models.state import QueryState, Reference
 from tests.conftest import to_batch
 from tests.fakes import HashEmbedder, ScriptedLLM, by_prompt
-from training.hash_training import (ADSHSettings, beta_at, initial_layer, neighbour_similarity, pair_similarity,
-                                    recall_at, train_adsh, update_codes)
+from training.hash_training import (
+    ADSHSettings,
+    beta_at,
+    initial_layer,
+    neighbour_similarity,
+    pair_similarity,
+    recall_at,
+    train_adsh,
+    update_codes,
+)
 from utils.chunking import sentence_units
 
 

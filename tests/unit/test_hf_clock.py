@@ -1,9 +1,8 @@
 """The hf backend's deadline clock: reading the prompts is given up before a chunk the deadline cannot afford,
 and decoding stops before a step that would end past the deadline."""
 
-import torch
-
 import pytest
+import torch
 
 from models.llm.hf import STEP_WINDOW, OutOfTime, _DeadlineClock
 from utils.deadline import Deadline

@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import models.stages.reasoning as reasoning
-from tests.conftest import to_batch
 from models.system import CragSystem
+from tests.conftest import to_batch
 from tests.fakes import HashEmbedder, RecordingKG, ScriptedLLM
 
 ECHO = "===START===\n## Answer: {}\n## False Premise: no\n===END==="

@@ -7,13 +7,25 @@ import re
 import pytest
 
 import local_evaluation
-from evaluation.judge import (CORRECT, MISS, UNJUDGED, WRONG, Item, LLMJudge, PersonJudge, judge_by_organisers_rules,
-                              judge_by_rules, judge_records, p_correct, parse_judgement)
+from evaluation.judge import (
+    CORRECT,
+    MISS,
+    UNJUDGED,
+    WRONG,
+    Item,
+    LLMJudge,
+    PersonJudge,
+    judge_by_organisers_rules,
+    judge_by_rules,
+    judge_records,
+    p_correct,
+    parse_judgement,
+)
 from evaluation.report import format_table, score_records, write_report
+from models.llm.base import Sample
 from models.prompting import PromptLibrary
 from tests.conftest import SAMPLE, write
 from tests.fakes import ScriptedLLM
-from models.llm.base import Sample
 from tests.unit.test_llm_backends import ChatServer, verdict_alternatives
 from utils.cache import JsonCache
 
@@ -88,7 +100,9 @@ def judge_with(reply, tmp_path=None, retries=2):
 
 
 def test_llm_verdicts_and_the_cache(tmp_path):
-    reply = lambda conv: '{"correct": %s}' % ("true" if "Nolan" in conv[1]["content"] else "false")  # noqa: E731
+    def reply(conv: list[dict]) -> str:
+        return '{"correct": %s}' % ("true" if "Nolan" in conv[1]["content"] else "false")
+
     judge, llm = judge_with(reply, tmp_path)
     assert judge.judge(ITEMS) == [CORRECT, WRONG]
     prompt = llm.calls[0][0][1][1]["content"]
@@ -227,7 +241,9 @@ def test_report_files_carry_every_breakdown(tmp_path):
     summary = score_records(records)
     assert summary["overall"]["accuracy"] == 0.5 and summary["overall"]["missing"] == 0.5
     assert set(summary) >= {"by_domain", "by_question_type", "by_static_or_dynamic", "by_popularity"}
-    assert summary["latency_s"]["per_query"]["p50"] == 2.0 and summary["latency_s"]["per_stage"]["reasoning"]["max"] == 1.0
+    assert (
+        summary["latency_s"]["per_query"]["p50"] == 2.0 and summary["latency_s"]["per_stage"]["reasoning"]["max"] == 1.0
+    )
     written = write_report(summary, records, tmp_path, "test run")
     names = {p.name for p in written}
     assert {"report.json", "report.md", "chart_overall.png", "chart_by_domain.png", "chart_by_popularity.png"} <= names

@@ -9,8 +9,8 @@ from models.config import REPO_ROOT, ConfigError, load_config
 from models.stages import kg_rows as rows_
 from models.stages.kg import games_date, query_date, read_calls, read_entities
 from models.stages.kg_rows import value as compact
-from tests.conftest import to_batch, write
 from models.system import CragSystem
+from tests.conftest import to_batch, write
 from tests.fakes import HashEmbedder, RecordingKG, ScriptedLLM, by_prompt, prompt_name
 from utils.kg_api import ENDPOINTS
 from utils.llm_json import parse_llm_json

@@ -9,8 +9,16 @@ from collections import Counter
 
 import pytest
 
-from benchmarks.kg_reach import (CALL_NAMES, DOMAINS, ENTITY_NAMES, QUESTIONS, QuestionError, check_questions,
-                                 load_questions, named_values)
+from benchmarks.kg_reach import (
+    CALL_NAMES,
+    DOMAINS,
+    ENTITY_NAMES,
+    QUESTIONS,
+    QuestionError,
+    check_questions,
+    load_questions,
+    named_values,
+)
 from utils.kg_api import ENDPOINTS
 
 CRAG_FIELDS = ("interaction_id", "query", "query_time", "domain", "question_type", "static_or_dynamic", "answer",

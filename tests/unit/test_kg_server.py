@@ -184,7 +184,10 @@ def test_request_bodies_are_their_models(kg):
     assert kg.post("/open/get_entity", content=b"not json").status_code == 422
     assert kg.post("/open/get_entity", json={"entity": "Paris"}).status_code == 422  # theirs reads "query"
     assert kg.post("/music/get_billboard_rank_date", json={"rank": "one"}).status_code == 422
-    assert post(kg, "/open/get_entity", {"query": "Paris", "extra": 1})["summary_structured"]["subdivision_name"] == "France"
+    assert (
+        post(kg, "/open/get_entity", {"query": "Paris", "extra": 1})["summary_structured"]["subdivision_name"]
+        == "France"
+    )
 
 
 def test_faults_stay_available():

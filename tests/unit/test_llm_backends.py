@@ -7,11 +7,11 @@ import threading
 
 import pytest
 
-from utils.deadline import Deadline
 from models.config import OpenAIConfig
 from models.llm.base import LENGTH, BackendUnavailable, GenParams, cut_at_stop, cut_short
 from models.llm.openai import OpenAIBackend
 from tests.openai_fake import ChatServer
+from utils.deadline import Deadline
 
 
 def test_cut_at_stop():

@@ -43,16 +43,31 @@ def test_config_override_points_at_variant(tmp_path):
 
 
 def test_shipped_reasoning_prompt_renders_every_section():
-    messages = PromptLibrary().get("reasoning").render(
-        query="who?", query_time="03/01/2024",
-        references=[{"text": "Nolan directed it.", "page_name": "Inception", "page_last_modified": "2024",
-                     "retrieval_marker": ""}],
-        tables=[{"text": "Page name: T\n| a | b |", "retrieval_marker": ""}], kg_references=["movie: Inception, director: Nolan"],
-        calculations=["2024 - 2010 = 14"], other_answer="christopher nolan")
+    messages = (
+        PromptLibrary()
+        .get("reasoning")
+        .render(
+            query="who?",
+            query_time="03/01/2024",
+            references=[
+                {
+                    "text": "Nolan directed it.",
+                    "page_name": "Inception",
+                    "page_last_modified": "2024",
+                    "retrieval_marker": "",
+                }
+            ],
+            tables=[{"text": "Page name: T\n| a | b |", "retrieval_marker": ""}],
+            kg_references=["movie: Inception, director: Nolan"],
+            calculations=["2024 - 2010 = 14"],
+            other_answer="christopher nolan",
+        )
+    )
     user = messages[1]["content"]
     assert "[1] Inception (updated 2024)" in user and "Nolan directed it." in user and "who?" in user
     for section in ("### Tables", "| a | b |", "### Knowledge graph", "director: Nolan", "### Calculation results",
-                    "2024 - 2010 = 14", "### Answer from another agent", "christopher nolan", "Current time: 03/01/2024"):
+                    "2024 - 2010 = 14", "### Answer from another agent", "christopher nolan",
+                    "Current time: 03/01/2024"):
         assert section in user
     assert "## False Premise:" in messages[0]["content"]
 

@@ -7,8 +7,16 @@ import pytest
 import torch
 
 from models.config import ConfigError, load_config
-from models.retrieval.r2former import (R2Former, R2FormerConfig, R2FormerError, R2FormerHead, load_checkpoint,
-                                       pad_lists, retrieval_features, save_checkpoint)
+from models.retrieval.r2former import (
+    R2Former,
+    R2FormerConfig,
+    R2FormerError,
+    R2FormerHead,
+    load_checkpoint,
+    pad_lists,
+    retrieval_features,
+    save_checkpoint,
+)
 from models.stages.r2ag import relevance_order
 from models.stages.reasoning import fit_references, place_embeddings
 from models.state import QueryState, Reference

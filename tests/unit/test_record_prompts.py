@@ -13,9 +13,9 @@ from models.prompting import PromptLibrary
 from models.stages.base import Batch
 from models.stages.knowledge import KnowledgeStage
 from tests.conftest import SAMPLE, to_batch
-from utils.trees import differences
 from tests.fakes import SEED_REPLY, RecordingKG, ScriptedLLM, by_prompt, prompt_name
 from utils.deadline import Deadline
+from utils.trees import differences
 
 # Each test query carries "qid-<i>", and every prompt made for it (its sub-questions included) shows the mark, so
 # the test tells whose conversation the fake LLM was sent without asking the code under test.

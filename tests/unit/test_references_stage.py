@@ -122,7 +122,7 @@ def test_missing_or_odd_metadata_is_tolerated(cpu_config, field):
     broken = page(CALENDAR)
     broken[field] = None if field != "page_url" else 12
     (s,) = run([state("days in february", broken)], cpu_config)
-    assert s.references and all(isinstance(getattr(r, "page_name"), str) for r in s.references)
+    assert s.references and all(isinstance(r.page_name, str) for r in s.references)
 
 
 def test_reranker_without_a_local_folder_is_refused(tmp_path):
@@ -143,8 +143,10 @@ def test_a_huge_page_is_shortlisted_by_bm25_before_embedding(cpu_config):
     answer = "<p>The lighthouse keeper of the harbour was Margaret Ellison from 1931.</p>"
     cpu_config.references.max_candidates = 40
     cpu_config.references.chunk_chars = 120
-    (s,) = run([state("who was the lighthouse keeper of the harbour", page(filler[:150_000] + answer + filler[150_000:]))],
-               cpu_config)
+    (s,) = run(
+        [state("who was the lighthouse keeper of the harbour", page(filler[:150_000] + answer + filler[150_000:]))],
+        cpu_config,
+    )
     assert len(s.candidates) <= 40 and len(s.candidate_vectors) == len(s.candidates)
     assert "Margaret Ellison" in s.references[0].text
 

@@ -11,7 +11,7 @@ from tests.fakes import SEED_REPLY, ScriptedLLM, prompt_name
 from utils.answers import IDK
 
 
-# The README's example ("Extending"): a stage added by this module, named in a strategy by the config alone.
+# The docs' example (docs/how-to/add-a-stage.md): a stage added by this module, named in a strategy by the config alone.
 @STAGES.register("support_check")
 class SupportCheck(Stage):
     """Answers the references do not support become "i don't know": a wrong answer costs a point."""

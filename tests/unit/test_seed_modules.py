@@ -91,13 +91,16 @@ def test_knowledge_answer_reaches_reasoning_as_another_agents(make_system, sampl
     llm = ScriptedLLM(by_prompt(knowledge=block("Christopher Nolan (from memory)")))
     make_system(llm).batch_generate_answer(to_batch(sample_examples[:1]))
     (reasoning,) = prompts_sent(llm, "reasoning")
-    assert "### Answer from another agent (without references)\nChristopher Nolan (from memory)" in reasoning[1]["content"]
+    assert (
+        "### Answer from another agent (without references)\nChristopher Nolan (from memory)" in reasoning[1]["content"]
+    )
     assert "### References" not in prompts_sent(llm, "knowledge")[0][1]["content"]  # knowledge sees no pages
 
 
 def test_knowledge_false_premise_and_unparsable_output(make_system, sample_examples, cpu_config):
     cpu_config.knowledge.enabled = True
-    llm = ScriptedLLM(by_prompt(knowledge=lambda c: block("x", "yes") if "inception" in c[1]["content"] else "rambling"))
+    llm = ScriptedLLM(by_prompt(knowledge=lambda c: block("x", "yes") if "inception" in c[1]["content"]
+                                else "rambling"))
     make_system(llm).batch_generate_answer(to_batch(sample_examples[:2]))
     first, second = prompts_sent(llm, "reasoning")
     assert "another agent (without references)\ninvalid question" in first[1]["content"]
@@ -119,7 +122,8 @@ def test_calculator_results_reach_the_reasoning_prompt(make_system, sample_examp
     assert "- 60922 / 26974 = 2.258545266  (growth)" in user
     assert "__import__" not in user and "9**9**9" not in user
     assert user.count("(growth in percent)") == 1  # three identical samples, one result
-    (calculator_call,) = [params for conversations, params in llm.calls if prompt_name(conversations[0]) == "calculator"]
+    (calculator_call,) = [params for conversations, params in llm.calls
+                          if prompt_name(conversations[0]) == "calculator"]
     assert calculator_call.n == 3
 
 
@@ -136,7 +140,8 @@ def test_expressions_are_read_from_code_blocks_or_lines():
 def test_votes_and_ties():
     assert vote(["static", "static", "real-time"], DYNAMISM, prefer_last=True) == "static"
     assert vote(["static", "fast-changing"], DYNAMISM, prefer_last=True) == "fast-changing"  # tie: the dynamic one
-    assert vote(["slow-changing", "static", "real-time", "real-time", "static"], DYNAMISM, prefer_last=True) == "real-time"
+    votes = ["slow-changing", "static", "real-time", "real-time", "static"]
+    assert vote(votes, DYNAMISM, prefer_last=True) == "real-time"
     assert vote(["music", "finance"], DOMAINS, prefer_last=False) == "finance"  # tie: first in the label order
     assert vote(["nonsense"], DYNAMISM, prefer_last=True) is None
 
@@ -172,7 +177,8 @@ def test_icl_votes_and_dynamic_queries_answer_idk_without_llm_stages(make_system
     inception, other = (trace["signals"] for trace in system.last_batch_trace)
     assert (inception["attributes.domain_share"], inception["attributes.dynamism_share"]) == (1.0, 0.5)
     assert (other["attributes.domain_share"], other["attributes.dynamism_share"]) == (1.0, 1.0)
-    assert all("inception" not in conv[1]["content"] for conv in prompts_sent(llm, "reasoning") + prompts_sent(llm, "knowledge"))
+    sent = prompts_sent(llm, "reasoning") + prompts_sent(llm, "knowledge")
+    assert all("inception" not in conv[1]["content"] for conv in sent)
     (attribute_params,) = [p for convs, p in llm.calls if prompt_name(convs[0]) == "attributes"]
     assert attribute_params.n == 4
     demos = prompts_sent(llm, "attributes")[0][1]["content"].count("dynamism:")

@@ -43,7 +43,10 @@ def test_the_answer_line_s_log_probabilities_and_the_retrieval_signals(make_syst
     assert signals["references.best"] == pytest.approx(scores[0], abs=1e-4)
     assert signals["references.top3_mean"] == pytest.approx(sum(scores[:3]) / 3, abs=1e-4)
     assert (signals["kg.calls"], signals["kg.answered"], signals["kg.lines"]) == (0, 0, 0)
-    assert signals["answer.grader_tokens"] == grader_token_count("christopher nolan") > 0 and signals["answer.route"] == "single"
+    assert (
+        signals["answer.grader_tokens"] == grader_token_count("christopher nolan") > 0
+        and signals["answer.route"] == "single"
+    )
     assert not signals["answer.number"] and not signals["answer.yes_no"] and not signals["answer.invalid"]
     assert signals["knowledge.agrees"] is None  # the knowledge stage is off in this config
 

@@ -10,7 +10,11 @@ from tests.fakes import RecordingKG, ScriptedLLM, by_prompt, prompt_name
 
 
 def test_answers_every_query_in_order(make_system, sample_examples):
-    llm = ScriptedLLM(lambda conv: f"thinking...\n===START===\n## Answer: {conv[1]['content'].split('Question: ')[1].splitlines()[0]} ===END===")
+    def reply(conv: list[dict]) -> str:
+        question = conv[1]["content"].split("Question: ")[1].splitlines()[0]
+        return f"thinking...\n===START===\n## Answer: {question} ===END==="
+
+    llm = ScriptedLLM(reply)
     system = make_system(llm)
     batch = to_batch(sample_examples[:4])
     answers = system.batch_generate_answer(batch)

@@ -66,7 +66,9 @@ def test_grid_makes_every_combination(make_system, cpu_config, tmp_path, monkeyp
                     '  "5. The answer is as short as possible": "5. One phrase"\n')
     llm = ScriptedLLM(by_prompt(reasoning=lambda c: "## Answer: christopher nolan" if "VARIANT-B" in c[0]["content"]
                                 else "## Answer: paris"))
-    assert main(["--grid", str(grid), "--data", str(SAMPLE), "--out", str(tmp_path / "out")], system=make_system(llm)) == 0
+    assert (
+        main(["--grid", str(grid), "--data", str(SAMPLE), "--out", str(tmp_path / "out")], system=make_system(llm)) == 0
+    )
     variants = sorted((tmp_path / "out" / "variants").glob("*.yaml"))
     assert len(variants) == 3 * 2  # (base, 2 alternatives) x (base, 1 alternative)
     rows = json.loads((tmp_path / "out" / "tuning.json").read_text())["variants"]

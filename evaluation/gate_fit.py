@@ -3,7 +3,7 @@ standardised signals with missing-value columns, its regularisation chosen by cr
 and the threshold that maximises the CRAG score of the out-of-fold probabilities.
 
 An answer pays only when it is more likely right than wrong (+1, 0, -1), so the threshold is chosen by the score
-itself, not by accuracy or log-loss.
+itself, not by accuracy or log-loss (docs/decisions/answer-gate-threshold.md).
 """
 
 from __future__ import annotations
@@ -19,13 +19,14 @@ from sklearn.model_selection import StratifiedGroupKFold, cross_val_predict, cro
 from evaluation.compare import paired_difference
 from evaluation.judge import CORRECT, MISS, WRONG, Item, judge_by_rules, ungated
 from models.gate import Gate, columns_for, raw_row
+from utils.errors import HarnessError
 
 MIN_LABELS = 20  # under this, a threshold chosen by cross-validation is noise
 MAX_FOLDS = 5
 C_GRID = tuple(float(c) for c in np.logspace(-3, 2, 11))
 
 
-class TooFewLabels(ValueError):
+class TooFewLabels(HarnessError, ValueError):
     """The records cannot fit a gate (too few labels, one class); the message says what there is."""
 
 
@@ -150,6 +151,8 @@ def fit_gate(labelled: Labelled, seed: int = 0) -> Gate:
         "counts": dict(labelled.counts),
     }
     weights = [float(w) for w in model.coef_[0]]
-    figures["weights"] = {f"{c.signal}{'=' + c.value if c.value else ''}{' (missing)' if c.kind == 'missing' else ''}": w
-                          for c, w in zip(columns, weights)}
+    figures["weights"] = {
+        f"{c.signal}{'=' + c.value if c.value else ''}{' (missing)' if c.kind == 'missing' else ''}": w
+        for c, w in zip(columns, weights)
+    }
     return Gate(columns, mean, scale, weights, float(model.intercept_[0]), threshold, figures=figures)

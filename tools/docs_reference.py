@@ -1,0 +1,102 @@
+"""The docs site's generated reference pages (an MkDocs hook, mkdocs.yml `hooks`): every config key the loader
+accepts, from the config dataclasses, and every command's `--help`, run as a user runs it. Generated at each build,
+so the reference cannot drift from the code."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import os
+import re
+import sys
+from pathlib import Path
+
+from models.config import REPO_ROOT, config_keys
+
+HELP_COLUMNS = "100"  # argparse wraps --help at $COLUMNS; fixed, so the page does not depend on the terminal
+# argparse's usage of subcommands, `{run,rejudge,...} ...`; not an option's choices, `--method {a,b} [{a,b} ...]`
+SUBCOMMANDS = re.compile(r"(?<![\[\w-])\{([\w,-]+)\} \.\.\.(?!\])")
+MAIN = re.compile(r"^if __name__ == .__main__.:", re.MULTILINE)  # a script, not a module of helpers
+
+
+def programs() -> list[list[str]]:
+    """The argv (after `python`) of every command a user runs: local_evaluation.py, each script in tools/ and each
+    benchmark module."""
+    def scripts(folder: str) -> list[Path]:
+        return [p for p in sorted((REPO_ROOT / folder).glob("*.py")) if MAIN.search(p.read_text(encoding="utf-8"))]
+
+    return [["local_evaluation.py"], *([f"tools/{p.name}"] for p in scripts("tools")),
+            *(["-m", f"benchmarks.{p.stem}"] for p in scripts("benchmarks"))]
+
+
+def help_text(argv: list[str]) -> str:
+    """`python ARGV --help` as a user sees it: the program's main() called in this process (its imports are paid
+    once for every page and test), with argparse's program name and width as from a terminal in the repository."""
+    module = argv[1] if argv[0] == "-m" else Path(argv[0]).with_suffix("").as_posix().replace("/", ".")
+    main = importlib.import_module(module).main
+    path = REPO_ROOT / (f"{module.replace('.', '/')}.py")
+    printed = io.StringIO()
+    saved = sys.argv[0], os.environ.get("COLUMNS")
+    sys.argv[0], os.environ["COLUMNS"] = str(path), HELP_COLUMNS
+    try:
+        with contextlib.redirect_stdout(printed):
+            main([*argv[2 if argv[0] == "-m" else 1:], "--help"])
+    except SystemExit as done:
+        if done.code not in (0, None):
+            raise RuntimeError(f"python {' '.join(argv)} --help exited {done.code}") from None
+    finally:
+        sys.argv[0] = saved[0]
+        if saved[1] is None:
+            os.environ.pop("COLUMNS")
+        else:
+            os.environ["COLUMNS"] = saved[1]
+    return printed.getvalue()
+
+
+def help_tree(argv: list[str]) -> list[tuple[list[str], str]]:
+    """`argv`'s --help, then each of its subcommands' (argparse's `{a,b} ...` in the usage), depth first."""
+    text = help_text(argv)
+    found = SUBCOMMANDS.search(text.split("\n\n", 1)[0])
+    tree = [(argv, text)]
+    for choice in found.group(1).split(",") if found else ():
+        tree += help_tree([*argv, choice])
+    return tree
+
+
+def commands_page() -> str:
+    trees = [help_tree(argv) for argv in programs()]
+    parts = ["# Commands\n", "Every command's `--help`, generated from the code at each docs build (`make docs`). "
+             "Run them from the repository root with `.venv/bin/python` (after `make setup`), or as `python` with "
+             "`.venv` activated.\n"]
+    for tree in trees:
+        for argv, text in tree:
+            parts.append(f"## `python {' '.join(argv)}`\n\n```text\n{text.rstrip()}\n```\n")
+    return "\n".join(parts)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def config_page() -> str:
+    def code(text: str) -> str:
+        return f"`{_cell(text)}`" if text else ""
+
+    rows = [f"| `{key.key}` | {code(key.type)} | {code(key.default)} | {_cell(key.allowed)} | {_cell(key.doc)} |"
+            for key in config_keys()]
+    return "\n".join([
+        "# Configuration keys\n",
+        "Every key a config file, an `--overlay` or `--set KEY=VALUE` accepts, with its type, its default (the "
+        "dataclasses in `models/config.py` are the base every config file changes) and what it does. Generated "
+        "from the code at each docs build. A key that is not here is an error.\n",
+        "| key | type | default | allowed | what it does |", "|---|---|---|---|---|", *rows, ""])
+
+
+def on_files(files, config):  # noqa: ANN001, ANN201 - MkDocs' hook signature (mkdocs.plugins.BasePlugin.on_files)
+    """Add the generated pages to the site (MkDocs 1.6 `File.generated`)."""
+    from mkdocs.structure.files import File
+
+    files.append(File.generated(config, "reference/config.md", content=config_page()))
+    files.append(File.generated(config, "reference/commands.md", content=commands_page()))
+    return files

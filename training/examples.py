@@ -1,0 +1,47 @@
+"""Training inputs from CRAG examples: each question's state after the references stage (what R2AG, the hash
+layer and the quantizer's calibration texts learn from), and the answer block the reasoning prompt asks for."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+from tqdm import tqdm
+
+from models.config import SystemConfig, resolve_path
+from models.retrieval.embedder import Embedder
+from models.retrieval.hash_index import load_model
+from models.stages.base import run_alone
+from models.stages.reasoning import END, START
+from models.stages.references import ReferencesStage
+from models.state import QueryState
+from utils.answers import is_invalid
+from utils.pages import PageProcessor, PageSettings
+
+
+def answer_block(answer: str) -> str:
+    """The reasoning prompt's output format around a gold answer: the LM loss's target."""
+    premise = "yes" if is_invalid(answer) else "no"
+    return f"{START}\n## Answer: {answer}\n## False Premise: {premise}\n{END}"
+
+
+def reference_states(examples: list[dict], config: SystemConfig, embedder: Embedder
+                     ) -> Iterator[tuple[QueryState, dict]]:
+    """(state after the references stage of `config`, its example) for each CRAG example, batch by batch.
+    There is no LLM here: a hash retriever splits chunks into sentences even with `hash.units: llm`."""
+    refs = config.references
+    config = dataclasses.replace(config, references=dataclasses.replace(
+        refs, hash=dataclasses.replace(refs.hash, units="sentence")))
+    pages = PageProcessor(PageSettings.from_config(config.references), config.references.workers, None)
+    hashing = config.references.retriever == "hash"
+    hash_model = load_model(resolve_path(config.references.hash.model), embedder.name) if hashing else None
+    resources = {"embedder": embedder, "pages": pages, "hash_model": hash_model, "reranker": None, "llm": None}
+    try:
+        for start in tqdm(range(0, len(examples), config.batch_size), desc="references", unit="batch"):
+            chunk = examples[start:start + config.batch_size]
+            states = [QueryState(i, e["interaction_id"], e["query"], e["query_time"],
+                                 [p for p in e["search_results"] if isinstance(p, dict)]) for i, e in enumerate(chunk)]
+            run_alone(ReferencesStage(), states, config, resources, seconds=10 ** 9)
+            yield from zip(states, chunk)
+    finally:
+        pages.close()
