@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models.config import MAX_BATCH_SIZE, REPO_ROOT
+from models.config import MAX_BATCH_SIZE, REPO_ROOT, ConfigError
 from utils.cli import CommandParser, command, interrupted
 
 CHALLENGES = {  # the id of each task's challenge; aicrowd.json names one
@@ -579,8 +579,7 @@ def main(argv: list[str] | None = None) -> int:
         return probe(args)
     problem = argument_problem(args)
     if problem:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
+        raise ConfigError(problem)
     try:
         return check(args)
     except KeyboardInterrupt:

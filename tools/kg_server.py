@@ -72,6 +72,7 @@ from rank_bm25 import BM25Okapi
 
 from models.config import REPO_ROOT
 from utils.cli import CommandParser, command
+from utils.errors import ConfigError
 from utils.kg_api import ENDPOINTS
 from utils.processes import die_with_parent
 
@@ -541,29 +542,24 @@ def main(argv: list[str] | None = None) -> int:
                         "its own pid, so a killed evaluation leaves no server behind)")
     args = parser.parse_args(argv)
     if not 0 <= args.port <= 65535 or not 0 <= args.slow_s < float("inf"):
-        print(f"error: --port {args.port}, --slow-s {args.slow_s}: the port must be in 0..65535 (0: a free one) and "
-              "--slow-s 0 or more seconds", file=sys.stderr)
-        return 2
+        raise ConfigError(f"--port {args.port}, --slow-s {args.slow_s}: the port must be in 0..65535 (0: a free one) "
+                          "and --slow-s 0 or more seconds")
     if args.parent_pid is not None and args.parent_pid != os.getppid():
-        print(f"error: --parent-pid {args.parent_pid}: not this server's parent process (give the pid of the process "
-              "that starts it, or leave it out)", file=sys.stderr)
-        return 2
+        raise ConfigError(f"--parent-pid {args.parent_pid}: not this server's parent process (give the pid of the "
+                          "process that starts it, or leave it out)")
     if not args.data.is_dir():
-        print(f"error: {args.data}: no such fixture folder (give --data a folder of open/movie/finance/music/"
-              "sports .json files)", file=sys.stderr)
-        return 2
+        raise ConfigError(f"{args.data}: no such fixture folder (give --data a folder of open/movie/finance/music/"
+                          "sports .json files)")
     try:
         app = create_app(args.data, args.faults, args.slow_s)
     except (OSError, ValueError, KeyError, TypeError, sqlite3.Error) as err:
-        print(f"error: {args.data}: unreadable fixture ({err})", file=sys.stderr)
-        return 2
+        raise ConfigError(f"{args.data}: unreadable fixture ({err})") from None
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((args.host, args.port))
     except OSError as err:
-        print(f"error: cannot listen on {args.host}:{args.port} ({err}); choose another --port", file=sys.stderr)
-        return 2
+        raise ConfigError(f"cannot listen on {args.host}:{args.port} ({err}); choose another --port") from None
     if args.parent_pid is not None:
         # a watcher thread, not the kernel's parent-death signal: that one follows the thread that started this
         # process, and the caller may start it from any thread

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from utils.cli import CommandParser, check_out_file, command
-from utils.errors import HarnessError
+from utils.errors import ConfigError, HarnessError
 
 FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -65,12 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--height", type=int, default=1000)
     args = parser.parse_args(argv)
     if not args.page.is_file():
-        print(f"error: {args.page} is not a file; give a run folder's report.html", file=sys.stderr)
-        return 2
+        raise ConfigError(f"{args.page} is not a file; give a run folder's report.html")
     if args.width < 1 or args.height < 1 or (args.open is not None and args.open < 1):
-        print(f"error: --width {args.width}, --height {args.height}, --open {args.open}: each must be positive (--open "
-              "1 is the table's first row)", file=sys.stderr)
-        return 2
+        raise ConfigError(f"--width {args.width}, --height {args.height}, --open {args.open}: each must be positive "
+                          "(--open 1 is the table's first row)")
     check_out_file(args.png, "png")
     with headless_chromium(args.width, args.height) as driver:
         from selenium.webdriver.common.by import By  # importable once the driver started
@@ -79,8 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.open is not None:
             rows = driver.find_elements(By.CSS_SELECTOR, "#question-table tbody tr")
             if not 1 <= args.open <= len(rows):
-                print(f"error: --open {args.open}: the table has rows 1..{len(rows)}", file=sys.stderr)
-                return 2
+                raise ConfigError(f"--open {args.open}: the table has rows 1..{len(rows)}")
             rows[args.open - 1].click()
         args.png.parent.mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(args.png))

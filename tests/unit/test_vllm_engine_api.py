@@ -198,8 +198,8 @@ def serve_command(path: Path) -> list[str]:
 
 
 def test_the_single_gpu_config_s_vllm_serve_flags_exist_in_the_release(api):
-    """configs/gpu1-llama3-8b-w4a16.yaml's `vllm serve` line (also in docs/how-to/gpu-submission.md) uses flags the release's serve
-    parser has: its own, FrontendArgs' and EngineArgs' (a boolean flag also as --no-...)."""
+    """configs/gpu1-llama3-8b-w4a16.yaml's `vllm serve` line (also in docs/how-to/gpu-submission.md) uses flags the
+    release's serve parser has: its own, FrontendArgs' and EngineArgs' (a boolean flag also as --no-...)."""
     from models.config import load_config
 
     path = ROOT / "configs" / "gpu1-llama3-8b-w4a16.yaml"
