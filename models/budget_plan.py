@@ -7,6 +7,7 @@ the GPUs are full (an assumption: measure at the batch size you plan to use). Ge
 `max_tokens` (a stage may stop earlier: the plan is an upper bound). Prompt tokens are estimated at 4
 characters a token from the prompt file and the reference budgets of the config. Page processing and embedding
 are `pages_s` per query, measured on real pages.
+
 The command line is tools/budget_plan.py; tools/check_submission.py prints the same plan.
 """
 

@@ -1,12 +1,5 @@
 """Budget planner: expected seconds per stage and per query for a config, and whether a batch fits the budget.
-
-The model of time, per LLM stage and batch of B queries (vLLM and hf both batch the queries of a stage):
-    seconds = B x prompt tokens / prefill tokens per second + generated tokens x seconds per decode step
-where a decode step advances every sequence of the batch by one token, so its time barely grows with B until
-the GPUs are full (an assumption: measure at the batch size you plan to use). Generated tokens are each stage's
-`max_tokens` (a stage may stop earlier: the plan is an upper bound). Prompt tokens are estimated at 4
-characters a token from the prompt file and the reference budgets of the config. Page processing and embedding
-are `pages_s` per query, measured on real pages.
+The model of time is models/budget_plan.py's (its docstring follows in --help).
 
     python tools/budget_plan.py --config configs/t4x4-llama3-70b-gptq.yaml --prefill-tps 2500 --step-ms 60
 """
@@ -17,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from models import budget_plan
 from models.budget_plan import Speed, format_plan, plan
 from models.config import MAX_BATCH_SIZE, ConfigError, load_config
 from utils.cli import CommandParser, command
@@ -24,7 +18,9 @@ from utils.cli import CommandParser, command
 
 @command
 def main(argv: list[str] | None = None) -> int:
-    parser = CommandParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    model_of_time = budget_plan.__doc__.split("\n", 1)[1]
+    parser = CommandParser(description=f"{__doc__}\n{model_of_time}",
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=None)
     parser.add_argument("--batch", type=int, default=None, help="default: the config's batch_size")
     parser.add_argument("--prefill-tps", type=float, required=True, help="prompt tokens per second (measured)")
