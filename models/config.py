@@ -126,10 +126,11 @@ class VLLMConfig:
     """The engine's random seed."""
     kv_cache_dtype: str = "auto"
     """The KV cache's element type; auto: the model's dtype. Keep auto on T4s (compute capability 7.5): the pinned
-    vLLM has no usable fp8 KV cache there (docs/decisions/vllm-pin.md)."""
+    vLLM has no usable fp8 KV cache there (docs/decisions/kv-cache-dtype.md)."""
     enable_prompt_embeds: bool = False
     """Send prompts as input embeddings (vLLM EmbedsPrompt), as R2AG prompt mode needs. It costs host memory (vocab x
-    hidden x 2 bytes) and runs embeddings outside the CUDA graphs: only with r2ag.enabled and r2ag.mode prompt."""
+    hidden x 2 bytes) and runs embeddings outside the CUDA graphs: only with r2ag.enabled and r2ag.mode prompt
+    (docs/decisions/r2ag-vllm-prompt-embeds.md)."""
 
 
 @dataclass
