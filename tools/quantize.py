@@ -57,7 +57,7 @@ from training.quantization import (  # noqa: E402 - after the sys.path line
     score,
     tokenize,
 )
-from utils.cli import CommandParser, command, interrupted  # noqa: E402 - after the sys.path line
+from utils.cli import CommandParser, check_out_file, command, interrupted  # noqa: E402 - after the sys.path line
 
 DEFAULT_DATA = REPO / "data" / "crag_sample.jsonl"
 WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
@@ -434,20 +434,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_texts(args: argparse.Namespace) -> int:
-    from evaluation.data import DataError
-    from models.config import ConfigError
-    from models.llm.base import BackendUnavailable
-    from models.prompting import PromptError
-    from utils.cli import check_out_file
-
-    try:
-        check_out_file(args.out)
-        if args.limit is not None and args.limit < 1:
-            raise QuantizeError(f"--limit {args.limit}: give a positive number of questions")
-        rows = render_texts(args.data or [DEFAULT_DATA], args.model, args.config, args.held_out, args.seed,
-                            args.limit)
-    except (ConfigError, DataError, BackendUnavailable, PromptError) as err:
-        raise QuantizeError(str(err)) from err
+    check_out_file(args.out)
+    if args.limit is not None and args.limit < 1:
+        raise QuantizeError(f"--limit {args.limit}: give a positive number of questions")
+    rows = render_texts(args.data or [DEFAULT_DATA], args.model, args.config, args.held_out, args.seed, args.limit)
     write_rows(rows, args.out)
     held = sum(row["split"] == HELD_OUT for row in rows)
     print(f"wrote {args.out}: {len(rows) - held} calibration and {held} held-out texts")
