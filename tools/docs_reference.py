@@ -1,6 +1,6 @@
 """The docs site's generated reference pages (an MkDocs hook, mkdocs.yml `hooks`): every config key the loader
-accepts, from the config dataclasses, and every command's `--help`, run as a user runs it. Generated at each build,
-so the reference cannot drift from the code."""
+accepts, from the config dataclasses, and every command's `--help` as a user sees it. Generated at each build, so
+the reference cannot drift from the code."""
 
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ def help_text(argv: list[str]) -> str:
     try:
         with contextlib.redirect_stdout(printed):
             main([*argv[2 if argv[0] == "-m" else 1:], "--help"])
+        raise RuntimeError(f"python {' '.join(argv)} --help returned instead of printing its help and exiting")
     except SystemExit as done:
         if done.code not in (0, None):
             raise RuntimeError(f"python {' '.join(argv)} --help exited {done.code}") from None
