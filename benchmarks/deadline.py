@@ -31,6 +31,7 @@ from dataclasses import replace
 from typing import Any
 
 from models.config import REPO_ROOT
+from utils.cli import command
 
 SAMPLE = REPO_ROOT / "data" / "crag_sample.jsonl"
 SHARED_SAMPLE = REPO_ROOT.parent / "shared" / "crag_sample"
@@ -133,6 +134,7 @@ def prefill_admission(llm: Any, seconds: float = 3.0) -> list[str]:
     return lines
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--per-query-s", type=float, default=10.0, help="the limit per query (grader: 30)")

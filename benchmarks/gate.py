@@ -32,6 +32,7 @@ from pathlib import Path
 from evaluation import commands
 from evaluation.commands import Answering, ConfigChoice, JudgeChoice, RunFolder
 from models.config import REPO_ROOT
+from utils.cli import command
 
 SETS = {"gate-dev": REPO_ROOT / "data" / "gate_dev.jsonl",
         "gate-kg": REPO_ROOT / "benchmarks" / "kg_reach" / "questions.jsonl"}
@@ -72,6 +73,7 @@ def summary_line(figures: dict, questions: int) -> str:
             f"{'met' if met else 'not met'}")
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=None, help="also write the gate file here")

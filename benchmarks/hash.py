@@ -53,6 +53,7 @@ from models.retrieval.hash_index import HashIndex, HashModel, SearchSettings
 from models.stages.references import proposition_units
 from models.state import Reference
 from training.hash_training import ADSHSettings, initial_layer, neighbour_similarity, positive_recall, train_adsh
+from utils.cli import command
 from utils.pages import PageProcessor, PageSettings, process_html
 
 SHARED = REPO_ROOT.parent / "shared" / "crag_sample" / "crag_public_sample_5.jsonl.bz2"
@@ -220,6 +221,7 @@ def pipeline_recall(real: np.ndarray, bits: int, seed: int) -> None:
               f"hash {bits} bits {counts['hash']}")
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from models.config import REPO_ROOT
+from utils.cli import command
 
 SAMPLE = REPO_ROOT / "data" / "crag_sample.jsonl"
 EIGHT_B = dict(num_hidden_layers=32, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
@@ -172,6 +173,7 @@ def run_case(backend, name: str, convs, deadline_s: float | None, max_tokens: in
     return row
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokenizer", type=Path, default=None,

@@ -31,6 +31,7 @@ from evaluation.recall import recall
 from models.config import REPO_ROOT, load_config
 from models.retrieval.embedder import Embedder
 from utils.chunking import seed_chunks, split_sentences
+from utils.cli import command
 from utils.pages import PageProcessor, PageSettings, ProcessedPage, process_html
 
 SHARED = REPO_ROOT.parent / "shared" / "crag_sample" / "crag_public_sample_5.jsonl.bz2"
@@ -85,6 +86,7 @@ def per_page_ms(run, pages: list[tuple[str, str]]) -> float:
     return (time.perf_counter() - started) * 1000 / len(pages)
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", type=int, default=0, help="pool size (default: one per CPU)")

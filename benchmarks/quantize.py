@@ -28,7 +28,10 @@ import sys
 import time
 from pathlib import Path
 
-from models.config import REPO_ROOT
+from utils.cli import command  # standard library only
+
+# .venv-quantize runs this and does not install the project: nothing from models/ (its imports need .venv).
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 TOOL = REPO_ROOT / "tools" / "quantize.py"
 SAMPLE = REPO_ROOT / "data" / "crag_sample.jsonl"
@@ -77,6 +80,7 @@ def held_out_scores(fp16: Path, folders: dict[str, Path], texts: Path, threads: 
     return result, len(held_out), result["reference"]["tokens"], sum(map(len, calibration))
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--held-out", type=int, default=6, help="questions scored, kept out of calibration")

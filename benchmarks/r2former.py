@@ -29,6 +29,7 @@ from models.llm.base import GenParams
 from models.llm.hf import HFBackend
 from models.retrieval.r2former import Checkpoint, R2Former, R2FormerConfig, R2FormerHead, retrieval_features
 from training.r2former_training import TrainSettings, synthetic_lists, train
+from utils.cli import command
 
 
 def training_rate(device: str, lists: list, batch_size: int, repeats: int) -> float:
@@ -102,6 +103,7 @@ def injection_overhead(config: HFConfig, refs: int, batch: int, tokens: int, rep
     return timings["ids"], timings["embeds"]
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lists", type=int, default=2048, help="synthetic training lists")

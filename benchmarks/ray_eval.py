@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from models.config import REPO_ROOT
+from utils.cli import command
 
 SAMPLE = REPO_ROOT / "data" / "crag_sample.jsonl"
 SETTINGS = ("task=1", "references.cache=false")
@@ -50,6 +51,7 @@ def timed_run(out: Path, limit: int, ray: str | None = None, actors: int | None 
     return time.perf_counter() - started
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit", type=int, default=8, help="sample questions per run (the sample has 13)")

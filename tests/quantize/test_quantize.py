@@ -247,3 +247,10 @@ def current_umask() -> int:
     umask = os.umask(0)
     os.umask(umask)
     return umask
+
+
+def test_the_quantize_benchmark_loads_in_the_venv_that_runs_it():
+    """`make bench` runs benchmarks/quantize.py in this venv, which lacks the runtime's packages (rapidfuzz, ...)."""
+    done = subprocess.run([sys.executable, "-c", "import benchmarks.quantize"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
