@@ -16,6 +16,7 @@ from pathlib import Path
 
 from evaluation import commands
 from evaluation.commands import Answering, Filters, JudgeChoice, RunFolder
+from evaluation.data import parse_shard
 from utils.cli import CommandParser, command, interrupted
 
 COMMANDS = ("run", "rejudge", "merge", "calibrate", "compare", "gate")
@@ -109,7 +110,7 @@ def saved_after_interrupt(args: argparse.Namespace, argv: list[str]) -> str:
     if args.command not in ("run", "rejudge", "merge"):
         return "nothing was written"
     predictions = (
-        RunFolder.from_args(args).folder(commands.parse_shard(getattr(args, "shard", "1/1"))) / "predictions.jsonl"
+        RunFolder.from_args(args).folder(parse_shard(getattr(args, "shard", "1/1"))) / "predictions.jsonl"
     )
     if not predictions.exists():
         return "nothing was written"

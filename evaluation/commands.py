@@ -240,14 +240,19 @@ def check_prompts(overrides: dict[str, str], source: str) -> None:
     """A ConfigError for a prompt override (config `prompts`) that names no prompt, or whose file cannot stand in
     for that prompt (its variables differ: a prompt of another stage); its file is loaded, so a broken one fails
     here too. Checked before any model loads: a stage's failure in a batch would only cost answers."""
-    known = sorted(path.stem for path in PROMPT_DIR.glob("*.yaml"))
     library = PromptLibrary(overrides)
     for name in overrides:
-        if name not in known:
-            close = closest(name, known)
-            hint = f"did you mean {close!r}?" if close else f"the names are {', '.join(known)}"
-            raise ConfigError(f"{source}: prompts.{name}: no prompt has that name; {hint}")
+        check_prompt_name(name, f"{source}: prompts.{name}")
         check_variant(name, library.get(name).path, f"{source}: prompts.{name}")
+
+
+def check_prompt_name(name: str, label: str) -> None:
+    """A ConfigError naming `label`, with the closest name, when no prompts/*.yaml is called `name`."""
+    known = sorted(path.stem for path in PROMPT_DIR.glob("*.yaml"))
+    if name not in known:
+        close = closest(name, known)
+        hint = f"did you mean {close!r}?" if close else f"the names are {', '.join(known)}"
+        raise ConfigError(f"{label}: no prompt has that name; {hint}")
 
 
 def check_variant(name: str, path: Path, label: str) -> None:

@@ -50,6 +50,13 @@ def at_least(low: float) -> dict[str, Any]:
     return {"range": (low, None)}
 
 
+def range_text(low: float | None, high: float | None) -> str:
+    """A `range` metadata as text: "at least 0", "at most 1", "0..1"; "" for no bounds."""
+    if low is None:
+        return "" if high is None else f"at most {high}"
+    return f"at least {low}" if high is None else f"{low}..{high}"
+
+
 def between(low: float, high: float) -> dict[str, Any]:
     """Field metadata: the range of values the key accepts (both ends included)."""
     return {"range": (low, high)}
@@ -618,7 +625,7 @@ def _build(cls: type, data: dict[str, Any], source: str, prefix: str, extra: dic
         kwargs[key] = _coerce(hints[key], value, source, where)
         low, high = meta.get("range", (None, None))
         if (low is not None and kwargs[key] < low) or (high is not None and kwargs[key] > high):
-            allowed = f"at least {low}" if high is None else f"in {low}..{high}"
+            allowed = range_text(low, high) if low is None or high is None else f"in {range_text(low, high)}"
             raise ConfigError(f"{source}: '{where}' must be {allowed}, got {kwargs[key]!r}")
     return cls(**kwargs)
 
@@ -737,7 +744,4 @@ def _allowed_text(hint: Any, metadata: typing.Mapping[str, Any]) -> str:
     if origin is list:
         inner = _allowed_text(args[0], {})
         return f"each: {inner}" if inner else ""
-    low, high = metadata.get("range", (None, None))
-    if low is None and high is None:
-        return ""
-    return f"at least {low}" if high is None else f"at most {high}" if low is None else f"{low}..{high}"
+    return range_text(*metadata.get("range", (None, None)))

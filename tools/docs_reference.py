@@ -11,6 +11,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from unittest import mock
 
 from models.config import REPO_ROOT, config_keys
 
@@ -37,21 +38,14 @@ def help_text(argv: list[str]) -> str:
     main = importlib.import_module(module).main
     path = REPO_ROOT / (f"{module.replace('.', '/')}.py")
     printed = io.StringIO()
-    saved = sys.argv[0], os.environ.get("COLUMNS")
-    sys.argv[0], os.environ["COLUMNS"] = str(path), HELP_COLUMNS
     try:
-        with contextlib.redirect_stdout(printed):
+        with (mock.patch.object(sys, "argv", [str(path)]), mock.patch.dict(os.environ, COLUMNS=HELP_COLUMNS),
+              contextlib.redirect_stdout(printed)):
             main([*argv[2 if argv[0] == "-m" else 1:], "--help"])
         raise RuntimeError(f"python {' '.join(argv)} --help returned instead of printing its help and exiting")
     except SystemExit as done:
         if done.code not in (0, None):
             raise RuntimeError(f"python {' '.join(argv)} --help exited {done.code}") from None
-    finally:
-        sys.argv[0] = saved[0]
-        if saved[1] is None:
-            os.environ.pop("COLUMNS")
-        else:
-            os.environ["COLUMNS"] = saved[1]
     return printed.getvalue()
 
 

@@ -44,7 +44,6 @@ from models.system import CragSystem, unpack_batch
 from utils.batch import make_batch
 from utils.cache import JsonCache, cache_root, content_key
 from utils.cli import CommandParser, check_out, command, interrupted
-from utils.names import closest
 
 STAGE_CACHE_VERSION = "stages-1"
 
@@ -249,7 +248,7 @@ def main(argv: list[str] | None = None, system: CragSystem | None = None) -> int
 
 
 def tune(args: argparse.Namespace, system: CragSystem | None) -> int:
-    from evaluation.commands import check_prompts, check_variant
+    from evaluation.commands import check_prompt_name, check_prompts, check_variant
     from evaluation.judge import build_judge, check_judge
 
     if args.limit is not None and args.limit < 1:
@@ -267,11 +266,7 @@ def tune(args: argparse.Namespace, system: CragSystem | None) -> int:
         raise ConfigError(f"--variant {missing[0]}: no such prompt file")
     config = system.config if system is not None else config_from_args(args)
     check_prompts(config.prompts, config.source)
-    known = sorted(path.stem for path in (REPO_ROOT / "prompts").glob("*.yaml"))
-    if args.prompt not in known:
-        close = closest(args.prompt, known)
-        raise ConfigError(f"--prompt {args.prompt!r}: no prompt has that name; "
-                          + (f"did you mean {close!r}?" if close else f"the names are {', '.join(known)}"))
+    check_prompt_name(args.prompt, f"--prompt {args.prompt!r}")
     for variant in args.variant:
         check_variant(args.prompt, variant_path(variant), f"--variant {variant}")
     system = system or CragSystem(config)
