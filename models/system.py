@@ -141,9 +141,12 @@ class CragSystem:
     gate = property(lambda self: self.resources.get("gate"))
 
     def close(self) -> None:
-        """Stop the page workers (they also stop when the process exits)."""
+        """Stop the page workers and an in-process engine (both also stop when the process exits)."""
         if self.pages is not None:
             self.pages.close()
+        close_llm = getattr(self.llm, "close", None)
+        if close_llm is not None:
+            close_llm()
 
     def batch(self, size: int, prompts: PromptLibrary | None = None) -> Batch:
         """What the stages of one batch share: this system's resources and a fresh batch deadline."""

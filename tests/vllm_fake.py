@@ -15,6 +15,11 @@ tests/unit/test_vllm_engine_api.py):
   tokens' text, ids and log-probabilities.
 - `OutputProcessor.abort_requests`: aborting a parent id aborts its unfinished children; nothing is emitted for
   an aborted request (LLMEngine has no output queue).
+- `vllm/v1/engine/detokenizer.py` `check_stop_strings`, called from `OutputProcessor.process_outputs`: a stop
+  string found in the new text finishes the request ("stop", `stop_reason` the string) with the text cut before
+  it.
+- `vllm/v1/engine/core_client.py` `SyncMPClient.shutdown` (as `llm_engine.engine_core`): stops the engine core;
+  a second call does nothing.
 - `vllm/v1/engine/logprobs.py`: with `logprobs=k`, each generated token's entry maps token ids to
   `Logprob(logprob, rank, decoded_token)`: the k most likely tokens and the sampled one (k + 1 entries when the
   sampled token is not among the k).
@@ -61,6 +66,8 @@ class SamplingParams:
         self.max_tokens = kwargs.get("max_tokens", 16)
         self.seed = kwargs.get("seed")
         self.logprobs = kwargs.get("logprobs")
+        stop = kwargs.get("stop")
+        self.stop = [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
         self.output_kind = kwargs.get("output_kind", RequestOutputKind.CUMULATIVE)
         if self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n}.")
@@ -124,6 +131,8 @@ class _Child:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[dict[int, Logprob]] = field(default_factory=list)
     sent: int = 0  # tokens already sent (DELTA)
+    text: str = ""  # the whole text so far, cut at a stop string
+    text_sent: int = 0  # characters already sent (DELTA)
 
 
 @dataclass
@@ -150,6 +159,16 @@ class _Parent:
         return outputs, not self.child_requests
 
 
+class FakeEngineCore:
+    """core_client.py SyncMPClient, as far as shutdown goes: its finalizer runs once."""
+
+    def __init__(self) -> None:
+        self.shutdowns = 0  # calls that stopped the core (a second call does not)
+
+    def shutdown(self) -> None:
+        self.shutdowns = 1
+
+
 class FakeLLMEngine:
     """vLLM's V1 LLMEngine as `LLM.llm_engine`, driven step by step (see the module docstring for the files it
     follows). add_request checks a prompt as the release does (vllm/inputs/preprocess.py _process_embeds,
@@ -168,6 +187,7 @@ class FakeLLMEngine:
         self.added: list[tuple] = []  # (request_id, prompt, params.kwargs) per add_request
         self.aborted: list[str] = []  # the ids abort_request was given
         self.steps = 0
+        self.engine_core = FakeEngineCore()
         self._running: dict[str, _Child] = {}  # child (or n = 1 request) id -> state
         self._parents: dict[str, _Parent] = {}
 
@@ -239,20 +259,27 @@ class FakeLLMEngine:
             child.logprobs.append(_logprobs(child, token))
         limit = child.params.max_tokens
         reason = "length" if len(child.tokens) >= limit else "stop" if len(child.tokens) >= child.words else None
+        new_text = " " + WORDS[child.index % len(WORDS)]
+        child.text += new_text
+        stop_reason = None
+        for stop in child.params.stop:  # check_stop_strings, include_stop_str_in_output false
+            at = child.text.find(stop, max(0, len(child.text) + 1 - len(new_text) - len(stop)))
+            if at != -1:
+                child.text, reason, stop_reason = child.text[:at], "stop", stop
+                break
         if reason is not None:
             del self._running[child.request_id]
         if reason is None and kind == RequestOutputKind.FINAL_ONLY:
             return None
         start = child.sent if kind == RequestOutputKind.DELTA else 0
-        child.sent = len(child.tokens)
-        word = WORDS[child.index % len(WORDS)]
+        text_start = child.text_sent if kind == RequestOutputKind.DELTA else 0
+        child.sent, child.text_sent = len(child.tokens), len(child.text)
         completion = CompletionOutput(
-            index=child.index, text="".join(" " + word for _ in child.tokens[start:]),
-            token_ids=child.tokens[start:],
+            index=child.index, text=child.text[text_start:], token_ids=child.tokens[start:],
             cumulative_logprob=sum(step[t].logprob for step, t in zip(child.logprobs, child.tokens))
             if child.params.logprobs is not None else None,
             logprobs=child.logprobs[start:] if child.params.logprobs is not None else None,
-            finish_reason=reason)
+            finish_reason=reason, stop_reason=stop_reason)
         if child.parent is None:
             return RequestOutput(child.request_id, [completion], completion.finished())
         outputs, finished = child.parent.get_outputs(child.request_id, completion)

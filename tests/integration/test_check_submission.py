@@ -66,7 +66,7 @@ def pristine(tmp_path_factory) -> tuple[Path, dict[Path, bytes], set[Path]]:
     """One copy of the repository without its environment and outputs, with a fast fake UserModel (batch size 2),
     and its files and folders as copied."""
     target = tmp_path_factory.mktemp("submission") / "repo"
-    shutil.copytree(REPO_ROOT, target, ignore=shutil.ignore_patterns(".venv", "runs", ".git", "__pycache__",
+    shutil.copytree(REPO_ROOT, target, ignore=shutil.ignore_patterns(".venv*", "runs", ".git", "__pycache__",
                                                                      ".hypothesis", ".pytest_cache", "*.pt"))
     (target / "models" / "user_config.py").write_text(FAKE_MODEL.format(size=2, sleep=0))
     return target, files_under(target), folders_under(target)

@@ -7,6 +7,7 @@ measured by `make bench` (benchmarks/deadline.py)."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Iterator
 
@@ -221,3 +222,13 @@ def test_openai_backend_talks_to_transformers_serve(served_model):
     assert log.read_text().count("POST /v1/chat/completions") >= 2
     ((cut,),) = backend.generate([OTHER], GenParams(max_tokens=1, deadline=Deadline(NEVER_S)))
     assert cut_short(cut) == LENGTH  # the server's finish_reason "length"
+
+
+def test_the_converted_folder_names_a_tokenizer_class_transformers_4_knows(hf_llm):
+    """The submission's vLLM runs on transformers 4, which has no TokenizersBackend (tests/vllm loads the folder
+    there); transformers 5 reads the class written instead as the same tokenizer."""
+    from transformers import AutoTokenizer
+
+    config = json.loads((hf_llm.folder / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert AutoTokenizer.from_pretrained(hf_llm.folder)("Paris")["input_ids"] == hf_llm.tokenizer("Paris")["input_ids"]

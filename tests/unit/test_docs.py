@@ -15,7 +15,7 @@ from tools import docs_reference
 
 PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
 SH_BLOCK = re.compile(r"^```sh\n(.*?)^```", re.MULTILINE | re.DOTALL)
-PYTHONS = re.compile(r"^(?:\.venv(?:-quantize)?/bin/)?python3?$")
+PYTHONS = re.compile(r"^(?:\.venv(?:-quantize|-vllm)?/bin/)?python3?$")
 
 
 def shown_commands(text: str) -> list[str]:

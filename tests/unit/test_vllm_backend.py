@@ -244,3 +244,50 @@ def test_vllm_missing_is_a_clear_error(monkeypatch):
         create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model="x")))
 
 
+
+
+# The engine's life: the engine core process stops when the model is closed or the process ends.
+
+def test_close_stops_the_engine_core_once_and_later_calls_fail_loudly(fake_vllm):
+    llm = create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model="/w/m")))
+    llm.close()
+    llm.close()
+    assert fake_vllm["engine"].engine_core.shutdowns == 1
+    with pytest.raises(BackendUnavailable, match="shut down"):
+        llm.generate([HI], GenParams(max_tokens=2))
+
+
+def test_the_engine_core_stops_at_exit_unless_closed_first(fake_vllm, monkeypatch):
+    import atexit
+
+    hooks = []
+    monkeypatch.setattr(atexit, "register", hooks.append)
+    monkeypatch.setattr(atexit, "unregister", hooks.remove)
+    llm = create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model="/w/m")))
+    assert hooks == [llm.close]
+    hooks[0]()  # what the interpreter's exit does
+    assert fake_vllm["engine"].engine_core.shutdowns == 1 and hooks == []
+
+
+def test_the_system_closes_its_engine(fake_vllm, cpu_config):
+    from models.system import CragSystem
+    from tests.fakes import HashEmbedder
+
+    cpu_config.llm.backend, cpu_config.llm.vllm.model = "vllm", "/w/m"
+    system = CragSystem(cpu_config, embedder=HashEmbedder())
+    system.close()
+    assert fake_vllm["engine"].engine_core.shutdowns == 1
+
+
+def test_a_stop_string_ends_the_sample_before_it(fake_vllm):
+    """The fake cuts at a stop string as vLLM's detokenizer does (check_stop_strings)."""
+    engine = FakeLLMEngine(words=5)
+    engine.add_request("r", {"prompt_token_ids": [1]}, SamplingParams(n=1, temperature=0, max_tokens=9, stop=["red"]))
+    engine.add_request("s", {"prompt_token_ids": [1]}, SamplingParams(n=2, temperature=0.5, max_tokens=9,
+                                                                       stop=["red"]))
+    last = {}
+    for output in drain(engine):
+        for choice in output.outputs:
+            last[(output.request_id, choice.index)] = (choice.text, choice.finish_reason, choice.stop_reason)
+    assert last[("r", 0)] == (" out out out out out", "stop", None)  # "red" never said: it stops by itself
+    assert last[("s", 1)] == (" ", "stop", "red")  # cut before the stop string, on its first token

@@ -16,6 +16,7 @@ import pytest
 
 from models.config import LLMConfig, VLLMConfig
 from models.llm.base import GenParams, create_llm
+from tests.vllm_fake import FakeLLMEngine
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,6 +48,7 @@ def passed(monkeypatch):
     class LLM:
         def __init__(self, *args, **kwargs):
             calls["init_args"], calls["init"] = args, kwargs
+            self.llm_engine = FakeLLMEngine()
 
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams))
     # every optional field set, so no keyword is left out for being None

@@ -1,0 +1,179 @@
+"""`vllm serve` from the rehearsal venv, started with the single-GPU config's documented command (the weights
+swapped for SmolLM2, the port a free one, the GPU's memory share left out), as the real OpenAI-compatible server
+behind the openai backend, the LLM judge and UserModel with that config."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from models.config import load_config
+from models.llm.base import LENGTH, STOP, BackendUnavailable, GenParams
+from models.llm.openai import OpenAIBackend
+from tests.vllm.test_submission import GPU1
+from tests.vllm_scenarios import SHORT, STORY
+
+GPU_ONLY = {"--gpu-memory-utilization"}  # the CPU build sizes its cache by VLLM_CPU_KVCACHE_SPACE instead
+
+
+def documented_command(config: Path) -> list[str]:
+    """The `vllm serve ...` lines of the config's header comment, as argv."""
+    lines, inside = [], False
+    for line in config.read_text().splitlines():
+        text = line.lstrip("#").strip()
+        inside = inside or text.startswith("vllm serve")
+        if inside:
+            lines.append(text.rstrip("\\").strip())
+            if not text.endswith("\\"):
+                break
+    assert lines, f"{config}: no `vllm serve` command in its header"
+    return shlex.split(" ".join(lines))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(smollm2, tmp_path_factory):
+    """(base_url, served model name, log path) of `vllm serve` run from the documented command."""
+    argv = documented_command(GPU1)
+    assert argv[:2] == ["vllm", "serve"]
+    flags, kept = argv[3:], []
+    while flags:
+        flag = flags.pop(0)
+        value = flags.pop(0) if flags and not flags[0].startswith("--") else None
+        if flag in GPU_ONLY:
+            continue
+        if flag == "--port":
+            value = str(free_port())
+        kept += [flag] + ([value] if value is not None else [])
+    port = kept[kept.index("--port") + 1]
+    name = kept[kept.index("--served-model-name") + 1]
+    executable = shutil.which("vllm", path=str(Path(sys.executable).parent))
+    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen([executable, "serve", str(smollm2), *kept], stdout=log, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "HF_HUB_OFFLINE": "1"}, start_new_session=True)
+    try:
+        limit = time.monotonic() + 600  # a guard against a server that hangs, not a timing
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"vllm serve exited with {process.returncode}:\n{log_path.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    break
+            except OSError:
+                if time.monotonic() > limit:
+                    pytest.fail(f"vllm serve did not come up:\n{log_path.read_text()[-3000:]}")
+                time.sleep(1)
+        yield f"http://127.0.0.1:{port}/v1", name, log_path
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, 9)
+            process.wait()
+
+
+def backend(server, **changes) -> OpenAIBackend:
+    """The openai backend with the single-GPU config's settings, pointed at the server."""
+    url, _, _ = server
+    config = load_config(GPU1).llm.openai
+    config.base_url = url
+    for key, value in changes.items():
+        setattr(config, key, value)
+    return OpenAIBackend(config)
+
+
+def test_the_config_s_model_name_is_the_server_s(server):
+    backend(server).probe()
+
+
+def test_n_samples_in_one_request_each_with_its_finish_reason_and_log_probabilities(server):
+    llm = backend(server)
+    assert llm.config.native_n
+    [samples] = llm.generate([STORY], GenParams(n=3, temperature=0.8, seed=2, max_tokens=5, logprobs=True))
+    assert len(samples) == 3 and not llm.n_ignored
+    assert all(s.finish_reason == LENGTH and len(s.token_logprobs) == 5 and s.strip() for s in samples)
+    assert all(lp <= 0 for s in samples for lp in s.token_logprobs)
+
+
+def test_stop_strings_and_a_natural_end(server):
+    llm = backend(server)
+    [[free]] = llm.generate([STORY], GenParams(max_tokens=16))
+    word = free.split()[2]
+    [[cut]] = llm.generate([STORY], GenParams(max_tokens=16, stop=[word]))
+    assert cut.finish_reason == STOP and cut == free[:free.find(word)].strip()
+    [[short]] = llm.generate([SHORT], GenParams(max_tokens=48))
+    assert short.finish_reason == STOP and short.strip()
+
+
+def test_concurrent_requests_are_all_answered(server):
+    llm = backend(server)
+    questions = [[{"role": "user", "content": f"What is {i} plus {i}?"}] for i in range(12)]
+    answers = llm.generate(questions, GenParams(max_tokens=6))
+    assert len(answers) == 12 and all(len(a) == 1 and a[0].strip() for a in answers)
+
+
+def test_a_wrong_model_name_stops_the_run_at_start(server):
+    """A 4xx is a configuration error: the probe raises with the status and what to fix, before any batch."""
+    with pytest.raises(BackendUnavailable, match="HTTP 404.*model name"):
+        backend(server, model="no-such-model").probe()
+
+
+def test_the_llm_judge_reads_the_server_s_verdicts(server):
+    """Through the judge prompt, sentences the rules leave open get a verdict read from the server's replies
+    (not the rules' fallback, not unjudged)."""
+    from evaluation.judge import CORRECT, WRONG, Item, LLMJudge
+    from models.prompting import PromptLibrary
+
+    url, name, _ = server
+    judge = LLMJudge(backend(server), PromptLibrary().get("judge"), f"{url}#{name}", cache=None)
+    items = [Item("who directed inception?", "christopher nolan", (), "It was directed by Christopher Nolan."),
+             Item("who directed inception?", "christopher nolan", (), "It was directed by Steven Spielberg.")]
+    verdicts = judge.judge(items)
+    assert judge.calls >= 1 and len(verdicts) == 2
+    assert any(v in (CORRECT, WRONG) for v in verdicts) and judge.fallbacks < 2
+
+
+def test_user_model_with_the_single_gpu_config_answers_through_the_server(server, tmp_path, monkeypatch):
+    """UserModel built from the config file as the grader builds it, the embedder swapped for MiniLM."""
+    import yaml
+
+    from models.user_config import UserModel
+
+    url, _, _ = server
+    config = yaml.safe_load(GPU1.read_text())
+    config["llm"]["openai"]["base_url"] = url
+    config["embedder"] = {**config["embedder"], "model": None, "device": "cpu"}
+    config["references"]["rerank"]["device"] = "cpu"
+    config["references"]["workers"] = 1
+    config["task"] = 1  # no KG server here
+    path = tmp_path / "gpu1.yaml"
+    path.write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("CRAG_CONFIG", str(path))
+    model = UserModel()
+    try:
+        sample = [json.loads(line) for line in (GPU1.parents[1] / "data" / "crag_sample.jsonl").open()][:2]
+        batch = {key: [example[key] for example in sample]
+                 for key in ("interaction_id", "query", "search_results", "query_time")}
+        answers = model.batch_generate_answer(batch)
+        assert len(answers) == 2 and all(isinstance(a, str) and a for a in answers)
+        reasoning = [next(s for s in r["stages"] if s["stage"] == "reasoning") for r in model.last_batch_trace]
+        assert all(stage["status"] == "ok" for stage in reasoning)
+    finally:
+        model.close()
