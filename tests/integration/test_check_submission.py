@@ -25,6 +25,8 @@ from tools.check_submission import (
     check_memory,
     check_prompt_embeds,
     check_quantization,
+    check_rehearsal,
+    format_table,
     pinned,
 )
 
@@ -341,3 +343,32 @@ def test_the_dockerfile_s_base_image_and_pins():
         if spec is not None and not spec.contains(pin, prereleases=True):
             clashes.append(f"{requirement.name}=={pin} (vllm {version} wants {spec})")
     assert not clashes, clashes
+
+
+FAKE_REHEARSAL = """#!/bin/sh
+# stands in for .venv-vllm/bin/python running tools/rehearse.py: what it prints, and its exit status
+{body}
+"""
+
+
+@pytest.mark.parametrize(("body", "verdict", "words"), [
+    ('echo \'{"answered": 8, "questions": 13, "backend": "vllm", "seconds": 214.6}\'', "PASS",
+     "8 of 13 answered through vllm"),
+    ('echo \'{"answered": 0, "questions": 13, "backend": "vllm", "seconds": 99.0}\'', "WARN", "0 of 13"),
+    ('echo "error: q: answer of 80 grader tokens, over 75" >&2; exit 1', "FAIL", "over 75 (exit 1"),
+])
+def test_the_rehearsal_row_reads_the_rehearsal_s_summary(tmp_path, body, verdict, words):
+    python = tmp_path / ".venv-vllm" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(FAKE_REHEARSAL.format(body=body))
+    python.chmod(0o755)
+    (tmp_path / "runs" / "vllm" / "smollm2").mkdir(parents=True)
+    (tmp_path / "runs" / "vllm" / "smollm2" / "config.json").write_text("{}")
+    row = check_rehearsal(tmp_path, "configs/t4x4-llama3-70b-gptq.yaml", load_config(T4_CONFIG), 60)
+    shown = format_table([row])
+    assert shown.startswith(verdict) and words in shown, shown
+
+
+def test_the_rehearsal_row_is_skipped_without_the_rehearsal_venv(tmp_path):
+    row = check_rehearsal(tmp_path, "configs/t4x4-llama3-70b-gptq.yaml", load_config(T4_CONFIG), 60)
+    assert row.ok and row.warn and "skipped" in row.detail and "make test-vllm" in row.detail
