@@ -38,9 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("merge", parents=[folder], help="combine <out>/shard-i-of-n/predictions.jsonl into <out>, judge "
                    "and report")
     calibrate = sub.add_parser("calibrate", parents=[judge], help="how often a judge agrees with a person "
-                               "(data/judge/)", description="The judge's agreement with a person on the calibration "
-                               "set, by kind, and its confusion matrix.")
-    calibrate.add_argument("--set", type=Path, default=None, help="calibration triples (.jsonl)")
+                               "(data/judge/)", description="The judge's agreement with a person on each calibration "
+                               "set, by kind, and its confusion matrix; then, on each set's held-back part and on "
+                               "all of it, the agreement, the recall on the person's \"correct\" and on the "
+                               "person's \"incorrect\", and Cohen's kappa.")
+    calibrate.add_argument("--set", type=Path, action="append", default=None, dest="sets",
+                           help="calibration triples (.jsonl); repeat for several (default: data/judge/calibration"
+                           ".jsonl and data/judge/gate_verdicts.jsonl)")
     compare = sub.add_parser("compare", parents=[select, judge], help="run B against run A on the same questions",
                              description="Run B against run A on the questions both answered (same data file): the "
                              "score difference with a paired bootstrap interval, and the questions that flipped.")
@@ -92,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 def dispatch(args: argparse.Namespace) -> int:
     """The command's function in evaluation.commands, with the flags as typed arguments."""
     if args.command == "calibrate":
-        return commands.calibrate(JudgeChoice.from_args(args), args.set)
+        return commands.calibrate(JudgeChoice.from_args(args), args.sets)
     if args.command == "compare":
         return commands.compare(args.a, args.b, Filters.from_args(args), JudgeChoice.from_args(args), args.out,
                                 args.show)

@@ -1,19 +1,93 @@
-"""Judge calibration: how often a judge agrees with a person on data/judge/calibration.jsonl, so a user can see
-whether a cheaper judge model is good enough before trusting its scores."""
+"""Judge calibration: how often a judge agrees with a person on data/judge/calibration.jsonl (45 triples written
+for it) and data/judge/gate_verdicts.jsonl (a person's verdicts on SmolLM2's sentence answers to the gate sets,
+joined with their gold answers by `join_verdicts`), so a user can see whether a judge is good enough before
+trusting its scores. Beside the agreement: the recall on the person's "correct" and on the person's "incorrect"
+(a judge that always says "incorrect" agrees 86% on the gate verdicts) and Cohen's kappa, on the held-back part
+of each set (`held_back`: half of the questions, by a hash) and on all of it. Rules are tuned on the other part.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from evaluation.data import DataError
-from evaluation.judge import CORRECT, MISS, UNCERTAIN, UNJUDGED, VERDICTS, WRONG, LLMJudge, judge_records
+from evaluation.data import DataError, alternative_answers
+from evaluation.judge import CORRECT, MISS, UNCERTAIN, UNJUDGED, VERDICTS, WRONG, Judge, judge_records
 from models.config import REPO_ROOT
 
 CALIBRATION_SET = REPO_ROOT / "data" / "judge" / "calibration.jsonl"
+GATE_SET = REPO_ROOT / "data" / "judge" / "gate_verdicts.jsonl"  # written by tools/join_verdicts.py
+SETS = (CALIBRATION_SET, GATE_SET)
+GATE_VERDICTS = REPO_ROOT / "data" / "gate_dev" / "verdicts.jsonl"
+GOLD_SOURCES = (REPO_ROOT / "data" / "gate_dev.jsonl", REPO_ROOT / "benchmarks" / "kg_reach" / "questions.jsonl")
 HUMAN = {"correct": CORRECT, "incorrect": WRONG, "miss": MISS}
+PARTS = ("held back", "all")
+
+
+def _question(query: str) -> str:
+    return " ".join(query.lower().split())
+
+
+def held_back(query: str) -> bool:
+    """Whether a row is in the held-back part: its question's SHA-256 (lower case, whitespace folded) is even. By
+    question, so every prediction of one question is in the same part; by hash, so the split never changes."""
+    return int(hashlib.sha256(_question(query).encode("utf-8")).hexdigest(), 16) % 2 == 0
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise DataError(f"{path}: cannot be read ({getattr(err, 'strerror', None) or err})") from None
+
+
+def join_verdicts(verdicts: Path = GATE_VERDICTS, sources: Sequence[Path] = GOLD_SOURCES) -> list[dict[str, Any]]:
+    """The person's verdicts of `verdicts` ({query, prediction, human} lines) as calibration rows: each with an
+    id, its question's type as its kind and the gold answer and alternatives from the CRAG-format `sources` (found
+    by the question, lower case, whitespace folded). A DataError names a verdict whose question no source holds,
+    one two sources answer differently, or a line that is not a verdict."""
+    gold: dict[str, dict[str, Any]] = {}
+    for source in sources:
+        for number, line in enumerate(_lines(source), start=1):
+            if not line.strip():
+                continue
+            try:
+                example = json.loads(line)
+                key = _question(example["query"])
+                found = {"kind": str(example.get("question_type") or "other"), "answer": str(example["answer"]),
+                         "alt_answers": alternative_answers(example),
+                         "source": source.relative_to(REPO_ROOT).as_posix() if source.is_relative_to(REPO_ROOT)
+                         else source.name}
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+                raise DataError(f"{source}:{number}: not a CRAG example ({err})") from None
+            if key in gold and (gold[key]["answer"], gold[key]["alt_answers"]) != (found["answer"],
+                                                                                   found["alt_answers"]):
+                raise DataError(f"{source}:{number}: {example['query']!r} is in {gold[key]['source']} too, with "
+                                "other gold answers")
+            gold.setdefault(key, found)
+    rows = []
+    for number, line in enumerate(_lines(verdicts), start=1):
+        if not line.strip():
+            continue
+        try:
+            verdict = json.loads(line)
+            query, prediction, human = verdict["query"], verdict["prediction"], verdict["human"]
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise DataError(f"{verdicts}:{number}: not a {{query, prediction, human}} verdict ({err})") from None
+        if human not in HUMAN:
+            raise DataError(f"{verdicts}:{number}: human must be one of {', '.join(HUMAN)}")
+        if _question(query) not in gold:
+            raise DataError(f"{verdicts}:{number}: {query!r} is in none of {', '.join(s.name for s in sources)}")
+        found = gold[_question(query)]
+        rows.append({"id": f"gate-{len(rows) + 1:02d}", "kind": found["kind"], "query": query,
+                     "answer": found["answer"], "alt_answers": found["alt_answers"], "prediction": prediction,
+                     "human": human, "source": found["source"]})
+    return rows
 
 
 def load_set(path: Path = CALIBRATION_SET) -> list[dict[str, Any]]:
@@ -31,11 +105,34 @@ def load_set(path: Path = CALIBRATION_SET) -> list[dict[str, Any]]:
     return rows
 
 
-def calibrate(judge: LLMJudge | None, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Agreement with the human verdicts, overall and by kind, for our column and the organisers', and the
-    confusion matrix of ours (human verdict -> judge verdict -> count)."""
+def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Of judged rows: how many, the agreement with the person, the recall on the person's "correct" and on the
+    person's "incorrect" (None where the person said none is) and Cohen's kappa over all verdicts (None where it
+    is undefined: one verdict only, on both sides)."""
+    from sklearn.metrics import cohen_kappa_score
+
+    def recall(human: str) -> float | None:
+        theirs = [r["verdict"] == human for r in rows if r["human"] == human]
+        return sum(theirs) / len(theirs) if theirs else None
+
+    people, judged = [r["human"] for r in rows], [r["verdict"] for r in rows]
+    kappa = float(cohen_kappa_score(people, judged)) if len(set(people) | set(judged)) > 1 else math.nan
+    return {"n": len(rows), "agreement": sum(p == j for p, j in zip(people, judged)) / len(rows) if rows else None,
+            "recall_correct": recall(CORRECT), "recall_incorrect": recall(WRONG),
+            "kappa": None if math.isnan(kappa) else kappa}
+
+
+def by_part(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """`figures` of the held-back part (`held_back`) and of all the judged rows."""
+    return {"held back": figures([r for r in rows if held_back(str(r["query"]))]), "all": figures(rows)}
+
+
+def calibrate(judge: Judge | None, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Agreement with the human verdicts, overall and by kind, for our column and the organisers', the
+    confusion matrix of ours (human verdict -> judge verdict -> count), and ours' `figures` by part."""
     judge_records(rows, judge)
-    result: dict[str, Any] = {"n": len(rows)}
+    result: dict[str, Any] = {"n": len(rows), "parts": by_part(rows),
+                              "for_organisers": bool(judge is not None and judge.for_organisers)}
     for column in ("verdict", "organisers_verdict"):
         agree = [r[column] == r["human"] for r in rows]
         by_kind: dict[str, list[bool]] = defaultdict(list)
@@ -56,10 +153,11 @@ def calibrate(judge: LLMJudge | None, rows: list[dict[str, Any]]) -> dict[str, A
     return result
 
 
-def format_calibration(result: dict[str, Any], judge_name: str) -> str:
+def format_calibration(result: dict[str, Any], judge_name: str, set_name: str = CALIBRATION_SET.name) -> str:
     ours, theirs = result["verdict"], result["organisers_verdict"]
-    lines = [f"judge {judge_name} on {result['n']} calibration triples: agreement with the person "
-             f"{ours['agreement']:.0%} (organisers' rules with this judge: {theirs['agreement']:.0%}; "
+    how = "with this judge" if result["for_organisers"] else "without an LLM judge"
+    lines = [f"judge {judge_name} on {result['n']} calibration triples of {set_name}: agreement with the person "
+             f"{ours['agreement']:.0%} (organisers' rules {how}: {theirs['agreement']:.0%}; "
              f"unjudged: {ours['unjudged']})",
              "by kind:" + "".join(f"  {k} {v:.0%}" for k, v in ours["by_kind"].items()),
              "confusion (rows: the person, columns: the judge):",
@@ -71,4 +169,25 @@ def format_calibration(result: dict[str, Any], judge_name: str) -> str:
             f"  {band} {v['agreement']:.0%} of {v['n']}" for band, v in result["by_confidence"].items()))
     if result["disagreements"]:
         lines.append("disagreements: " + ", ".join(map(str, result["disagreements"])))
+    return "\n".join(lines)
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def format_figures(table: list[tuple[str, dict[str, dict[str, Any]]]], judge_name: str) -> str:
+    """One line per set and part: n, agreement, the two recalls and kappa ("-" where undefined)."""
+    lines = [f"judge {judge_name} against the person (recall: the share of the person's \"correct\" the judge calls "
+             "correct, and of the person's \"incorrect\" it calls wrong):",
+             f"  {'set':<22}{'part':<11}{'n':>4}{'agreement':>11}{'recall correct':>16}{'recall incorrect':>18}"
+             f"{'kappa':>7}"]
+    for name, parts in table:
+        for part in PARTS:
+            f = parts[part]
+            kappa = "-" if f["kappa"] is None else f"{f['kappa']:.2f}"
+            lines.append(f"  {name:<22}{part:<11}{f['n']:>4}{_percent(f['agreement']):>11}"
+                         f"{_percent(f['recall_correct']):>16}{_percent(f['recall_incorrect']):>18}{kappa:>7}")
+    lines.append("held back: the questions whose SHA-256 is even (evaluation/calibration.py held_back); rules are "
+                 "tuned on the others")
     return "\n".join(lines)

@@ -31,7 +31,7 @@ from evaluation.data import (
     parse_shard,
     read_examples,
 )
-from evaluation.judge import UNJUDGED, build_judge, check_judge, judge_records
+from evaluation.judge import CONTAINS, UNJUDGED, build_judge, check_judge, judge_records
 from evaluation.kg_server import fixture_kg
 from evaluation.report import format_table, score_records, write_report
 from evaluation.runner import EvaluationError, load_predictions, run_model, save_judgements
@@ -91,17 +91,20 @@ class Filters:
 
 @dataclass(frozen=True)
 class JudgeChoice:
-    """--judge (rules, local, person:FILE or a server's base URL) and --judge-model (a URL judge's model)."""
+    """--judge (contains, rules, local, person:FILE or a server's base URL) and --judge-model (a URL judge's
+    model). The default, contains, reads sentence answers by rules, with no model."""
 
-    spec: str = "rules"
+    spec: str = CONTAINS
     model: str | None = None
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
         group = parser.add_argument_group("judge")
-        group.add_argument("--judge", default="rules", help="rules (exact match to a gold answer), local (the "
-                           "embedded SmolLM2), person:FILE (a person's verdicts, as data/judge/calibration.jsonl), "
-                           "or an OpenAI-compatible base URL such as http://127.0.0.1:8001/v1")
+        group.add_argument("--judge", default=CONTAINS, help="contains (the default: an exact match, else the gold "
+                           "answer in the prediction as whole words, not negated, hedged or listed among other "
+                           "candidates; no model), rules (exact match only), local (the embedded SmolLM2), "
+                           "person:FILE (a person's verdicts, as data/judge/calibration.jsonl), or an "
+                           "OpenAI-compatible base URL such as http://127.0.0.1:8001/v1")
         group.add_argument("--judge-model", default=None, help="model name for a URL judge")
 
     @classmethod
@@ -509,6 +512,10 @@ def _evaluate_in(command: str, folder: RunFolder, answering: Answering, resource
     if judge_spec == "rules":
         print("judge: rules only (exact match); sentence answers need an LLM judge, and the organisers' column "
               "leaves them unjudged: --judge local or --judge URL")
+    elif judge_spec == CONTAINS:
+        print("judge: contains (rules, no model: sentence answers are correct where they give the gold answer, "
+              "judged by \"contains\"; its agreement with a person: local_evaluation.py calibrate); the organisers' "
+              "column leaves them unjudged: --judge URL for an LLM judge")
     if judge_spec != "rules" and summary["judged_by"].get("llm") and "judge_confidence" not in summary:
         print(f"judge {judge_name}: its server gave no log-probabilities (transformers serve does not offer them), "
               "so the verdicts carry no confidence")
@@ -526,19 +533,31 @@ def _evaluate_in(command: str, folder: RunFolder, answering: Answering, resource
     return 0
 
 
-def calibrate(judge: JudgeChoice, calibration_set: Path | None = None) -> int:
-    """`calibrate`: the judge's agreement with a person on the calibration set."""
-    from evaluation.calibration import CALIBRATION_SET, format_calibration, load_set
+def calibrate(judge: JudgeChoice, calibration_sets: list[Path] | None = None) -> int:
+    """`calibrate`: the judge's agreement with a person on each calibration set (default: both of data/judge/),
+    then its figures by part (`evaluation.calibration.figures`) on each set and, for several, on all together."""
+    from evaluation.calibration import SETS, by_part, format_calibration, format_figures, load_set
     from evaluation.calibration import calibrate as agreement
 
-    if calibration_set is not None and not calibration_set.is_file():
-        raise ConfigError(f"--set {calibration_set}: no such file; give a calibration set (.jsonl, as data/judge/)")
-    try:
-        rows = load_set(calibration_set or CALIBRATION_SET)
-    except OSError as err:
-        raise DataError(f"{calibration_set or CALIBRATION_SET}: unreadable ({err})") from err
+    for path in calibration_sets or ():
+        if not path.is_file():
+            raise ConfigError(f"--set {path}: no such file; give a calibration set (.jsonl, as data/judge/)")
+    loaded = []
+    for path in calibration_sets or SETS:
+        try:
+            loaded.append((path, load_set(path)))
+        except OSError as err:
+            raise DataError(f"{path}: unreadable ({err})") from err
     built = build_judge(judge.spec, judge.model)
-    print(format_calibration(agreement(built, rows), built.name if built else "rules"))
+    name = built.name if built else "rules"
+    table = []
+    for path, rows in loaded:
+        result = agreement(built, rows)
+        print(format_calibration(result, name, path.name) + "\n")
+        table.append((path.name, result["parts"]))
+    if len(loaded) > 1:
+        table.append(("all sets", by_part([row for _, rows in loaded for row in rows])))
+    print(format_figures(table, name))
     return 0
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluation.attribution import CLASSES, gold_answers, holds
+from evaluation.judge import contains_note
 from evaluation.metrics import MIN_FOR_INTERVAL
 
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -282,7 +283,9 @@ def report_html(summary: dict[str, Any], records: list[dict[str, Any]], title: s
             f"judged by {escape(', '.join(f'{k}: {v}' for k, v in summary['judged_by'].items()))}</p></header>",
             f'<section id="summary"><div class="cards">{"".join(cards)}</div>',
             f'<p class="note">Score = accuracy - hallucination. Intervals: bootstrap 95%; none under '
-            f"{MIN_FOR_INTERVAL} questions.{' ' + escape(_confidence_note(confidence)) if confidence else ''}</p>"
+            f"{MIN_FOR_INTERVAL} questions.{' ' + escape(_confidence_note(confidence)) if confidence else ''}"
+            f"{' ' + escape(note[0].upper() + note[1:]) + '.' if (note := contains_note(summary['judged_by'])) else ''}"
+            "</p>"
             "</section>",
             f'<section id="charts"><h2>Scores by group</h2><div class="charts">{charts}</div>'
             f'<p class="note legend">{LEGEND}</p></section>']

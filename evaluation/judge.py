@@ -1,6 +1,6 @@
-"""Judging predictions: rules first, then an LLM judge (or a person's verdicts, `PersonJudge`) for what the rules
-cannot decide; and, beside ours, the organisers' rules, so a run shows the leaderboard's reading of the same
-predictions.
+"""Judging predictions: rules first, then a judge for what the rules cannot decide (an LLM judge, a person's
+verdicts, `PersonJudge`, or the containment rules, `ContainsJudge`); and, beside ours, the organisers' rules, so a
+run shows the leaderboard's reading of the same predictions.
 
 Verdicts: correct (+1), miss (0, "i don't know"), wrong (-1), unjudged (the LLM judge failed: reported on
 its own, never counted as a hallucination). Where the judge's backend gives log-probabilities (vLLM, OpenAI, the
@@ -12,7 +12,8 @@ nothing.
 Our rules differ from the organisers' on purpose: they accept the alternative answers (`alt_ans`), read the
 usual ways of saying "i don't know", and want "invalid question" as a prefix. The organisers' column
 (`judge_by_organisers_rules`) follows their published evaluation instead, and where they would ask their LLM
-judge it asks ours, gold answer only; without an LLM judge those are "unjudged", never guessed.
+judge it asks ours, gold answer only; without an LLM judge (or a person) those are "unjudged", never guessed: the
+containment judge, being rules, never stands in for their LLM judge.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 from loguru import logger
 from tqdm import tqdm
 
+from evaluation.containment import contains_gold
 from models.config import ConfigError, HFConfig, OpenAIConfig
 from models.llm.base import LLM, GenParams, TopLogprobs
 from models.prompting import Prompt, PromptLibrary
@@ -40,6 +42,7 @@ CORRECT, MISS, WRONG, UNJUDGED = "correct", "miss", "wrong", "unjudged"
 VERDICTS = (CORRECT, MISS, WRONG, UNJUDGED)
 TOP_LOGPROBS = 5  # alternatives asked for at each token of the judge's reply
 UNCERTAIN = 0.75  # an LLM verdict the judge gave a lower probability is counted as uncertain in the report
+CONTAINS = "contains"  # --judge contains (the default) and its verdicts' "judged_by": the containment rules
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,17 @@ def judge_by_rules(item: Item) -> str | None:
     if INVALID in golds or is_invalid(prediction):
         return CORRECT if INVALID in golds and is_invalid(prediction) else WRONG
     return CORRECT if normalize_text(prediction) in golds else None
+
+
+def judge_by_containment(item: Item) -> tuple[str, str]:
+    """(verdict, reason): our rules where they decide ("rules"), else correct where the grader-cut prediction gives
+    the gold answer or an alternative by evaluation/containment.py (whole words; not negated, set against another,
+    hedged or one of a list of candidates), and wrong where it does not."""
+    decided = judge_by_rules(item)
+    if decided is not None:
+        return decided, "rules"
+    holds, reason = contains_gold(grader_cut(item.prediction), [item.answer, *item.alt_answers])
+    return (CORRECT if holds else WRONG), f"contains: {reason}"
 
 
 def judge_by_organisers_rules(item: Item) -> str | None:
@@ -167,6 +181,7 @@ class PersonJudge:
     """
 
     kind = "person"
+    for_organisers = True  # a person's verdicts stand in for the organisers' LLM judge
 
     def __init__(self, verdicts: dict[str, str], name: str) -> None:
         self.verdicts, self.name = verdicts, name
@@ -226,6 +241,7 @@ class LLMJudge:
     """
 
     kind = "llm"
+    for_organisers = True
 
     def __init__(self, llm: LLM, prompt: Prompt, name: str, cache: JsonCache | None = None, batch_size: int = 16,
                  retries: int = 2, max_tokens: int = 64) -> None:
@@ -311,6 +327,32 @@ class LLMJudge:
         return failed
 
 
+class ContainsJudge:
+    """The containment rules (`judge_by_containment`) as a judge: no model, no cache, the same verdict every time.
+    Its verdicts are "contains" under "judged by", apart from an LLM judge's; it never stands in for the
+    organisers' LLM judge (`for_organisers`), so their column is what it is without a judge."""
+
+    kind = name = CONTAINS
+    for_organisers = False
+
+    def __init__(self) -> None:
+        self.reasons: dict[str, str] = {}
+        self.p_correct: dict[str, float] = {}
+
+    def key(self, item: Item) -> str:
+        return content_key(item.query, item.answer, *item.alt_answers, "\x00", grader_cut(item.prediction))
+
+    def judge(self, items: Sequence[Item]) -> list[str]:
+        verdicts = []
+        for item in items:
+            verdict, self.reasons[self.key(item)] = judge_by_containment(item)
+            verdicts.append(verdict)
+        return verdicts
+
+
+Judge = LLMJudge | PersonJudge | ContainsJudge
+
+
 def withheld_answer(record: dict[str, Any]) -> str | None:
     """The answer the answer gate withheld from this record's prediction, None where it withheld none."""
     gate = (record.get("trace") or {}).get("gate")
@@ -324,9 +366,9 @@ def ungated(record: dict[str, Any]) -> dict[str, Any]:
     return {**record, **record["ungated"]} if withheld_answer(record) is not None and record.get("ungated") else record
 
 
-def judge_records(records: list[dict[str, Any]], llm_judge: LLMJudge | PersonJudge | None) -> None:
-    """Set on every record: "verdict" and "judged_by" ("rules", "llm", "person", "rules-fallback" or "none"),
-    with "judge_reason" where the LLM judge gave one and "judge_confidence" (the probability the judge gave its
+def judge_records(records: list[dict[str, Any]], llm_judge: Judge | None) -> None:
+    """Set on every record: "verdict" and "judged_by" ("rules", "llm", "person", "contains", "rules-fallback" or
+    "none"), with "judge_reason" where the judge gave one and "judge_confidence" (the probability the judge gave its
     verdict) where its backend offers log-probabilities; the same prefixed "organisers_" by the organisers' rules;
     "cut_by_grader" (the grader's 75-token cut changes the prediction) and "null_prediction" (not a string:
     read as "i don't know"). Where the answer gate withheld an answer, the same fields for that answer go under
@@ -343,7 +385,7 @@ def judge_records(records: list[dict[str, Any]], llm_judge: LLMJudge | PersonJud
                                                                                         "alt_answers")}
 
 
-def _judge(records: list[dict[str, Any]], llm_judge: LLMJudge | PersonJudge | None) -> None:
+def _judge(records: list[dict[str, Any]], llm_judge: Judge | None) -> None:
     for record in records:  # a null or non-string prediction is read as "i don't know", and counted
         record["null_prediction"] = not isinstance(record.get("prediction"), str)
         for prefix in ("", "organisers_"):  # an earlier judge's reasons, from the record file, do not carry over
@@ -361,7 +403,7 @@ def _judge(records: list[dict[str, Any]], llm_judge: LLMJudge | PersonJudge | No
             verdict = rules(item)
             if verdict is not None:
                 record.update({f"{prefix}verdict": verdict, f"{prefix}judged_by": "rules"})
-            elif llm_judge is not None:
+            elif llm_judge is not None and (not prefix or llm_judge.for_organisers):
                 undecided.append((prefix, record, item))
             elif prefix:  # the organisers would ask their LLM judge: without one, unjudged, never guessed
                 record.update(organisers_verdict=UNJUDGED, organisers_judged_by="none")
@@ -386,15 +428,22 @@ def _judge(records: list[dict[str, Any]], llm_judge: LLMJudge | PersonJudge | No
 PERSON = "person:"  # --judge person:FILE
 
 
+def contains_note(judged_by: dict[str, int]) -> str | None:
+    """What a report says of the containment judge's verdicts, so no one reads them as an LLM judge's."""
+    count = judged_by.get(CONTAINS)
+    return (f"judged by contains: {count} answers the rules leave open, read by the containment rules (no model, "
+            "no LLM judge; their agreement with a person: local_evaluation.py calibrate)") if count else None
+
+
 def check_judge(spec: str, model_name: str | None) -> None:
     """A ConfigError naming --judge when it cannot name a judge (checked before any model loads)."""
-    if spec in ("rules", "local"):
+    if spec in ("rules", CONTAINS, "local"):
         return
     if spec.startswith(PERSON):
         person_judge(spec)
         return
     if not spec.startswith(("http://", "https://")):
-        raise ConfigError(f"--judge {spec!r}: use rules, local, person:FILE, or an http(s) base URL")
+        raise ConfigError(f"--judge {spec!r}: use contains, rules, local, person:FILE, or an http(s) base URL")
     if not model_name:
         raise ConfigError(f"--judge {spec}: name the served model with --judge-model")
 
@@ -411,11 +460,14 @@ def person_judge(spec: str) -> PersonJudge:
         raise ConfigError(f"--judge {PERSON}{err}") from None
 
 
-def build_judge(spec: str, model_name: str | None) -> LLMJudge | PersonJudge | None:
-    """The judge named by --judge (rules, local, person:FILE or a server's base URL); None for rules only."""
+def build_judge(spec: str, model_name: str | None) -> Judge | None:
+    """The judge named by --judge (contains, rules, local, person:FILE or a server's base URL); None for the exact
+    rules only."""
     check_judge(spec, model_name)
     if spec == "rules":
         return None
+    if spec == CONTAINS:
+        return ContainsJudge()
     if spec.startswith(PERSON):
         return person_judge(spec)
     if spec == "local":

@@ -10,7 +10,7 @@ from typing import Any
 from evaluation.attribution import CLASSES, attribution_table
 from evaluation.gate import format_gate, gate_summary
 from evaluation.html import report_html, write_html
-from evaluation.judge import MISS, UNCERTAIN
+from evaluation.judge import MISS, UNCERTAIN, contains_note
 from evaluation.metrics import MIN_FOR_INTERVAL, RESAMPLES, Scores, intervals, latency
 
 BREAKDOWNS = ("domain", "question_type", "static_or_dynamic", "popularity")
@@ -149,6 +149,8 @@ def format_table(summary: dict[str, Any]) -> str:
                      "unjudged where they would ask their LLM judge and ours gave no verdict)")
     if confidence := summary.get("judge_confidence"):
         lines.append(judge_confidence(confidence))
+    if note := contains_note(summary["judged_by"]):
+        lines.append(note)
     lines.extend(format_gate(summary))
     if summary.get("attribution"):
         lines.append("where the misses were lost (wrong and \"i don't know\" answers; evaluation/attribution.py):")
@@ -188,6 +190,8 @@ def format_markdown(summary: dict[str, Any], title: str) -> str:
     for section, rows in _sections(summary):
         lines += [f"## {section.replace('by_', 'By ').replace('_', ' ')}", "", *table(rows, section[3:]), ""]
     lines += ["## Judged by", "", ", ".join(f"{k}: {v}" for k, v in summary["judged_by"].items()), ""]
+    if note := contains_note(summary["judged_by"]):
+        lines += [note[0].upper() + note[1:] + ".", ""]
     if confidence := summary.get("judge_confidence"):
         lines += [judge_confidence(confidence), ""]
     if theirs := summary.get("organisers"):

@@ -231,7 +231,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--data", type=Path, default=REPO_ROOT / "data" / "crag_sample.jsonl")
     add_config_arguments(parser)
     parser.add_argument("--limit", type=int, default=None)
-    parser.add_argument("--judge", default="rules", help="rules, local, or an OpenAI-compatible base URL")
+    parser.add_argument("--judge", default="contains", help="contains (the default: rules that read sentence answers, "
+                        "no model), rules (exact match only), local, or an OpenAI-compatible base URL")
     parser.add_argument("--judge-model", default=None)
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "tuning")
     return parser.parse_args(argv)

@@ -38,12 +38,19 @@ def is_invalid(text: str) -> bool:
     return normalize_text(text).startswith(INVALID)
 
 
+def whole_words(needle: str) -> re.Pattern[str]:
+    """`needle` as whole words; a number whole too, so "23" is not in "123", "2.3", "23.5" or "1,230"."""
+    before = r"(?<!\w)" + (r"(?<!\d[.,])" if needle[:1].isdigit() else "")
+    after = r"(?!\w)" + (r"(?![.,]\d)" if needle[-1:].isdigit() else "")
+    return re.compile(before + re.escape(needle) + after)
+
+
 def contains_answer(text: str, answers: list[str]) -> bool:
-    """Whether any of `answers` occurs in `text` as whole words, after normalisation."""
+    """Whether any of `answers` occurs in `text` as whole words (`whole_words`), after normalisation."""
     haystack = normalize_text(text)
     for answer in answers:
         needle = normalize_text(str(answer))
-        if needle and re.search(rf"(?<!\w){re.escape(needle)}(?!\w)", haystack):
+        if needle and whole_words(needle).search(haystack):
             return True
     return False
 

@@ -268,7 +268,7 @@ def test_cli_rejudges_without_loading_the_model(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--judge", "gpt"], "use rules, local, person:FILE, or an http(s) base URL"),
+    (["--judge", "gpt"], "use contains, rules, local, person:FILE, or an http(s) base URL"),
     (["--judge", "person:no/such.jsonl"], "no such file; give person:FILE"),
     (["--judge", "http://127.0.0.1:9/v1"], "--judge-model"),
     (["rejudge"], "does not exist; answer the questions first (run)"),
@@ -339,7 +339,8 @@ def test_calibrate_prints_agreement_and_the_confusion_matrix(capsys):
     out = capsys.readouterr().out
     bands = re.search(r"confident (\d+)% of (\d+)  uncertain (\d+)% of (\d+)", out)
     assert bands and int(bands.group(2)) > 0 and int(bands.group(4)) > 0
-    assert "on 45 calibration triples: agreement with the person" in out and "confusion (rows: the person" in out
+    assert "on 45 calibration triples of calibration.jsonl: agreement with the person" in out
+    assert "confusion (rows: the person" in out and "organisers' rules with this judge" in out
     agreement = int(out.split("agreement with the person ")[1].split("%")[0])
     assert 60 <= agreement < 100  # a word-matching judge gets most right, and not the lists out of order or refusals
     assert "correct" in out.splitlines()[3] and len(out.splitlines()) >= 7
