@@ -2,8 +2,9 @@
 
 Both runs answer the same sample questions with the embedded CPU default (configs/cpu.yaml: SmolLM2 through the hf
 backend; task 1, so no KG server) into fresh run folders, pages processed afresh (no page cache), judged by the
-rules; each is timed end to end, from the command's start to its report, model loading and Ray's start included,
-since that is what a user waits for. The local run goes first: its model process forks before Ray starts.
+default judge (contains: rules, no model); each is timed end to end, from the command's start to its report,
+model loading and Ray's start included, since that is what a user waits for. The local run goes first: its model
+process forks before Ray starts.
 
 On one machine of 2 cores the two replicas share the cores that the local run's model and page workers use, so
 the ratio is not scaling: it is two model processes against one on the same CPUs (one CPU-bound hf process does
