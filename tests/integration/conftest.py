@@ -1,22 +1,18 @@
 from __future__ import annotations
 
 import importlib
-import os
 import shutil
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from evaluation.kg_server import fixture_kg, stop
+from evaluation.kg_server import fixture_kg
 from models.config import EmbedderConfig, HFConfig, LLMConfig, SystemConfig
 from models.llm.base import LLM
 from models.llm.hf import HFBackend, resolve_model_folder
 from models.retrieval.embedder import Embedder
+from tests.servers import free_port, running
 
 
 def pytest_collection_modifyitems(items):
@@ -82,38 +78,16 @@ def builders_share_the_llm(monkeypatch, hf_llm) -> None:
         monkeypatch.setattr(f"{name}.create_llm", create_llm)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def served_model(tmp_path_factory):
     """`transformers serve` on a free loopback port, serving the cached SmolLM2 folder: (base_url, model, log)."""
     folder = str(resolve_model_folder(HFConfig()))
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
     executable = shutil.which("transformers", path=str(Path(sys.executable).parent)) or "transformers"
-    with log_path.open("w") as log:
-        process = subprocess.Popen([executable, "serve", folder, "--host", "127.0.0.1", "--port", str(port),
-                                    "--device", "cpu", "--log-level", "info"],
-                                   stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    try:
-        deadline = time.monotonic() + 600  # a guard against a server that hangs: it starts in seconds
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"transformers serve exited with {process.returncode}:\n{log_path.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"transformers serve did not come up:\n{log_path.read_text()[-2000:]}")
-                time.sleep(0.5)
+    with running([executable, "serve", folder, "--host", "127.0.0.1", "--port", str(port), "--device", "cpu",
+                  "--log-level", "info"], f"http://127.0.0.1:{port}/health", log_path, "transformers serve"):
         yield f"http://127.0.0.1:{port}/v1", folder, log_path
-    finally:
-        stop(process)
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ from models.config import OpenAIConfig
 from models.llm.base import BackendUnavailable, Conversation, GenParams
 from models.llm.openai import OpenAIBackend
 from models.prompting import PromptLibrary, load_prompt
-from tests.integration.conftest import _free_port
+from tests.servers import free_port  # a port nothing listens on once it returns
 from utils.answers import contains_answer
 from utils.cache import CACHE_ENV, JsonCache, cache_root
 from utils.grader_tokens import grader_cut
@@ -136,7 +136,7 @@ def test_served_judge_verdicts_follow_readable_replies_and_only_those_are_cached
 def test_a_judge_server_that_is_not_there_stops_the_build_and_one_gone_later_leaves_unjudged(tmp_path,
                                                                                                monkeypatch):
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    url = f"http://127.0.0.1:{_free_port()}/v1"
+    url = f"http://127.0.0.1:{free_port()}/v1"
     with pytest.raises(BackendUnavailable, match="no server answers"):
         build_judge(url, "nobody")
     judge = LLMJudge(OpenAIBackend(OpenAIConfig(base_url=url, model="nobody", max_retries=0)),

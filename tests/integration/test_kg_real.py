@@ -8,7 +8,7 @@ from models.config import REPO_ROOT
 from models.stages.kg import SEARCHES
 from tests.conftest import to_batch
 from tests.fakes import HashEmbedder, ScriptedLLM, by_prompt
-from tests.integration.conftest import _free_port  # a port nothing listens on once it returns
+from tests.servers import free_port  # a port nothing listens on once it returns
 from utils.deadline import Deadline
 from utils.kg_api import ENDPOINTS, KGClient
 
@@ -102,7 +102,7 @@ def test_a_slow_reply_hits_the_read_timeout(kg_server, caplog_loguru):
 
 
 def test_a_server_that_is_down(caplog_loguru):
-    client = KGClient(f"http://127.0.0.1:{_free_port()}", retries=2, backoff_s=0.01, down_after=3)
+    client = KGClient(f"http://127.0.0.1:{free_port()}", retries=2, backoff_s=0.01, down_after=3)
     assert client.finance_get_eps("AAPL") is None and client.finance_get_pe_ratio("AAPL") is None
     assert client.finance_get_market_capitalization("AAPL") is None
     assert client.requests_sent == 9  # three attempts each

@@ -1,4 +1,3 @@
-import socket
 
 import pytest
 
@@ -7,6 +6,7 @@ from models.state import Reference
 from models.system import unpack_batch
 from tests.conftest import to_batch
 from tests.fakes import RecordingKG, ScriptedLLM, by_prompt, prompt_name
+from tests.servers import free_port
 
 
 def test_answers_every_query_in_order(make_system, sample_examples):
@@ -148,12 +148,6 @@ def prompts_sent(llm, name):
     return [conv for conversations, _ in llm.calls for conv in conversations if prompt_name(conv) == name]
 
 
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _stages(system):
     return [[r["stage"] for r in trace["stages"]] for trace in system.last_batch_trace]
 
@@ -195,7 +189,7 @@ def test_without_pages_the_kg_still_answers(make_system, sample_examples, cpu_co
 
 def test_no_kg_server_means_no_kg_stage(make_system, cpu_config, sample_examples, caplog_loguru):
     cpu_config.task = 2
-    cpu_config.kg.base_url = f"http://127.0.0.1:{_free_port()}"
+    cpu_config.kg.base_url = f"http://127.0.0.1:{free_port()}"
     cpu_config.kg.connect_timeout_s = 0.5
     system = make_system(ScriptedLLM())
     system.batch_generate_answer(to_batch(sample_examples[:1]))

@@ -5,14 +5,9 @@ behind the openai backend, the LLM judge and UserModel with that config."""
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import shutil
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -20,6 +15,7 @@ import pytest
 from models.config import load_config
 from models.llm.base import LENGTH, STOP, BackendUnavailable, GenParams
 from models.llm.openai import OpenAIBackend
+from tests.servers import free_port, running
 from tests.vllm.test_submission import GPU1
 from tests.vllm_scenarios import SHORT, STORY
 
@@ -40,12 +36,6 @@ def documented_command(config: Path) -> list[str]:
     return shlex.split(" ".join(lines))
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(smollm2, tmp_path_factory):
     """(base_url, served model name, log path) of `vllm serve` run from the documented command."""
@@ -64,29 +54,9 @@ def server(smollm2, tmp_path_factory):
     name = kept[kept.index("--served-model-name") + 1]
     executable = shutil.which("vllm", path=str(Path(sys.executable).parent))
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
-    with log_path.open("w") as log:
-        process = subprocess.Popen([executable, "serve", str(smollm2), *kept], stdout=log, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "HF_HUB_OFFLINE": "1"}, start_new_session=True)
-    try:
-        limit = time.monotonic() + 600  # a guard against a server that hangs, not a timing
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"vllm serve exited with {process.returncode}:\n{log_path.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                    break
-            except OSError:
-                if time.monotonic() > limit:
-                    pytest.fail(f"vllm serve did not come up:\n{log_path.read_text()[-3000:]}")
-                time.sleep(1)
+    with running([executable, "serve", str(smollm2), *kept], f"http://127.0.0.1:{port}/health", log_path,
+                 "vllm serve"):
         yield f"http://127.0.0.1:{port}/v1", name, log_path
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, 9)
-            process.wait()
 
 
 def backend(server, **changes) -> OpenAIBackend:
