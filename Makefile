@@ -99,8 +99,9 @@ test-vllm: $(STAMP) $(QSTAMP) $(VSTAMP)
 		--out $(VLLM_RUNS)/smollm2-w4a16 --force
 	cd tests/vllm && VLLM_CPU_KVCACHE_SPACE=1 ../../$(VPY) -m pytest
 
-eval: $(STAMP)
-	$(PY) local_evaluation.py --data data/crag_sample.jsonl --config configs/cpu.yaml --restart --serve-kg
+eval: $(STAMP) $(VSTAMP)
+	$(PY) local_evaluation.py --data data/crag_sample.jsonl --config configs/cpu.yaml \
+		--overlay configs/overlays/vllm-cpu.yaml --restart --serve-kg --serve-llm
 
 # Two pytest workers, a test file each at a time (module fixtures built once), one thread per process: torch's
 # OpenMP threads spin while they wait, and two workers of two threads each on two cores slow every test down.
@@ -140,7 +141,7 @@ bench: $(STAMP) $(RAY_STAMP) $(QSTAMP) $(VSTAMP)
 	$(PY) -m benchmarks.engine_cpu
 	$(PY) -m benchmarks.gate
 
-gate: $(STAMP)
+gate: $(STAMP) $(VSTAMP)
 	$(PY) -m benchmarks.gate --runs runs/gate --out data/gates/cpu.json
 
 # Submission checks with the embedded CPU default (tools/check_submission.py without --cpu checks the GPU config).

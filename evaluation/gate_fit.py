@@ -17,7 +17,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedGroupKFold, cross_val_predict, cross_val_score
 
 from evaluation.compare import paired_difference
-from evaluation.judge import CORRECT, MISS, WRONG, Item, judge_by_rules, ungated
+from evaluation.judge import CONTAINS, CORRECT, MISS, WRONG, Item, judge_by_rules, ungated
 from models.gate import Gate, columns_for, raw_row
 from utils.errors import HarnessError
 
@@ -48,8 +48,13 @@ def answered_signals(record: dict[str, Any]) -> dict[str, Any] | None:
     return signals if isinstance(signals, dict) and signals else None
 
 
+# Judges whose "wrong" is a reading of the answer, not only the absence of an exact match.
+LABELLERS = {"llm": "the LLM judge", "person": "a person", CONTAINS: "the containment judge"}
+
+
 def label_records(records: list[dict[str, Any]], rules_wrong_is_wrong: bool = False) -> Labelled:
-    """The labelled records among judged ones. Labels come from an LLM judge or a person (`--judge person:FILE`), or
+    """The labelled records among judged ones. Labels come from an LLM judge, a person (`--judge person:FILE`) or
+    the containment judge (`--judge contains`, which reads a sentence for the gold answer), or
     from what our rules decide (an exact or alternative match, the "invalid question" rules); an answer marked
     wrong only because it matched no gold answer exactly (`--judge rules`, or the rules' fallback when the LLM
     judge failed) is left out unless `rules_wrong_is_wrong` (data with short gold answers, where no match is a
@@ -67,8 +72,8 @@ def label_records(records: list[dict[str, Any]], rules_wrong_is_wrong: bool = Fa
         if signals is None:
             out.counts["no signals (run before signals were recorded)"] += 1
             continue
-        if by in ("llm", "person"):
-            out.counts[f"labelled by {'the LLM judge' if by == 'llm' else 'a person'}"] += 1
+        if by in LABELLERS:
+            out.counts[f"labelled by {LABELLERS[by]}"] += 1
         elif verdict == CORRECT:
             out.counts["labelled correct by the rules"] += 1
         elif by == "rules" and judge_by_rules(Item(str(record.get("query") or ""), str(record.get("answer") or ""),

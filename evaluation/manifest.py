@@ -32,6 +32,7 @@ MANIFEST = "manifest.json"
 VOLATILE = ("source", "references.cache_dir", "references.workers", "llm.hf.cache_dir", "record_prompts")
 PACKAGES = ("torch", "transformers", "tokenizers", "sentence-transformers", "vllm", "openai", "trafilatura", "lxml")
 SERVED_KG = "fixture server over data/kg"
+SERVED_LLM = "served by --serve-llm (evaluation/llm_server.py)"
 
 
 def file_hash(path: Path) -> str:
@@ -51,13 +52,17 @@ def _drop(tree: dict[str, Any], dotted: str) -> None:
     tree.pop(leaf, None)
 
 
-def answer_inputs(config: SystemConfig, data: Path, time_limit_s: float | None, served_kg: bool) -> dict[str, Any]:
+def answer_inputs(config: SystemConfig, data: Path, time_limit_s: float | None, served_kg: bool,
+                  served_llm: bool = False) -> dict[str, Any]:
     """What changes the answers of a run, as plain JSON."""
     resolved = dataclasses.asdict(config)
     for key in VOLATILE:
         _drop(resolved, key)
     if served_kg:  # the port changes every run; what it serves does not
         resolved["kg"]["base_url"] = f"{SERVED_KG} ({_folder_hash(REPO_ROOT / 'data' / 'kg')[:16]})"
+    if served_llm:  # the served model is llm.hf's, already in the config; the port changes every run
+        resolved["llm"]["openai"]["base_url"] = SERVED_LLM
+        resolved["llm"]["openai"]["native_n"] = True
     return {
         "config": resolved,
         "prompts": PromptLibrary(config.prompts).hashes(),

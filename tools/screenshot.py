@@ -1,7 +1,7 @@
 """A picture of a run's report.html (or compare.html) in headless Chromium, as the docs' screenshots are made:
 
-    .venv/bin/python tools/screenshot.py runs/crag_sample__cpu/report.html docs/report.png
-    .venv/bin/python tools/screenshot.py runs/crag_sample__cpu/report.html docs/record.png --open 3
+    .venv/bin/python tools/screenshot.py runs/crag_sample__cpu+vllm-cpu/report.html docs/report.png
+    .venv/bin/python tools/screenshot.py runs/crag_sample__cpu+vllm-cpu/report.html docs/record.png --open 3
 
 `headless_chromium()` is also how the report.html test starts its browser: Debian's chromium and chromedriver
 (`make browser`), with no background connections, as this closed network needs.

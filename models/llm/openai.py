@@ -60,7 +60,7 @@ class OpenAIBackend:
                                      "name") from None
         except openai.APIConnectionError as err:
             raise BackendUnavailable(f"{where}: no server answers ({type(err).__name__}): start it or fix the "
-                                     "URL") from None
+                                     "URL (local_evaluation.py --serve-llm serves the embedded model)") from None
 
     def generate(self, conversations: list[Conversation], params: GenParams) -> list[list[str]]:
         per_request = params.n if self.config.native_n else 1

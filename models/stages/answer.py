@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import re
 
+from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
 from models.config import SystemConfig
 from models.stages.base import STAGES, Stage, StageContext
 from models.state import QueryState, Signal
 from utils.answers import IDK, final_answer, is_idk, is_invalid, normalize_text
 from utils.grader_tokens import grader_token_count
 
+_WORD = re.compile(r"[a-z0-9]+")
 _NUMBER = re.compile(r"[-+$€£]?\d[\d,]*(?:\.\d+)?\s*(?:%|percent|million|billion|thousand)?")
 
 
@@ -82,4 +85,21 @@ def outcome_signals(state: QueryState) -> dict[str, Signal]:
             "knowledge.agrees": None if knowledge is None else knowledge == answer,
             "answer.grader_tokens": grader_token_count(state.answer or ""),
             "answer.number": bool(_NUMBER.fullmatch(answer)), "answer.yes_no": answer in ("yes", "no"),
-            "answer.invalid": is_invalid(answer), "answer.route": state.route or "single"}
+            "answer.invalid": is_invalid(answer), "answer.route": state.route or "single",
+            **support_signals(state)}
+
+
+def support_signals(state: QueryState) -> dict[str, Signal]:
+    """How much of the answer the evidence says: the share of its content words (stop words left out) found in the
+    best reference (`answer.support_best`), and in any reference or KG result (`answer.support_any`). A small
+    model's right answers are copied from what it read; its wrong ones often are not. None without content words
+    (an "i don't know", a bare yes or no)."""
+    words = set(_WORD.findall((state.answer or "").lower())) - ENGLISH_STOP_WORDS
+    if not words or is_idk(state.answer or ""):
+        return {"answer.support_best": None, "answer.support_any": None}
+    best = max(state.references, key=lambda r: r.score, default=None)
+    found_best = set(_WORD.findall(best.text.lower())) if best else set()
+    found_any = set().union(*(_WORD.findall(text.lower()) for text in
+                              [r.text for r in state.references] + [str(line) for line in state.kg_results]))
+    return {"answer.support_best": len(words & found_best) / len(words),
+            "answer.support_any": len(words & found_any) / len(words)}

@@ -44,7 +44,9 @@ def test_default_user_model_builds_from_cpu_config(monkeypatch, hf_llm, embedder
     model.close()
     assert 1 <= model.get_batch_size() <= 16 and model.config.source.endswith("cpu.yaml")
     assert model.llm is hf_llm and model.embedder is embedder and model.pages is not None
-    assert {"attributes", "references", "knowledge", "calculator", "reasoning"} <= {s.name for s in model.pipeline}
+    names = {s.name for s in model.pipeline}
+    assert {"attributes", "references", "reasoning"} <= names and "gate" not in names
+    assert not {"knowledge", "calculator"} & names  # off in configs/cpu.yaml
 
 
 def test_answers_a_batch_from_data(user_model, sample_examples):
@@ -55,15 +57,15 @@ def test_answers_a_batch_from_data(user_model, sample_examples):
     assert len(answers) == len(examples) and all(isinstance(a, str) and a for a in answers)
     assert all(grader_cut(a) == a for a in answers)  # the grader's 75-token cut changes nothing
     gathered = ["attributes", "kg", "precheck", "references", "evidence"]  # the pre-check after the KG (task 2)
-    closing = ["answer", "gate"]  # configs/cpu.yaml ships an answer gate: it runs after the answer step
+    closing = ["answer"]  # configs/cpu.yaml has no answer gate (configs/overlays/vllm-cpu.yaml has)
     reached_the_llm = 0
     for trace in user_model.last_batch_trace:
         stages = [r["stage"] for r in trace["stages"]]
         assert all(r["status"] == "ok" for r in trace["stages"])
         if trace["reason"].startswith(("predicted", "no usable text")):  # answered "i don't know" before the LLM
-            assert stages[:-2] == gathered[:len(stages) - 2] and stages[-2:] == closing
+            assert stages[:-1] == gathered[:len(stages) - 1] and stages[-1:] == closing
         else:
-            assert stages == [*gathered, "knowledge", "calculator", "reasoning", *closing]
+            assert stages == [*gathered, "reasoning", *closing]
             reached_the_llm += 1
     assert reached_the_llm, "no question of the batch reached the LLM stages: pick others"
 
@@ -75,9 +77,10 @@ def test_openai_config_sends_prompts_to_the_server(served_model, embedder, sampl
                                                 "request_timeout_s": UNHURRIED_S}},  # else a request is sent again
         "references": {"cache_dir": str(tmp_path / "cache"), "timeout_s": UNHURRIED_S},
         "attributes": {"method": "none"},  # no dynamic pre-check: both queries reach the LLM stages
-        "calculator": {"n": 1},
+        "knowledge": {"enabled": True},  # on, so that three stages send requests
+        "calculator": {"enabled": True, "n": 1},
         "task": 1,  # no KG entity extraction: the request count below is the seed stages'
-        "answer": {"gate": None},  # fit on the hf backend's signals: refused for another backend
+        "answer": {"gate": None},
         "budget": {"per_query_s": UNHURRIED_S}})
     monkeypatch.setenv("CRAG_CONFIG", str(path))
     before = log.read_text().count("POST /v1/chat/completions")

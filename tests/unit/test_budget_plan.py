@@ -42,8 +42,8 @@ def test_larger_batches_share_the_decode_steps(config):
 
 def test_stages_follow_the_config(config):
     names = [s.stage for s in llm_stages(config)]
-    assert names == ["kg", "knowledge", "calculator", "reasoning", "summariser"]  # cpu.yaml: task 2, svm
-    config.task, config.knowledge.enabled, config.attributes.method = 1, False, "icl"
+    assert names == ["kg", "reasoning", "summariser"]  # cpu.yaml: task 2, svm, no knowledge, no calculator
+    config.task, config.calculator.enabled, config.attributes.method = 1, True, "icl"
     stages = {s.stage: s for s in llm_stages(config)}
     assert list(stages) == ["attributes", "calculator", "reasoning", "summariser"]
     assert stages["attributes"].sequences == config.attributes.icl.n

@@ -603,3 +603,56 @@ def test_the_served_kg_dies_with_the_evaluation_even_by_kill_9(tmp_path):
         return children
 
     assert not outlive_kill_9(tmp_path, EVALUATION_WITH_KG, started), "the KG server outlived the killed evaluation"
+
+
+# A stand-in for `vllm serve`: like vLLM's API server it starts a process of its own (the engine core) that a kill
+# -9 of the server leaves running, and it answers /health on the port given last.
+STAND_IN_SERVER = '''
+import http.server, json, os, subprocess, sys, time
+core = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+with open(os.environ["STAND_IN_PIDS"], "w") as out:
+    json.dump([os.getpid(), core.pid], out)
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[-1])), Health).serve_forever()
+'''
+
+EVALUATION_WITH_LLM = '''
+import json, os, subprocess, sys, time
+from pathlib import Path
+from evaluation.llm_server import served_llm
+
+with served_llm(Path("unused"), "smollm2", command=[sys.executable, os.environ["STAND_IN"]]) as url:
+    guard = [p for p in os.listdir("/proc") if p.isdigit() and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1] == str(os.getpid())]
+    print(json.dumps({"url": url, "guard": [int(p) for p in guard]}), flush=True)
+    time.sleep(600)
+'''
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_served_llm_and_the_processes_it_started_die_with_the_evaluation_even_by_kill_9(tmp_path, monkeypatch):
+    """`--serve-llm`'s server runs under utils/processes.py's guard in a session of its own: a kill -9 of the
+    evaluation ends the guard, the server and the server's own child (vLLM's engine core outlives a killed API
+    server)."""
+    stand_in, pids_file = tmp_path / "server.py", tmp_path / "pids.json"
+    stand_in.write_text(STAND_IN_SERVER)
+    monkeypatch.setenv("STAND_IN", str(stand_in))
+    monkeypatch.setenv("STAND_IN_PIDS", str(pids_file))
+
+    def started(parent: subprocess.Popen) -> list[int]:
+        said = json.loads(parent.stdout.readline())
+        with urllib.request.urlopen(said["url"].removesuffix("/v1") + "/health", timeout=60):
+            pass
+        assert len(said["guard"]) == 1
+        return said["guard"] + json.loads(pids_file.read_text())
+
+    assert not outlive_kill_9(tmp_path, EVALUATION_WITH_LLM, started), "the served LLM outlived the killed evaluation"
+
+
+def test_serve_llm_needs_the_openai_backend(tmp_path):
+    config = load_config(REPO_ROOT / "configs" / "cpu.yaml")  # the hf backend
+    with pytest.raises(commands.ConfigError, match="--serve-llm answers through llm.backend openai"):
+        with commands.llm_for_run(config, True):
+            pass

@@ -82,3 +82,24 @@ def test_the_summariser_s_answer_is_flagged_and_scored(make_system, sample_examp
     signals = system.last_batch_trace[0]["signals"]
     assert signals["reasoning.summariser"] is True
     assert signals["reasoning.answer_logprob_mean"] == pytest.approx(math.log(0.5))
+
+
+def test_support_is_the_share_of_the_answer_s_content_words_in_the_evidence():
+    from models.stages.answer import support_signals
+    from models.state import QueryState, Reference
+
+    state = QueryState(0, "q", "who directed inception?", "", [], references=[
+        Reference("Inception was directed by Christopher Nolan.", "chunk", score=0.4),
+        Reference("The film stars Leonardo DiCaprio.", "chunk", score=0.9)])
+    state.kg_results = ["movie: Inception, director: Christopher Nolan, year: 2010"]
+
+    def support(answer: str) -> tuple:
+        state.answer = answer
+        found = support_signals(state)
+        return found["answer.support_best"], found["answer.support_any"]
+
+    assert support("The film stars Leonardo DiCaprio") == (1.0, 1.0)  # "the" is a stop word, "film" is not
+    assert support("Christopher Nolan") == (0.0, 1.0)  # in a reference and the KG, but not in the best one
+    assert support("Nolan in 2010") == (0.0, 1.0)  # 2010 only in the KG
+    assert support("Steven Spielberg directed it") == (0.0, pytest.approx(1 / 3))  # only "directed" is found
+    assert support("i don't know") == (None, None) and support("it was the") == (None, None)

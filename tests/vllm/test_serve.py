@@ -4,15 +4,20 @@ behind the openai backend, the LLM judge and UserModel with that config."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shlex
 import shutil
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from models.config import load_config
+from models.config import REPO_ROOT, load_config
 from models.llm.base import LENGTH, STOP, BackendUnavailable, GenParams
 from models.llm.openai import OpenAIBackend
 from tests.servers import free_port, running
@@ -147,3 +152,68 @@ def test_user_model_with_the_single_gpu_config_answers_through_the_server(server
         assert all(stage["status"] == "ok" for stage in reasoning)
     finally:
         model.close()
+
+
+SERVED_BY_AN_EVALUATION = '''
+import sys, time
+from pathlib import Path
+from evaluation.llm_server import served_llm
+
+with served_llm(Path(sys.argv[1]), "smollm2") as url:
+    print(url, flush=True)
+    time.sleep(600)
+'''
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, from /proc's parent links."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError):
+                continue  # a process that ended while being read
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_the_served_engine_and_its_engine_core_die_with_a_killed_evaluation(smollm2, tmp_path):
+    """`--serve-llm`'s real server (evaluation/llm_server.py): after a kill -9 of the evaluation that started it, no
+    process it started is left, the engine core (VLLM::EngineCore) included, which a killed `vllm serve` alone
+    leaves running."""
+    script = tmp_path / "parent.py"
+    script.write_text(SERVED_BY_AN_EVALUATION)
+    parent = subprocess.Popen([sys.executable, str(script), str(smollm2)], stdout=subprocess.PIPE, text=True,
+                              cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    started: list[int] = []
+    try:
+        url = parent.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), "the served engine did not start"
+        started = descendants(parent.pid)
+        names = [Path(f"/proc/{pid}/comm").read_text().strip() for pid in started if alive(pid)]
+        assert any(name.startswith("VLLM::Engine") for name in names), names  # comm: 15 characters at most
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=60)
+        deadline = time.monotonic() + 60
+        while any(alive(pid) for pid in started) and time.monotonic() < deadline:
+            time.sleep(0.1)  # how often it looks, nothing else
+        assert not [pid for pid in started if alive(pid)], "processes outlived the killed evaluation"
+    finally:
+        parent.kill()
+        for pid in started:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        parent.stdout.close()
