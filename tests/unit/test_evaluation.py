@@ -625,8 +625,9 @@ from pathlib import Path
 from evaluation.llm_server import served_llm
 
 with served_llm(Path("unused"), "smollm2", command=[sys.executable, os.environ["STAND_IN"]]) as url:
-    guard = [p for p in os.listdir("/proc") if p.isdigit() and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1] == str(os.getpid())]
-    print(json.dumps({"url": url, "guard": [int(p) for p in guard]}), flush=True)
+    stats = {int(p): open(f"/proc/{p}/stat").read() for p in os.listdir("/proc") if p.isdigit()}
+    guard = [pid for pid, stat in stats.items() if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid()]
+    print(json.dumps({"url": url, "guard": guard}), flush=True)
     time.sleep(600)
 '''
 

@@ -84,6 +84,21 @@ def test_the_summariser_s_answer_is_flagged_and_scored(make_system, sample_examp
     assert signals["reasoning.answer_logprob_mean"] == pytest.approx(math.log(0.5))
 
 
+def test_the_summariser_s_answer_gets_its_agreement_from_samples_of_the_summariser(make_system, sample_examples,
+                                                                                   cpu_config):
+    """A small model rarely writes the reasoning block, so the summariser gives most answers: its self-consistency
+    comes from samples of its own prompt."""
+    cpu_config.reasoning.samples = 3
+    votes = iter(["Paris\n", "paris.\n", "Lyon\n"])
+    llm = ScriptedLLM(by_prompt(reasoning="no block at all",
+                                summariser=lambda conv: "Paris\n" if llm.calls[-1][1].n == 1 else next(votes)))
+    system = make_system(llm)
+    assert system.batch_generate_answer(to_batch(sample_examples[:1])) == ["Paris"]
+    sampled = llm.calls[-1][1]
+    assert (sampled.n, sampled.temperature) == (3, cpu_config.reasoning.sample_temperature)
+    assert system.last_batch_trace[0]["signals"]["reasoning.agreement"] == pytest.approx(2 / 3)
+
+
 def test_support_is_the_share_of_the_answer_s_content_words_in_the_evidence():
     from models.stages.answer import support_signals
     from models.state import QueryState, Reference
