@@ -68,7 +68,8 @@ def llm_for_run(config: SystemConfig, serve: bool) -> Iterator[SystemConfig]:
         return
     if config.llm.backend != "openai":
         raise ConfigError(f"{config.source}: --serve-llm answers through llm.backend openai, not "
-                          f"{config.llm.backend!r}; leave --serve-llm out, or set llm.backend: openai")
+                          f"{config.llm.backend!r}; add --overlay configs/overlays/vllm-cpu.yaml, or leave "
+                          "--serve-llm out")
     folder = resolve_model_folder(config.llm.hf)
     with served_llm(folder, config.llm.openai.model) as url:
         print(f"served LLM at {url} ({folder.name}, vLLM CPU build, {DTYPE})", file=sys.stderr)
