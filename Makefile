@@ -8,9 +8,9 @@
 # hf_cuda: the hf backend's deadline clock with an 8B-shaped model on a CUDA GPU, skipped without one; engine_cpu: vLLM's
 # CPU build against the hf backend, prompt-reading and generation rates on these cores; gate: the answer
 # gate's cross-validated score against no gate, always "i don't know" and an oracle).
-# make gate: refit the answer gate configs/cpu.yaml ships (data/gates/cpu.json) on SmolLM2's answers to
-# data/gate_dev.jsonl and the KG questions of benchmarks/kg_reach, judged by the rules and a person's verdicts
-# (data/gate_dev/verdicts.jsonl); run it again whenever the reasoning prompts, settings or LLM change.
+# make gate: refit the answer gate configs/overlays/vllm-cpu.yaml ships (data/gates/cpu.json) on the served
+# SmolLM2's answers to data/gate_dev.jsonl and the KG questions of benchmarks/kg_reach, judged by the rules and a
+# person's verdicts (data/gate_dev/verdicts.jsonl); run it again whenever the reasoning prompts, settings or LLM change.
 # make ray: Ray into .venv (requirements-ray.txt) for `local_evaluation.py --ray`; make test-ray: its tests.
 # make quantize-venv: .venv-quantize (llm-compressor; its pins clash with .venv's) for tools/quantize.py gptq/rtn/eval;
 # make test-quantize: GPTQ W4A16 of the embedded SmolLM2 and the tool's input checks.
