@@ -1,8 +1,9 @@
 """The embedded model served by the pinned vLLM release's CPU build (.venv-vllm, `make vllm-venv`) for a run:
-`local_evaluation.py --serve-llm`. The config keeps `llm.backend: openai`; the server gets a free loopback port and
-the run's config points `llm.openai.base_url` at it. The model is the one `llm.hf.model` names (null: the embedded
-SmolLM2, converted once to an HF folder), served under `llm.openai.model`, in bfloat16: vLLM's CPU kernels read
-prompts and write tokens faster in it than in float32 on these cores (`make bench`, engine_cpu)."""
+`local_evaluation.py --serve-llm`. The config answers through `llm.backend: openai` (configs/overlays/vllm-cpu.yaml);
+the server gets a free loopback port and the run's config points `llm.openai.base_url` at it. The model is the one
+`llm.hf.model` names (null: the embedded SmolLM2, converted once to an HF folder), served under `llm.openai.model`,
+in bfloat16: vLLM's CPU kernels read prompts and write tokens faster in it than in float32 on these cores
+(`make bench`, engine_cpu)."""
 
 from __future__ import annotations
 
@@ -43,11 +44,11 @@ def served_llm(folder: Path, name: str, command: list[str] | None = None) -> Ite
     """Serve `folder` for the block; yields the API root (http://127.0.0.1:PORT/v1). The server runs under
     utils/processes.py's guard, so that it and what it starts (vLLM's engine core) end with this process, kill -9
     included. `command` replaces the vLLM command (tests pass a stand-in server; PORT is appended last)."""
+    if command is None and not VLLM.exists():
+        raise ConfigError(f"--serve-llm: {VLLM} does not exist; build vLLM's CPU build with `make vllm-venv`")
     port = free_port()
     served = serve_command(folder, name, port) if command is None else [*command, str(port)]
     argv = [sys.executable, "-m", "utils.processes", "--parent-pid", str(os.getpid()), "--", *served]
-    if command is None and not VLLM.exists():
-        raise ConfigError(f"--serve-llm: {VLLM} does not exist; build vLLM's CPU build with `make vllm-venv`")
     with tempfile.NamedTemporaryFile("w+", prefix="llm-server-", suffix=".log") as log:
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB), "HF_HUB_OFFLINE": "1",
                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
@@ -73,5 +74,4 @@ def llm_for_run(config: SystemConfig, serve: bool) -> Iterator[SystemConfig]:
     folder = resolve_model_folder(config.llm.hf)
     with served_llm(folder, config.llm.openai.model) as url:
         print(f"served LLM at {url} ({folder.name}, vLLM CPU build, {DTYPE})", file=sys.stderr)
-        openai = replace(config.llm.openai, base_url=url, native_n=True)
-        yield replace(config, llm=replace(config.llm, openai=openai))
+        yield replace(config, llm=replace(config.llm, openai=replace(config.llm.openai, base_url=url)))

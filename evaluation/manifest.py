@@ -62,7 +62,6 @@ def answer_inputs(config: SystemConfig, data: Path, time_limit_s: float | None, 
         resolved["kg"]["base_url"] = f"{SERVED_KG} ({_folder_hash(REPO_ROOT / 'data' / 'kg')[:16]})"
     if served_llm:  # the served model is llm.hf's, already in the config; the port changes every run
         resolved["llm"]["openai"]["base_url"] = SERVED_LLM
-        resolved["llm"]["openai"]["native_n"] = True
     return {
         "config": resolved,
         "prompts": PromptLibrary(config.prompts).hashes(),

@@ -99,7 +99,7 @@ def support_signals(state: QueryState) -> dict[str, Signal]:
         return {"answer.support_best": None, "answer.support_any": None}
     best = max(state.references, key=lambda r: r.score, default=None)
     found_best = set(_WORD.findall(best.text.lower())) if best else set()
-    found_any = set().union(*(_WORD.findall(text.lower()) for text in
-                              [r.text for r in state.references] + [str(line) for line in state.kg_results]))
+    found_any = found_best.union(*(_WORD.findall(text.lower()) for text in
+                                   [r.text for r in state.references if r is not best] + state.kg_results))
     return {"answer.support_best": len(words & found_best) / len(words),
             "answer.support_any": len(words & found_any) / len(words)}
