@@ -2,7 +2,7 @@
 for it) and data/judge/gate_verdicts.jsonl (a person's verdicts on SmolLM2's sentence answers to the gate sets,
 joined with their gold answers by `join_verdicts`), so a user can see whether a judge is good enough before
 trusting its scores. Beside the agreement: the recall on the person's "correct" and on the person's "incorrect"
-(a judge that always says "incorrect" agrees 86% on the gate verdicts) and Cohen's kappa, on the held-back part
+(a judge that always says "incorrect" agrees on most of the gate verdicts) and Cohen's kappa, on the held-back part
 of each set (`held_back`: half of the questions, by a hash) and on all of it. Rules are tuned on the other part.
 """
 
