@@ -129,7 +129,7 @@ browser:
 	@chromium --version && chromedriver --version
 
 # Speed as ratios against a baseline measured in the same run (see benchmarks/); kg_reach measures reach, not speed.
-# Run as modules from the repository root (benchmarks/ is not installed; hash imports benchmarks.pages).
+# Run as modules from the repository root (benchmarks/ is not installed).
 bench: $(STAMP) $(RAY_STAMP) $(QSTAMP) $(VSTAMP)
 	$(PY) -m benchmarks.pages
 	$(PY) -m benchmarks.r2former

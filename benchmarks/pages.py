@@ -1,15 +1,33 @@
-"""Pages benchmark: the seed's web page recipe against ours, speed and answer recall, measured in one run.
+"""Pages benchmark: from raw pages to ranked references, the seed's recipe against ours, measured in one run.
 
-(a) seed: trafilatura.extract(html) with default settings, plus BeautifulSoup(html, "html.parser") tables to
-    Markdown, one process; (b) ours (utils.pages.process_html), one process; (c) ours with the worker pool.
-Speed is measured on the real CRAG pages of ../shared/crag_sample (the 25 pages twice: 50 pages, one Task-3
-query), or on data/ when that folder is absent. The cache is off: every page is processed every time.
+Extraction speed, single process, on the real CRAG pages of ../shared/crag_sample (25 pages twice: 50 pages, one
+Task-3 query), or on data/ when that folder is absent; the cache is off, so every page is processed every time:
+  (a) seed: trafilatura.extract(html) with default settings, plus BeautifulSoup(html, "html.parser") tables to
+      Markdown (the seed's recipe as written; kept as it was at 03a70ff, so the ratio keeps its meaning);
+  (b) ours with each extractor (`references.extractor`), one process; (c) ours, the default, in the worker pool.
+Figures are the median of --repeat interleaved runs, with each run shown.
+
+Embedding: the candidates of the real questions embedded in batches cut in the order they come (mixed lengths)
+and in batches of similar length (Embedder.encode's deadline path), texts per second.
 
 Answer recall: the share of questions whose gold answer (or an alternative) occurs, as whole words, in the
-references the references stage selects (same stage, same MiniLM embedder, same top-k and table budget), with
-pages processed the seed's way or ours. "invalid question" answers are not counted (no page holds them).
+references the references stage selects (same stage, MiniLM embedder, top-k and table budget), with pages
+processed the seed's way or ours, on the real questions, data/ and data/gate_dev.jsonl. "invalid question" answers
+are not counted. The token recall beside it is the mean share of the answer's words found.
 
-The last line is: pages: seed X ms/page, ours Y ms/page, speedup Z.ZZx, pool W.WWx, recall ours R/N seed S/N
+Stage time: the references stage's wall seconds per real 5-page question (pages, candidates, embedding, ranking;
+the page pool of configs/cpu.yaml, no cache), the median over the real questions.
+
+Task 3: each question keeps its own pages and is padded to 50 with pages of the other questions (the real pages
+and data/gate_dev/pages), in a seeded random order; --task3-questions of them (the real ones first). Each
+`references.max_pages` k is run: the query's pages ranked by title and snippet, the best k parsed; 0 parses all.
+Recall and the median seconds per query, one query at a time.
+
+The last lines are:
+pages: seed X ms/page, ours Y ms/page (resiliparse), trafilatura T ms/page, speedup Z.ZZx, pool W.WWx, recall ours
+R/N trafilatura Q/N seed S/N
+references: M.MM s per real 5-page question (median of K)
+task3: all 50 pages A.AA s/query recall R/N; max_pages k: B.BB s/query recall R/N; ...
 """
 
 from __future__ import annotations
@@ -19,23 +37,34 @@ import bz2
 import gc
 import json
 import os
+import random
+import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
 import trafilatura
 from bs4 import BeautifulSoup
 
-from evaluation.recall import recall
+from evaluation.recall import answer_found, recall, token_recall
 from models.config import REPO_ROOT, load_config
 from models.retrieval.embedder import Embedder
+from models.stages.base import run_alone
+from models.stages.references import ReferencesStage, candidates
+from models.state import QueryState
 from utils.chunking import seed_chunks, split_sentences
 from utils.cli import command
-from utils.pages import PageProcessor, PageSettings, ProcessedPage, process_html
+from utils.deadline import Deadline
+from utils.pages import EXTRACTORS, PageProcessor, PageSettings, ProcessedPage, process_html
 
 SHARED = REPO_ROOT.parent / "shared" / "crag_sample" / "crag_public_sample_5.jsonl.bz2"
 DATA = REPO_ROOT / "data" / "crag_sample.jsonl"
+GATE_DEV = REPO_ROOT / "data" / "gate_dev.jsonl"
+TASK3_PAGES = 50
 
 
 def seed_tables(html: str, page_name: str) -> list[str]:
@@ -75,6 +104,21 @@ def load(path: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
+def task3_set(questions: list[dict[str, Any]], pool: list[dict[str, Any]], seed: int = 0) -> list[dict[str, Any]]:
+    """Each question with its own pages padded to TASK3_PAGES from `pool` (pages of other questions, never one
+    of its own by URL), all in a seeded random order."""
+    rng = random.Random(seed)
+    padded = []
+    for question in questions:
+        own = question["search_results"][:TASK3_PAGES]
+        urls = {page.get("page_url") for page in own}
+        others = [page for page in pool if page.get("page_url") not in urls]
+        pages = own + rng.sample(others, min(len(others), TASK3_PAGES - len(own)))
+        rng.shuffle(pages)
+        padded.append({**question, "search_results": pages})
+    return padded
+
+
 def _fmt(runs: list[float]) -> str:
     return "/".join(f"{run:.1f}" for run in runs)
 
@@ -86,66 +130,152 @@ def per_page_ms(run, pages: list[tuple[str, str]]) -> float:
     return (time.perf_counter() - started) * 1000 / len(pages)
 
 
-@command
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workers", type=int, default=0, help="pool size (default: one per CPU)")
-    parser.add_argument("--repeat", type=int, default=5, help="interleaved runs of (a), (b), (c); the best is reported")
-    args = parser.parse_args(argv)
-
-    config = load_config(REPO_ROOT / "configs" / "cpu.yaml")
-    settings = PageSettings.from_config(config.references)
-    sets = {"data": load(DATA)}
-    if SHARED.exists():
-        sets["real"] = load(SHARED)
-    else:
-        print(f"pages: {SHARED} is absent; speed is measured on data/ pages only (real CRAG pages skipped)")
-    speed_set = "real" if "real" in sets else "data"
-    unique = [(p["page_result"], p["page_name"]) for e in sets[speed_set] for p in e["search_results"]]
+def extraction(unique: list[tuple[str, str]], settings: PageSettings, workers: int, repeat: int) -> dict[str, float]:
+    """Median ms/page of the seed, ours with each extractor (one process) and ours in the pool; prints each."""
     pages = unique * 2
-    print(f"pages: speed on {speed_set}: {len(unique)} pages twice = {len(pages)} pages, "
-          f"{sum(len(h) for h, _ in pages) / 1e6:.1f} MB of HTML, {os.cpu_count()} CPUs")
-
+    ours = {name: replace(settings, extractor=name) for name in EXTRACTORS}
     for html, name in unique[:2]:  # warm-up: first calls pay lazy imports and caches
         seed_page(html, name, settings)
-        process_html(html, name, settings)
-
-    seed_runs, ours_runs, pool_runs = [], [], []
-    gc.collect()
+        for page_settings in ours.values():
+            process_html(html, name, page_settings)
+    runs: dict[str, list[float]] = {"seed": [], **{name: [] for name in ours}, "pool": []}
     started = time.perf_counter()
-    pool = PageProcessor(settings, workers=args.workers, use_cache=False)
+    pool = PageProcessor(settings, workers=workers, use_cache=False)
     pool_start_s = time.perf_counter() - started
     try:
         pool.process(unique[:pool.workers], timeout_s=600)  # warm the workers' lazy imports
-        for _ in range(args.repeat):  # interleaved, so that a slow spell of the machine hits all three
+        for _ in range(repeat):  # interleaved, so that a slow spell of the machine hits all of them
             results: list[ProcessedPage | None] = []
             # per_page_ms calls each function at once, inside this iteration
-            pool_runs.append(per_page_ms(lambda ps: results.extend(pool.process(ps, timeout_s=600)), pages))  # noqa: B023
-            ours_runs.append(per_page_ms(lambda ps: [process_html(h, n, settings) for h, n in ps], pages))
-            seed_runs.append(per_page_ms(lambda ps: [seed_page(h, n, settings) for h, n in ps], pages))
+            runs["pool"].append(per_page_ms(lambda ps: results.extend(pool.process(ps, timeout_s=600)), pages))  # noqa: B023
+            for name, page_settings in ours.items():
+                runs[name].append(per_page_ms(lambda ps: [process_html(h, n, page_settings) for h, n in ps], pages))  # noqa: B023
+            runs["seed"].append(per_page_ms(lambda ps: [seed_page(h, n, settings) for h, n in ps], pages))
             if any(r is None for r in results):
                 raise SystemExit("pages: the pool lost pages")
     finally:
         pool.close()
-    # Best of N, as timeit reports: on a shared machine the slow runs measure the neighbours, not the code.
-    seed_ms, ours_ms, pool_ms = (min(runs) for runs in (seed_runs, ours_runs, pool_runs))
-    print(f"  best of {args.repeat} interleaved runs")
-    print(f"  (a) seed recipe, 1 process : {seed_ms:8.1f} ms/page  runs {_fmt(seed_runs)}")
-    print(f"  (b) ours, 1 process        : {ours_ms:8.1f} ms/page  runs {_fmt(ours_runs)}")
-    print(f"  (c) ours, pool of {pool.workers}        : {pool_ms:8.1f} ms/page  runs {_fmt(pool_runs)}; "
-          f"{len(pages)} pages in {pool_ms * len(pages) / 1000:.2f} s wall (+ {pool_start_s:.2f} s pool start, once)")
+    medians = {name: statistics.median(values) for name, values in runs.items()}
+    print(f"  median of {repeat} interleaved runs, {len(pages)} pages each")
+    print(f"  (a) seed recipe, 1 process      : {medians['seed']:7.1f} ms/page  runs {_fmt(runs['seed'])}")
+    for name in ours:
+        print(f"  (b) ours, {name:11s}, 1 process: {medians[name]:7.1f} ms/page  runs {_fmt(runs[name])}")
+    print(f"  (c) ours, {settings.extractor}, pool of {pool.workers}: {medians['pool']:7.1f} ms/page  runs "
+          f"{_fmt(runs['pool'])}; + {pool_start_s:.2f} s pool start, once")
+    return medians
+
+
+def embedding(examples: list[dict[str, Any]], config: Any, embedder: Embedder) -> None:
+    """Texts per second with batches cut in arrival order against Embedder.encode's batches of similar length."""
+    settings = PageSettings.from_config(config.references)
+    texts = []
+    for example in examples:
+        pages = example["search_results"]
+        processed = [process_html(p.get("page_result"), str(p.get("page_name")), settings) for p in pages]
+        texts += [ref.text for ref in candidates(pages, processed, config.references.use_snippets)]
+    size = config.embedder.batch_size
+    embedder.encode(texts[:size])  # warm-up
+    started = time.perf_counter()
+    for start in range(0, len(texts), size):
+        embedder.encode(texts[start:start + size])
+    arrival = len(texts) / (time.perf_counter() - started)
+    started = time.perf_counter()
+    embedder.encode(texts, deadline=Deadline(float("inf")))
+    sorted_rate = len(texts) / (time.perf_counter() - started)
+    print(f"embedding: {len(texts)} candidates, batches of {size}: in arrival order {arrival:.0f} texts/s, "
+          f"of similar length {sorted_rate:.0f} texts/s ({sorted_rate / arrival:.2f}x)")
+
+
+def stage_seconds(examples: list[dict[str, Any]], config: Any, embedder: Embedder,
+                  processor: PageProcessor) -> tuple[list[float], list[bool], list[float]]:
+    """Per question, one at a time: the references stage's wall seconds, whether the answer was found, and the
+    token recall."""
+    seconds, found, tokens = [], [], []
+    resources = {"embedder": embedder, "pages": processor, "hash_model": None, "reranker": None, "llm": None}
+    for n, example in enumerate(examples):
+        state = QueryState(n, example["interaction_id"], example["query"], example["query_time"],
+                           example["search_results"])
+        gc.collect()
+        started = time.perf_counter()
+        run_alone(ReferencesStage(), [state], config, resources)
+        seconds.append(time.perf_counter() - started)
+        texts = [ref.text for ref in state.references]
+        found.append(answer_found(example, texts))
+        tokens.append(token_recall(example, texts))
+    return seconds, found, tokens
+
+
+@command
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, default=0, help="pool size (default: one per CPU)")
+    parser.add_argument("--repeat", type=int, default=3, help="interleaved extraction runs; the median is reported")
+    parser.add_argument("--task3-questions", type=int, default=24,
+                        help="Task-3 questions timed and scored (the real ones first, then gate_dev's)")
+    parser.add_argument("--max-pages", default="5,10,20", help="the references.max_pages values of the Task-3 lines")
+    args = parser.parse_args(argv)
+    try:
+        ks = [int(k) for k in args.max_pages.split(",") if k.strip()]
+    except ValueError:
+        raise SystemExit(f"pages: --max-pages {args.max_pages!r} is not a comma-separated list of integers") from None
+
+    config = load_config(REPO_ROOT / "configs" / "cpu.yaml")
+    settings = PageSettings.from_config(config.references)
+    sets = {"data": load(DATA), "gate_dev": load(GATE_DEV)}
+    if SHARED.exists():
+        sets = {"real": load(SHARED), **sets}
+    else:
+        print(f"pages: {SHARED} is absent; speed is measured on data/ pages only (real CRAG pages skipped)")
+    speed_set = "real" if "real" in sets else "data"
+    unique = [(p["page_result"], p["page_name"]) for e in sets[speed_set] for p in e["search_results"]]
+    print(f"pages: speed on {speed_set}: {len(unique)} pages twice, {2 * sum(len(h) for h, _ in unique) / 1e6:.1f} MB "
+          f"of HTML; {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, OMP_NUM_THREADS "
+          f"{os.environ.get('OMP_NUM_THREADS', 'unset')}")
+    ms = extraction(unique, settings, args.workers, args.repeat)
 
     embedder = Embedder(config.embedder)
-    ours_found = seed_found = total = 0
+    embedding(sets[speed_set], config, embedder)
+
+    found: dict[str, int] = {}
+    total = 0
     for name, examples in sets.items():
-        ours_proc = PageProcessor(settings, workers=1, use_cache=False)
-        r_ours, n, t_ours = recall(examples, ours_proc, config, embedder)
-        r_seed, _, t_seed = recall(examples, SeedProcessor(settings), config, embedder)
-        print(f"  recall on {name:4s}: ours {r_ours}/{n}, seed {r_seed}/{n}; "
-              f"answer-word recall ours {t_ours:.2f}, seed {t_seed:.2f}")
-        ours_found, seed_found, total = ours_found + r_ours, seed_found + r_seed, total + n
-    print(f"pages: seed {seed_ms:.0f} ms/page, ours {ours_ms:.0f} ms/page, speedup {seed_ms / ours_ms:.2f}x, "
-          f"pool {ours_ms / pool_ms:.2f}x, recall ours {ours_found}/{total} seed {seed_found}/{total}")
+        processors = {"ours": PageProcessor(settings, workers=1, use_cache=False),
+                      "trafilatura": PageProcessor(replace(settings, extractor="trafilatura"), workers=1,
+                                                   use_cache=False),
+                      "seed": SeedProcessor(settings)}
+        line = []
+        for label, processor in processors.items():
+            hits, n, tokens = recall(examples, processor, config, embedder)
+            found[label] = found.get(label, 0) + hits
+            line.append(f"{label} {hits}/{n} (tokens {tokens:.2f})")
+        total += n
+        print(f"  recall on {name:8s}: " + ", ".join(line))
+    print(f"pages: seed {ms['seed']:.0f} ms/page, ours {ms[settings.extractor]:.1f} ms/page ({settings.extractor}), "
+          f"trafilatura {ms['trafilatura']:.1f} ms/page, speedup {ms['seed'] / ms[settings.extractor]:.2f}x, "
+          f"pool {ms[settings.extractor] / ms['pool']:.2f}x, recall ours {found['ours']}/{total} trafilatura "
+          f"{found['trafilatura']}/{total} seed {found['seed']}/{total}")
+
+    processor = PageProcessor(settings, workers=args.workers, use_cache=False)
+    try:
+        five = sets[speed_set]
+        seconds, _, _ = stage_seconds(five, config, embedder, processor)
+        print(f"references: {statistics.median(seconds):.2f} s per {speed_set} 5-page question (median of "
+              f"{len(seconds)}; each {_fmt(seconds)})")
+
+        pool = [page for name in ("real", "gate_dev") for e in sets.get(name, []) for page in e["search_results"]]
+        questions = [e for name in ("real", "gate_dev") for e in sets.get(name, [])][:args.task3_questions]
+        task3 = task3_set(questions, pool)
+        parts = []
+        for k in [0, *ks]:
+            config.references.max_pages = k
+            seconds, hits, tokens = stage_seconds(task3, config, embedder, processor)
+            label = f"all {TASK3_PAGES} pages" if k == 0 else f"max_pages {k}"
+            print(f"  task3 {label:13s}: {statistics.median(seconds):5.2f} s/query (median; max "
+                  f"{max(seconds):.2f}), recall {sum(hits)}/{len(hits)}, token recall {np.mean(tokens):.2f}")
+            parts.append(f"{label} {statistics.median(seconds):.2f} s/query recall {sum(hits)}/{len(hits)}")
+        print("task3: " + "; ".join(parts))
+    finally:
+        processor.close()
     return 0
 
 

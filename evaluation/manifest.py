@@ -30,7 +30,8 @@ from models.prompting import PromptLibrary
 MANIFEST = "manifest.json"
 # Config keys that change where files go, how work is spread or what is recorded, never an answer.
 VOLATILE = ("source", "references.cache_dir", "references.workers", "llm.hf.cache_dir", "record_prompts")
-PACKAGES = ("torch", "transformers", "tokenizers", "sentence-transformers", "vllm", "openai", "trafilatura", "lxml")
+PACKAGES = ("torch", "transformers", "tokenizers", "sentence-transformers", "vllm", "openai", "trafilatura",
+            "resiliparse", "lxml")
 SERVED_KG = "fixture server over data/kg"
 SERVED_LLM = "served by --serve-llm (evaluation/llm_server.py)"
 

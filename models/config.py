@@ -234,6 +234,11 @@ class ReferencesConfig:
     """Table parts per page, at most."""
     max_page_chars: int = 2_000_000
     """A page's HTML is cut to this many characters before parsing."""
+    extractor: Literal["resiliparse", "trafilatura"] = "resiliparse"
+    """Main-text extractor of a page (docs/decisions/page-extractor.md); cached pages are kept per extractor."""
+    max_pages: int = field(default=0, metadata=at_least(0))
+    """A query with more pages than this (Task 3: 50) has only the best this many by title and snippet parsed, the
+    rest giving their snippets; 0: every page is parsed."""
     max_candidates: int = field(default=500, metadata=at_least(1))
     """A query's candidates (chunks, tables, snippets) beyond this are shortlisted by BM25 before embedding, so that
     one huge page (thousands of candidates) does not spend the batch's time."""

@@ -74,6 +74,16 @@ def remove_boilerplate(tree: lxml.html.HtmlElement) -> None:
             element.drop_tag()
 
 
+def lists_as_content(tree: lxml.html.HtmlElement, max_link_share: float = 0.5) -> None:
+    """Mark every bulleted list that is not mostly link text as an ordered list. resiliparse's main-content rules
+    drop each <ul> as navigation and keep each <ol>; a list of facts (members, dates, titles) is content."""
+    for element in tree.iter("ul"):
+        chars = len(element.text_content().strip())
+        link_chars = sum(len(link.text_content()) for link in element.iter("a"))
+        if chars and link_chars <= max_link_share * chars:
+            element.tag = "ol"
+
+
 def unescape_unicode(text: str) -> str:
     r"""Decode literal `\uXXXX` escapes (pairs of surrogates joined; a lone surrogate becomes U+FFFD)."""
     if "\\u" not in text and "\\U" not in text:

@@ -1,9 +1,11 @@
 """Web page processing (the seed's section 4.1): one HTML page to text chunks and Markdown tables.
 
-Each page is parsed once with lxml. Boilerplate elements are removed, tables become Markdown and leave the tree,
-trafilatura extracts the main text from that same tree (falling back to every block's text when it finds none),
-and the seed's chunking rules cut the text. `PageProcessor` runs pages in worker processes and caches results by
-content hash, so a page is never processed twice, in one run or the next.
+Each page is parsed with lxml. Boilerplate elements are removed and tables become Markdown and leave the tree;
+the main text of what remains comes from resiliparse's main-content extraction (or trafilatura's, by setting),
+falling back to every block's text when the extractor finds none, and the seed's chunking rules cut the text.
+Why resiliparse reads the serialized tree rather than parsing the page on its own: docs/decisions/page-extractor.md.
+`PageProcessor` runs pages in worker processes and caches results by content hash, so a page is never processed
+twice, in one run or the next.
 """
 
 from __future__ import annotations
@@ -20,17 +22,20 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import lxml.html
 import trafilatura
 from loguru import logger
+from resiliparse.extract.html2text import extract_plain_text
 
 from utils.cache import JsonCache, content_key
 from utils.chunking import seed_chunks, split_sentences
-from utils.html import block_text, parse_html, remove_boilerplate, unescape_unicode
+from utils.html import block_text, lists_as_content, parse_html, remove_boilerplate, unescape_unicode
 from utils.processes import die_with_parent
 from utils.tables import extract_tables
 
 POLL_S = 0.05  # how often a wait on the pool looks at the clock again; it bounds no page
 PROCESSING_VERSION = "pages-1"  # bump when the output of process_html changes, to invalidate cached pages
+EXTRACTORS = ("resiliparse", "trafilatura")
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,11 @@ class PageSettings:
     table_chars: int = 4000     # one Markdown table (part) at most; longer tables are split between rows
     max_table_parts: int = 20   # per page
     max_page_chars: int = 2_000_000
+    extractor: str = "resiliparse"  # one of EXTRACTORS; part of the fingerprint, so of every cache key
+
+    def __post_init__(self) -> None:
+        if self.extractor not in EXTRACTORS:
+            raise ValueError(f"page extractor {self.extractor!r} is not one of {', '.join(EXTRACTORS)}")
 
     def fingerprint(self) -> str:
         return repr(sorted(asdict(self).items()))
@@ -55,15 +65,24 @@ class PageSettings:
 class ProcessedPage:
     chunks: list[str] = field(default_factory=list)
     tables: list[str] = field(default_factory=list)
-    source: str = "empty"  # where the main text came from: "trafilatura", "fallback" or "empty"
+    source: str = "empty"  # where the main text came from: an extractor's name, "fallback" or "empty"
 
 
-def main_text(tree) -> tuple[str, str]:
-    """(text, source): trafilatura's main text of the cleaned tree, else every block's text."""
-    text = trafilatura.extract(tree, fast=True, include_tables=False, include_comments=False,
-                               include_images=False, include_links=False)
+def extracted_text(tree: lxml.html.HtmlElement, extractor: str) -> str | None:
+    """The extractor's main text of the cleaned tree, one block per line (None or blank: it found none)."""
+    if extractor == "trafilatura":
+        return trafilatura.extract(tree, fast=True, include_tables=False, include_comments=False,
+                                   include_images=False, include_links=False)
+    lists_as_content(tree)
+    return extract_plain_text(lxml.html.tostring(tree, encoding="unicode"), preserve_formatting=True,
+                              main_content=True, list_bullets=False, alt_texts=False)
+
+
+def main_text(tree: lxml.html.HtmlElement, extractor: str) -> tuple[str, str]:
+    """(text, source): the extractor's main text of the cleaned tree, else every block's text."""
+    text = extracted_text(tree, extractor)
     if text and text.strip():
-        return text, "trafilatura"
+        return text, extractor
     text = block_text(tree)
     return text, "fallback" if text else "empty"
 
@@ -75,7 +94,7 @@ def process_html(raw: object, page_name: str, settings: PageSettings) -> Process
         return ProcessedPage()
     remove_boilerplate(tree)
     tables = extract_tables(tree, page_name, settings.table_chars, settings.max_table_parts)
-    text, source = main_text(tree)
+    text, source = main_text(tree, settings.extractor)
     sentences = split_sentences(unescape_unicode(text))
     chunks = seed_chunks(sentences, settings.sentence_chars, settings.chunk_chars, settings.group_size)
     return ProcessedPage(chunks, tables, source)

@@ -18,6 +18,7 @@ T = TypeVar("T")
 
 
 PACKAGED_NAME = "all-MiniLM-L6-v2"
+WINDOW_BATCHES = 8  # texts are sorted by length within windows of this many batches
 
 
 def packaged_minilm() -> Path:
@@ -53,18 +54,35 @@ class Embedder:
         self.dimension = int(dimension())
 
     def encode(self, texts: list[str], deadline: Deadline | None = None) -> np.ndarray:
-        """Unit vectors of `texts`, in order; with a deadline, embedded one batch at a time and stopped when
-        it passes: then the rows are those of the first texts only."""
+        """Unit vectors of `texts`, in order. With a deadline, embedded one batch at a time and stopped when it
+        passes: then the rows are those of the first texts only.
+
+        Batches are cut from texts of similar length (longest first within each window of WINDOW_BATCHES
+        batches), as sentence-transformers does within one call: a batch is padded to its longest text, and
+        batches of mixed lengths cost about twice as much (benchmarks/pages.py's embedding line).
+        """
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
-        step = len(texts) if deadline is None else self.config.batch_size
-        parts = []
-        for start in range(0, len(texts), step):
-            if deadline is not None and deadline.expired():
-                break
-            parts.append(self.model.encode(texts[start:start + step], batch_size=self.config.batch_size,
-                                           normalize_embeddings=True, convert_to_numpy=True,
-                                           show_progress_bar=False))
-        if not parts:
-            return np.zeros((0, self.dimension), dtype=np.float32)
-        return np.vstack(parts).astype(np.float32, copy=False)
+        if deadline is None:
+            return self._encode(texts)
+        size = self.config.batch_size
+        rows: list[np.ndarray | None] = [None] * len(texts)
+        window = size * WINDOW_BATCHES
+        for start in range(0, len(texts), window):
+            indices = sorted(range(start, min(start + window, len(texts))), key=lambda i: -len(texts[i]))
+            for first in range(0, len(indices), size):
+                if deadline.expired():
+                    return self._prefix(rows)
+                batch = indices[first:first + size]
+                for i, row in zip(batch, self._encode([texts[i] for i in batch])):
+                    rows[i] = row
+        return self._prefix(rows)
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        return self.model.encode(texts, batch_size=self.config.batch_size, normalize_embeddings=True,
+                                 convert_to_numpy=True, show_progress_bar=False).astype(np.float32, copy=False)
+
+    def _prefix(self, rows: list[np.ndarray | None]) -> np.ndarray:
+        """The rows before the first text left unembedded (a window cut short embeds some later texts too)."""
+        done = next((i for i, row in enumerate(rows) if row is None), len(rows))
+        return np.vstack(rows[:done]) if done else np.zeros((0, self.dimension), dtype=np.float32)

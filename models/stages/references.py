@@ -1,7 +1,9 @@
 """references: the batch's pages -> chunks, tables and snippets -> the best of them for each query.
 
-All pages of the batch go to the page processor at once (worker processes, cached by content); the query and
-every candidate are embedded in one call; chunks and snippets keep the cosine top-k, tables are kept best first
+A query with more pages than `max_pages` (Task 3 brings 50) has its pages ranked first by title and snippet,
+embedded with the queries in one call, and only the best `max_pages` are parsed; the others still give their
+snippets. All pages to read go to the page processor at once (worker processes, cached by content); every
+candidate is embedded in one call; chunks and snippets keep the cosine top-k, tables are kept best first
 while they fit the table budget. With a re-ranker configured, a cross-encoder re-scores the best candidates first.
 
 With `retriever: hash` (HASH-RAG), each candidate is split into propositions (embedded in a second call); a hash
@@ -52,6 +54,18 @@ def candidates(pages: list[Mapping[str, Any]], processed: list[ProcessedPage | N
                 seen.add(text)
                 refs.append(Reference(text, kind, *meta))
     return refs
+
+
+def page_header(page: Mapping[str, Any]) -> str:
+    """What a page is known by before it is read: its title and the search engine's snippet."""
+    return " ".join(part for part in (_field(page, "page_name"), _field(page, "page_snippet")) if part)
+
+
+def pages_to_read(pages: list[Mapping[str, Any]], query: np.ndarray, headers: np.ndarray, limit: int) -> set[int]:
+    """The indices of the `limit` pages whose header vectors are closest to the query; every page within it."""
+    if len(pages) <= limit:
+        return set(range(len(pages)))
+    return set(best_first(headers @ query)[:limit])
 
 
 _WORD = re.compile(r"\w+")
@@ -116,13 +130,13 @@ def proposition_units(refs: list[Reference], config: HashConfig, rewritten: dict
 
 
 _BULLET = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s*")
-_WORD = re.compile(r"[^\W_]")
+_LETTER_OR_DIGIT = re.compile(r"[^\W_]")
 
 
 def read_propositions(output: str) -> list[str]:
     """The proposition lines of an LLM's output, bullets and numbering removed; lines without a word dropped."""
     lines = (_BULLET.sub("", line).strip() for line in output.splitlines())
-    return [line for line in lines if _WORD.search(line)]
+    return [line for line in lines if _LETTER_OR_DIGIT.search(line)]
 
 
 def rewrite_as_propositions(states: list[QueryState], per_query: list[list[Reference]], scores: list[np.ndarray],
@@ -171,15 +185,25 @@ class ReferencesStage(Stage):
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
         settings = ctx.settings
         timeout = min(settings.timeout_s, ctx.work_deadline().remaining())
-        flat = [(page.get("page_result"), _field(page, "page_name")) for s in states for page in s.pages]
-        processed = ctx.pages.process(flat, timeout)
+        limit = settings.max_pages or max((len(s.pages) for s in states), default=0)
+        ranked = [s for s in states if len(s.pages) > limit]
+        headers = [page_header(page) for s in ranked for page in s.pages]
+        vectors = ctx.embedder.encode([state.query for state in states] + headers)
+        queries = vectors[:len(states)]
+        header_blocks = dict(zip(map(id, ranked), split_rows(vectors[len(states):], [len(s.pages) for s in ranked])))
+        reading = [pages_to_read(s.pages, query, header_blocks[id(s)], limit) if id(s) in header_blocks
+                   else set(range(len(s.pages))) for s, query in zip(states, queries)]
+        if ranked:
+            logger.info("{} queries have more than {} pages: the best {} by title and snippet are read",
+                        len(ranked), limit, limit)
+        flat = [(page.get("page_result"), _field(page, "page_name"))
+                for s, read in zip(states, reading) for i, page in enumerate(s.pages) if i in read]
+        done = iter(ctx.pages.process(flat, timeout))
         per_query: list[list[Reference]] = []
-        offset = 0
-        for state in states:
-            found = candidates(state.pages, processed[offset:offset + len(state.pages)], settings.use_snippets)
+        for state, read in zip(states, reading):
+            processed = [next(done) if i in read else None for i in range(len(state.pages))]
+            found = candidates(state.pages, processed, settings.use_snippets)
             per_query.append(shortlist(state.query, found, settings.max_candidates))
-            offset += len(state.pages)
-        queries = ctx.embedder.encode([state.query for state in states])
         blocks = embed_in_turn(ctx.embedder, per_query, ctx.work_deadline())
         per_query = [refs[:len(block)] for refs, block in zip(per_query, blocks)]
         hashing = settings.retriever == "hash"

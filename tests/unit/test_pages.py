@@ -13,7 +13,7 @@ import utils.pages
 from tests.conftest import SHARED_CRAG
 from utils.chunking import is_question, seed_chunks, split_sentences
 from utils.html import decode_html, parse_html, remove_boilerplate, unescape_unicode
-from utils.pages import PageProcessor, PageSettings, ProcessedPage, process_html
+from utils.pages import EXTRACTORS, PageProcessor, PageSettings, ProcessedPage, process_html
 from utils.tables import extract_tables
 
 SETTINGS = PageSettings()
@@ -78,18 +78,44 @@ def test_giant_page_is_cut_not_choked_on():
     assert 0 < len(all_text(page)) <= 10_000
 
 
-def test_page_where_trafilatura_finds_nothing_falls_back_to_block_text(monkeypatch):
-    monkeypatch.setattr(utils.pages.trafilatura, "extract", lambda tree, **options: None)
+@pytest.mark.parametrize("extractor", EXTRACTORS)
+def test_page_where_the_extractor_finds_nothing_falls_back_to_block_text(monkeypatch, extractor):
+    if extractor == "trafilatura":
+        monkeypatch.setattr(utils.pages.trafilatura, "extract", lambda tree, **options: None)
+    else:
+        monkeypatch.setattr(utils.pages, "extract_plain_text", lambda html, **options: "  \n")
     page = process_html("<html><body><nav><a href='/a'>Home</a></nav><div>Opening hours 9 to 5</div>"
-                        "<table><tr><th>Day</th></tr><tr><td>Monday</td></tr></table></body></html>", "P", SETTINGS)
+                        "<table><tr><th>Day</th></tr><tr><td>Monday</td></tr></table></body></html>", "P",
+                        PageSettings(extractor=extractor))
     assert page.source == "fallback" and all_text(page) == "Home Opening hours 9 to 5"
     assert "Monday" in page.tables[0]
 
 
-def test_article_text_comes_from_trafilatura():
+@pytest.mark.parametrize("extractor", EXTRACTORS)
+def test_article_text_comes_from_the_extractor_without_the_navigation(extractor):
     page = process_html(f"<html><body><nav>Home | News</nav><article><h1>Storm</h1><p>{ARTICLE}</p>"
-                        "</article></body></html>", "P", SETTINGS)
-    assert page.source == "trafilatura" and "lighthouse keeper number 0" in all_text(page)
+                        "</article><table><tr><th>Day</th><th>Wind</th></tr><tr><td>Monday</td><td>gale</td></tr>"
+                        "</table></body></html>", "P", PageSettings(extractor=extractor))
+    text = all_text(page)
+    assert page.source == extractor and "lighthouse keeper number 0" in text and "Home" not in text
+    assert "gale" not in text and "| Monday | gale |" in page.tables[0]  # a data table is read once, as a table
+
+
+@pytest.mark.parametrize("extractor", EXTRACTORS)
+def test_a_list_of_facts_is_text_and_a_list_of_links_is_not(extractor):
+    page = process_html("<html><body><p>The Beatles were a band from Liverpool.</p><h2>Members</h2><ul>"
+                        "<li>John Lennon, born 9 October 1940</li><li>Paul McCartney, born 18 June 1942</li></ul>"
+                        "<ul><li><a href='/a'>Home</a></li><li><a href='/b'>Contact us</a></li></ul></body></html>",
+                        "P", PageSettings(extractor=extractor))
+    text = all_text(page)
+    assert "John Lennon, born 9 October 1940" in text and "born 18 June 1942" in text
+    assert ("Contact us" in text) == (extractor == "trafilatura")  # resiliparse drops a navigation list
+
+
+def test_the_default_extractor_is_resiliparse_and_an_unknown_one_is_refused():
+    assert SETTINGS.extractor == "resiliparse"
+    with pytest.raises(ValueError, match="'boilerpipe' is not one of resiliparse, trafilatura"):
+        PageSettings(extractor="boilerpipe")
 
 
 # --- tables --------------------------------------------------------------------------------------------------
@@ -225,6 +251,14 @@ def test_settings_are_part_of_the_cache_key(tmp_path):
     other = PageProcessor(PageSettings(sentence_chars=5), workers=1, cache_folder=tmp_path)
     (page,) = other.process(PAGES[:1], timeout_s=30)
     assert other.cache.misses == 1 and page.chunks == ["Page It ha"]
+
+
+def test_a_page_cached_by_one_extractor_is_never_served_to_another(tmp_path):
+    PageProcessor(PageSettings(extractor="trafilatura"), workers=1, cache_folder=tmp_path).process(
+        PAGES[:1], timeout_s=30)
+    other = PageProcessor(PageSettings(extractor="resiliparse"), workers=1, cache_folder=tmp_path)
+    (page,) = other.process(PAGES[:1], timeout_s=30)
+    assert other.cache.misses == 1 and page.source == "resiliparse"
 
 
 def test_unwritable_cache_folder_is_logged_and_results_still_come(tmp_path, caplog_loguru):

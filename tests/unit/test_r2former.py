@@ -243,10 +243,11 @@ def test_prompt_mode_injects_one_embedding_per_reference_shown(make_system, cpu_
                                    retrieval_features(state.query_vector, state.reference_vectors), atol=1e-6)
         _, (projected,) = system.r2former.run([np.asarray(state.retrieval_features, dtype=np.float32)])
         shown = fit_references(state.references, cpu_config.reasoning.max_reference_chars)
-        order = ([i for i, r in enumerate(shown) if r.kind != "table"]
-                 + [i for i, r in enumerate(shown) if r.kind == "table"])
+        embedded = min(len(shown), system.r2former.model.config.max_refs)  # the rest are shown without one
+        order = [i for i, r in enumerate(shown) if r.kind != "table" and i < embedded] + [
+            i for i, r in enumerate(shown) if r.kind == "table" and i < embedded]
         user = conversation[1]["content"]
-        assert user.count(f"similarity: {PLACEHOLDER}") == user.count(PLACEHOLDER) == len(shown) == len(rows)
+        assert user.count(f"similarity: {PLACEHOLDER}") == user.count(PLACEHOLDER) == embedded == len(rows)
         assert "\ue000" not in user
         np.testing.assert_allclose(rows, projected[order], atol=1e-6)  # the template's order: texts, then tables
 

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from models.retrieval.dense import select
 from models.stages.base import run_alone
-from models.stages.references import ReferencesStage
+from models.stages.references import ReferencesStage, shortlist
 from models.state import QueryState, Reference
 from tests.fakes import HashEmbedder, ScriptedLLM
 from utils.pages import PageProcessor, PageSettings
@@ -167,3 +167,48 @@ def test_embedding_stops_at_the_deadline_and_leaves_every_query_its_best_candida
     assert [len(b) for b in blocks] == [3, 2, 2]  # in turns: a0 b0 c0 a1 b1 c1 a2
     assert np.allclose(blocks[0][2], HashEmbedder().encode(["a2"])[0])
     assert [len(b) for b in embed_in_turn(Slow(0), per_query, deadline=None)] == [0, 0, 0]
+
+
+def test_the_shortlist_scores_whole_words():
+    """A candidate with the query's letters but not its word ("act tac" for "cat") scores nothing."""
+    texts = ("act tac", "a dog runs", "birds fly south", "fish swim", "a tall cat sat there on the mat")
+    refs = [Reference(text, "chunk", "P", "", "") for text in texts]
+    assert [r.text for r in shortlist("cat", refs, 1)] == ["a tall cat sat there on the mat"]
+
+
+class CountingPages(PageProcessor):
+    """The page processor, recording which pages it was asked to parse."""
+
+    def __init__(self, settings):
+        super().__init__(settings, workers=1)
+        self.asked: list[str] = []
+
+    def process(self, pages, timeout_s):
+        self.asked += [name for _, name in pages]
+        return super().process(pages, timeout_s)
+
+
+def test_a_query_with_more_pages_than_max_pages_reads_the_best_by_title_and_snippet(cpu_config):
+    cpu_config.references.max_pages = 2
+    topics = ["harbour ferries", "mountain goats", "leap year days", "opera singers", "desert winds", "jazz clubs"]
+    many = [page(f"<p>All about {topic}. It is a long page about {topic}.</p>", name=f"Guide to {topic}",
+                 snippet=f"Read about {topic} here") for topic in topics]
+    few = [page(WEATHER, name="Weather", snippet="rain on tuesday")]
+    processor, embedder = CountingPages(PageSettings.from_config(cpu_config.references)), HashEmbedder()
+    states = [state("how many leap year days", *many), state("rain on tuesday", *few, index=1)]
+    resources = {"llm": ScriptedLLM(), "embedder": embedder, "pages": processor, "reranker": None}
+    run_alone(ReferencesStage(), states, cpu_config, resources, seconds=60)
+    read = set(processor.asked)
+    assert "Guide to leap year days" in read and "Weather" in read and len(read) == 3
+    kinds = {(ref.page_name, ref.kind) for ref in states[0].candidates}
+    assert ("Guide to leap year days", "chunk") in kinds
+    assert ("Guide to jazz clubs", "snippet") in kinds and ("Guide to jazz clubs", "chunk") not in kinds
+    assert embedder.calls == 2  # queries with page headers, then the candidates
+
+
+def test_max_pages_zero_reads_every_page(cpu_config):
+    pages = [page(f"<p>Page {i} text.</p>", name=f"P{i}") for i in range(7)]
+    processor = CountingPages(PageSettings.from_config(cpu_config.references))
+    resources = {"llm": ScriptedLLM(), "embedder": HashEmbedder(), "pages": processor, "reranker": None}
+    run_alone(ReferencesStage(), [state("page text", *pages)], cpu_config, resources, seconds=60)
+    assert cpu_config.references.max_pages == 0 and sorted(processor.asked) == [f"P{i}" for i in range(7)]
