@@ -34,9 +34,11 @@ from __future__ import annotations
 
 import argparse
 import bz2
+import cProfile
 import gc
 import json
 import os
+import pstats
 import random
 import statistics
 import sys
@@ -205,14 +207,37 @@ def stage_seconds(examples: list[dict[str, Any]], config: Any, embedder: Embedde
     return seconds, found, tokens
 
 
+def profile(sets: dict[str, list[dict[str, Any]]], config: Any, workers: int) -> int:
+    """The references stage's 15 costliest calls (cumulative) on the first 5-page question and on it padded to
+    TASK3_PAGES pages, with the configured `max_pages`."""
+    embedder = Embedder(config.embedder)
+    processor = PageProcessor(PageSettings.from_config(config.references), workers=workers, use_cache=False)
+    first = next(iter(sets.values()))[0]
+    pool = [page for examples in sets.values() for e in examples for page in e["search_results"]]
+    try:
+        stage_seconds([first], config, embedder, processor)  # warm-up: lazy imports, the pool's workers
+        for label, example in (("5-page", first), (f"{TASK3_PAGES}-page", task3_set([first], pool)[0])):
+            profiler = cProfile.Profile()
+            profiler.enable()
+            seconds, _, _ = stage_seconds([example], config, embedder, processor)
+            profiler.disable()
+            print(f"profile: {label} query, {seconds[0]:.2f} s")
+            pstats.Stats(profiler, stream=sys.stdout).sort_stats("cumulative").print_stats(15)
+    finally:
+        processor.close()
+    return 0
+
+
 @command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", type=int, default=0, help="pool size (default: one per CPU)")
-    parser.add_argument("--repeat", type=int, default=3, help="interleaved extraction runs; the median is reported")
+    parser.add_argument("--repeat", type=int, default=5, help="interleaved extraction runs; the median is reported")
     parser.add_argument("--task3-questions", type=int, default=24,
                         help="Task-3 questions timed and scored (the real ones first, then gate_dev's)")
     parser.add_argument("--max-pages", default="5,10,20", help="the references.max_pages values of the Task-3 lines")
+    parser.add_argument("--profile", action="store_true",
+                        help="instead: cProfile of the references stage on a real 5-page and a Task-3 query")
     args = parser.parse_args(argv)
     try:
         ks = [int(k) for k in args.max_pages.split(",") if k.strip()]
@@ -231,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"pages: speed on {speed_set}: {len(unique)} pages twice, {2 * sum(len(h) for h, _ in unique) / 1e6:.1f} MB "
           f"of HTML; {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, OMP_NUM_THREADS "
           f"{os.environ.get('OMP_NUM_THREADS', 'unset')}")
+    if args.profile:
+        return profile(sets, config, args.workers)
     ms = extraction(unique, settings, args.workers, args.repeat)
 
     embedder = Embedder(config.embedder)

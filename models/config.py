@@ -164,6 +164,8 @@ class EmbedderConfig:
     """torch device: cpu, cuda or cuda:N."""
     batch_size: int = 64
     """Texts per encoding batch."""
+    max_seq_length: int | None = field(default=None, metadata=at_least(1))
+    """Tokens of a text that are read, the rest cut; null: the model folder's own limit (MiniLM's 256)."""
 
 
 @dataclass
@@ -236,9 +238,12 @@ class ReferencesConfig:
     """A page's HTML is cut to this many characters before parsing."""
     extractor: Literal["resiliparse", "trafilatura"] = "resiliparse"
     """Main-text extractor of a page (docs/decisions/page-extractor.md); cached pages are kept per extractor."""
-    max_pages: int = field(default=0, metadata=at_least(0))
+    max_pages: int = field(default=20, metadata=at_least(0))
     """A query with more pages than this (Task 3: 50) has only the best this many by title and snippet parsed, the
     rest giving their snippets; 0: every page is parsed."""
+    candidates_per_page: int = field(default=0, metadata=at_least(0))
+    """With this set, a query's candidates to embed are also capped at this many per page read (the BM25
+    shortlist picks them); 0: only max_candidates caps them."""
     max_candidates: int = field(default=500, metadata=at_least(1))
     """A query's candidates (chunks, tables, snippets) beyond this are shortlisted by BM25 before embedding, so that
     one huge page (thousands of candidates) does not spend the batch's time."""
@@ -630,7 +635,8 @@ def _build(cls: type, data: dict[str, Any], source: str, prefix: str, extra: dic
             value = {**known[key].default_factory(), **{k: _splice(v) for k, v in value.items()}}
         kwargs[key] = _coerce(hints[key], value, source, where)
         low, high = meta.get("range", (None, None))
-        if (low is not None and kwargs[key] < low) or (high is not None and kwargs[key] > high):
+        if kwargs[key] is not None and (
+                (low is not None and kwargs[key] < low) or (high is not None and kwargs[key] > high)):
             allowed = range_text(low, high) if low is None or high is None else f"in {range_text(low, high)}"
             raise ConfigError(f"{source}: '{where}' must be {allowed}, got {kwargs[key]!r}")
     return cls(**kwargs)

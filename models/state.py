@@ -26,6 +26,11 @@ class Reference:
     score: float = 0.0
     relevance: float | None = None  # R2AG: the R2-Former's query-document-matching probability
 
+    def embedded_as(self) -> str:
+        """The text its vector is computed from: a snippet with its page's title (the page's header, which ranks
+        a query's many pages: references.max_pages), any other reference as it is."""
+        return " ".join(part for part in (self.page_name, self.text) if part) if self.kind == "snippet" else self.text
+
 
 @dataclass
 class Proposition:

@@ -49,6 +49,8 @@ class Embedder:
         self.config = config
         self.name = path.name if config.model else PACKAGED_NAME
         self.model = load_local("embedder", path, SentenceTransformer, config.device)
+        if config.max_seq_length is not None:
+            self.model.max_seq_length = config.max_seq_length
         # sentence-transformers 5 renamed it; the submission's pin (requirements.txt) has only the old name.
         dimension = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
         self.dimension = int(dimension())

@@ -44,7 +44,7 @@ class LocalRetriever:
         """The query's candidates (else its selected references) and KG lines, with their embeddings."""
         refs = list(state.candidates or state.references)
         given = state.candidate_vectors if state.candidates else state.reference_vectors
-        parts = [self._vectors(state, "pages", [r.text for r in refs], given)] if refs else []
+        parts = [self._vectors(state, "pages", [r.embedded_as() for r in refs], given)] if refs else []
         if state.kg_results:
             refs += [Reference(line, "kg") for line in state.kg_results]
             parts.append(self._vectors(state, "kg", list(state.kg_results), None))

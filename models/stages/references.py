@@ -15,7 +15,7 @@ query's best chunks as propositions (one backend call for the batch).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -71,32 +71,52 @@ def pages_to_read(pages: list[Mapping[str, Any]], query: np.ndarray, headers: np
 _WORD = re.compile(r"\w+")
 
 
-def shortlist(query: str, refs: list[Reference], limit: int) -> list[Reference]:
-    """At most `limit` of a query's candidates, the best by BM25 against the query first, so that a huge page
+def shortlist(query: str, refs: list[Reference], limit: int, known: Container[str] = ()) -> list[Reference]:
+    """The candidates worth embedding: those whose vector is `known` (by `Reference.embedded_as`) cost nothing
+    and come first; of the others at most `limit`, the best by BM25 against the query first, so that a huge page
     (thousands of chunks) costs what the deadline affords; all of them, in page order, when they are within the
     limit (docs/decisions/references-shortlist.md)."""
-    if len(refs) <= limit:
-        return refs
-    scores = BM25Okapi([_WORD.findall(r.text.lower()) or [""] for r in refs]).get_scores(
+    free = [r for r in refs if r.embedded_as() in known]
+    rest = [r for r in refs if r.embedded_as() not in known]
+    if len(rest) <= limit:
+        return free + rest
+    scores = BM25Okapi([_WORD.findall(r.text.lower()) or [""] for r in rest]).get_scores(
         _WORD.findall(query.lower()))
-    logger.info("{} candidates for {!r}: the {} best by BM25 are embedded", len(refs), query[:60], limit)
-    return [refs[i] for i in best_first(scores)[:limit]]
+    logger.info("{} candidates for {!r}: the {} best by BM25 are embedded", len(rest), query[:60], limit)
+    return free + [rest[i] for i in best_first(scores)[:limit]]
 
 
-def embed_in_turn(embedder: Any, per_query: list[list[Reference]], deadline: Any) -> list[np.ndarray]:
+def candidate_limit(settings: Any, pages_read: int) -> int:
+    """How many of a query's candidates may be embedded: `max_candidates`, and `candidates_per_page` for each
+    page read where that is set."""
+    per_page = settings.candidates_per_page * pages_read if settings.candidates_per_page else settings.max_candidates
+    return max(1, min(settings.max_candidates, per_page))
+
+
+def embed_in_turn(embedder: Any, per_query: list[list[Reference]], deadline: Any,
+                  known: Mapping[str, np.ndarray] | None = None) -> list[np.ndarray]:
     """The candidates' vectors, query by query, embedded in turns (each query's next best, then the next), so
     that a deadline reached half way leaves every query its best candidates: a query's block has a row for each
-    of its first candidates that was embedded (the others are dropped by the caller)."""
+    of its candidates before the first one left unembedded (the others are dropped by the caller). `known`:
+    vectors already computed, by `Reference.embedded_as`, which are not embedded again."""
+    known = known or {}
     order = [(q, i) for i in range(max((len(r) for r in per_query), default=0))
-             for q, refs in enumerate(per_query) if i < len(refs)]
-    vectors = embedder.encode([per_query[q][i].text for q, i in order], deadline=deadline)
-    blocks: list[list[np.ndarray]] = [[] for _ in per_query]
-    for (q, _), row in zip(order, vectors):
-        blocks[q].append(row)
+             for q, refs in enumerate(per_query) if i < len(refs) and refs[i].embedded_as() not in known]
+    vectors = embedder.encode([per_query[q][i].embedded_as() for q, i in order], deadline=deadline)
+    embedded = {(q, i): row for (q, i), row in zip(order, vectors)}
     if len(vectors) < len(order):
         logger.warning("deadline: {} of {} candidates embedded; the rest are left out", len(vectors), len(order))
-    width = vectors.shape[1]
-    return [np.vstack(b) if b else np.zeros((0, width), dtype=np.float32) for b in blocks]
+    blocks: list[np.ndarray] = []
+    for q, refs in enumerate(per_query):
+        rows = []
+        for i, ref in enumerate(refs):
+            row = known.get(ref.embedded_as())
+            row = embedded.get((q, i)) if row is None else row
+            if row is None:
+                break
+            rows.append(row)
+        blocks.append(np.vstack(rows) if rows else np.zeros((0, vectors.shape[1]), dtype=np.float32))
+    return blocks
 
 
 def split_rows(rows: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
@@ -190,7 +210,8 @@ class ReferencesStage(Stage):
         headers = [page_header(page) for s in ranked for page in s.pages]
         vectors = ctx.embedder.encode([state.query for state in states] + headers)
         queries = vectors[:len(states)]
-        header_blocks = dict(zip(map(id, ranked), split_rows(vectors[len(states):], [len(s.pages) for s in ranked])))
+        header_vectors = vectors[len(states):]
+        header_blocks = dict(zip(map(id, ranked), split_rows(header_vectors, [len(s.pages) for s in ranked])))
         reading = [pages_to_read(s.pages, query, header_blocks[id(s)], limit) if id(s) in header_blocks
                    else set(range(len(s.pages))) for s, query in zip(states, queries)]
         if ranked:
@@ -199,12 +220,13 @@ class ReferencesStage(Stage):
         flat = [(page.get("page_result"), _field(page, "page_name"))
                 for s, read in zip(states, reading) for i, page in enumerate(s.pages) if i in read]
         done = iter(ctx.pages.process(flat, timeout))
+        known = dict(zip(headers, header_vectors))
         per_query: list[list[Reference]] = []
         for state, read in zip(states, reading):
             processed = [next(done) if i in read else None for i in range(len(state.pages))]
             found = candidates(state.pages, processed, settings.use_snippets)
-            per_query.append(shortlist(state.query, found, settings.max_candidates))
-        blocks = embed_in_turn(ctx.embedder, per_query, ctx.work_deadline())
+            per_query.append(shortlist(state.query, found, candidate_limit(settings, len(read)), known))
+        blocks = embed_in_turn(ctx.embedder, per_query, ctx.work_deadline(), known)
         per_query = [refs[:len(block)] for refs, block in zip(per_query, blocks)]
         hashing = settings.retriever == "hash"
         if hashing:

@@ -228,7 +228,7 @@ def test_relevance_mode_reorders_and_filters_the_references(make_system, cpu_con
         assert all(p >= 0.5 for p in relevance[2:])  # past min_keep, only those over the threshold stay
         assert len(state.reference_vectors) == len(state.references)
         for ref, vector in zip(state.references, state.reference_vectors):  # vectors follow their references
-            np.testing.assert_allclose(vector, system.embedder.encode([ref.text])[0], atol=1e-6)
+            np.testing.assert_allclose(vector, system.embedder.encode([ref.embedded_as()])[0], atol=1e-6)
 
 
 def test_prompt_mode_injects_one_embedding_per_reference_shown(make_system, cpu_config, sample_examples,

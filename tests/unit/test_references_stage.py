@@ -169,6 +169,28 @@ def test_embedding_stops_at_the_deadline_and_leaves_every_query_its_best_candida
     assert [len(b) for b in embed_in_turn(Slow(0), per_query, deadline=None)] == [0, 0, 0]
 
 
+def test_a_snippet_is_embedded_with_its_title_and_a_known_vector_is_not_embedded_again():
+    from models.stages.references import embed_in_turn
+
+    embedder = CountingTexts()
+    snippet = Reference("Opening hours 9 to 5", "snippet", "Museum")
+    known = {"Museum Opening hours 9 to 5": np.ones(512, dtype=np.float32)}
+    (block,) = embed_in_turn(embedder, [[Reference("a chunk", "chunk"), snippet]], None, known)
+    assert embedder.texts == ["a chunk"] and np.array_equal(block[1], known["Museum Opening hours 9 to 5"])
+    (block,) = embed_in_turn(embedder, [[snippet]], None)
+    assert embedder.texts[-1] == "Museum Opening hours 9 to 5"
+
+
+class CountingTexts(HashEmbedder):
+    def __init__(self):
+        super().__init__()
+        self.texts: list[str] = []
+
+    def encode(self, texts, deadline=None):
+        self.texts += texts
+        return super().encode(texts, deadline)
+
+
 def test_the_shortlist_scores_whole_words():
     """A candidate with the query's letters but not its word ("act tac" for "cat") scores nothing."""
     texts = ("act tac", "a dog runs", "birds fly south", "fish swim", "a tall cat sat there on the mat")
@@ -207,8 +229,28 @@ def test_a_query_with_more_pages_than_max_pages_reads_the_best_by_title_and_snip
 
 
 def test_max_pages_zero_reads_every_page(cpu_config):
+    cpu_config.references.max_pages = 0
     pages = [page(f"<p>Page {i} text.</p>", name=f"P{i}") for i in range(7)]
     processor = CountingPages(PageSettings.from_config(cpu_config.references))
     resources = {"llm": ScriptedLLM(), "embedder": HashEmbedder(), "pages": processor, "reranker": None}
     run_alone(ReferencesStage(), [state("page text", *pages)], cpu_config, resources, seconds=60)
-    assert cpu_config.references.max_pages == 0 and sorted(processor.asked) == [f"P{i}" for i in range(7)]
+    assert sorted(processor.asked) == [f"P{i}" for i in range(7)]
+
+
+def test_candidates_whose_vectors_are_known_pass_the_shortlist_without_counting():
+    texts = ("act tac", "a dog runs", "birds fly south", "fish swim", "a tall cat sat there on the mat")
+    refs = [Reference(text, "chunk", "P", "", "") for text in texts] + [Reference("cats nap", "snippet", "Pets")]
+    kept = shortlist("cat", refs, 1, known={"Pets cats nap"})
+    assert [r.text for r in kept] == ["cats nap", "a tall cat sat there on the mat"]
+
+
+def test_the_candidates_to_embed_are_capped_per_page_read(cpu_config):
+    from models.stages.references import candidate_limit
+
+    settings = cpu_config.references
+    settings.max_candidates, settings.candidates_per_page = 500, 0
+    assert candidate_limit(settings, 5) == 500
+    settings.candidates_per_page = 10
+    assert (candidate_limit(settings, 5), candidate_limit(settings, 20), candidate_limit(settings, 0)) == (50, 200, 1)
+    settings.max_candidates = 120
+    assert candidate_limit(settings, 20) == 120
