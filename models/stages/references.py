@@ -208,6 +208,7 @@ class ReferencesStage(Stage):
         limit = settings.max_pages or max((len(s.pages) for s in states), default=0)
         ranked = [s for s in states if len(s.pages) > limit]
         headers = [page_header(page) for s in ranked for page in s.pages]
+        # No deadline on this call: a ranking needs every header, and titles with snippets are short.
         vectors = ctx.embedder.encode([state.query for state in states] + headers)
         queries = vectors[:len(states)]
         header_vectors = vectors[len(states):]
