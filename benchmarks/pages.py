@@ -285,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     processor = PageProcessor(settings, workers=args.workers, use_cache=False)
     try:
         five = sets[speed_set]
+        stage_seconds(five[:1], config, embedder, processor)  # warm-up: the new pool's workers import lazily
         seconds, _, _ = stage_seconds(five, config, embedder, processor)
         print(f"references: {statistics.median(seconds):.2f} s per {speed_set} 5-page question (median of "
               f"{len(seconds)}; each {_fmt(seconds)})")
