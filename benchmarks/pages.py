@@ -121,6 +121,11 @@ def task3_set(questions: list[dict[str, Any]], pool: list[dict[str, Any]], seed:
     return padded
 
 
+def task3_pool(sets: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The pages a Task-3 question is padded from: those of the real questions and of gate_dev."""
+    return [page for name in ("real", "gate_dev") for e in sets.get(name, []) for page in e["search_results"]]
+
+
 def _fmt(runs: list[float]) -> str:
     return "/".join(f"{run:.1f}" for run in runs)
 
@@ -174,7 +179,7 @@ def embedding(examples: list[dict[str, Any]], config: Any, embedder: Embedder) -
     for example in examples:
         pages = example["search_results"]
         processed = [process_html(p.get("page_result"), str(p.get("page_name")), settings) for p in pages]
-        texts += [ref.text for ref in candidates(pages, processed, config.references.use_snippets)]
+        texts += [ref.embedded_as() for ref in candidates(pages, processed, config.references.use_snippets)]
     size = config.embedder.batch_size
     embedder.encode(texts[:size])  # warm-up
     started = time.perf_counter()
@@ -213,7 +218,7 @@ def profile(sets: dict[str, list[dict[str, Any]]], config: Any, workers: int) ->
     embedder = Embedder(config.embedder)
     processor = PageProcessor(PageSettings.from_config(config.references), workers=workers, use_cache=False)
     first = next(iter(sets.values()))[0]
-    pool = [page for examples in sets.values() for e in examples for page in e["search_results"]]
+    pool = task3_pool(sets)
     try:
         stage_seconds([first], config, embedder, processor)  # warm-up: lazy imports, the pool's workers
         for label, example in (("5-page", first), (f"{TASK3_PAGES}-page", task3_set([first], pool)[0])):
@@ -290,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"references: {statistics.median(seconds):.2f} s per {speed_set} 5-page question (median of "
               f"{len(seconds)}; each {_fmt(seconds)})")
 
-        pool = [page for name in ("real", "gate_dev") for e in sets.get(name, []) for page in e["search_results"]]
+        pool = task3_pool(sets)
         questions = [e for name in ("real", "gate_dev") for e in sets.get(name, [])][:args.task3_questions]
         task3 = task3_set(questions, pool)
         parts = []
