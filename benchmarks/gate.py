@@ -17,9 +17,14 @@ the containment judge alone (`--judge contains`), so a gate is never scored only
 Target: the gate above both no gate and always abstaining, answering at least one question. It reports and never
 gates (exit 0); a run that fails is an error (exit 1).
 
+`--ceiling` adds what no cross-validated gate on these signals can beat: each signal's AUROC against the person's
+labels, and the most questions a gate could answer with its paired interval against always abstaining above 0 when it
+ranks by one signal, or by a logistic regression fit and scored on the same answers (in-sample, so optimistic).
+
     .venv/bin/python -m benchmarks.gate                                # a `gate:` line and the fit's figures
     .venv/bin/python -m benchmarks.gate --out data/gates/cpu.json      # also write the gate (`make gate`)
     .venv/bin/python -m benchmarks.gate --runs runs/gate --reuse       # judge again, fit on the runs kept there
+    .venv/bin/python -m benchmarks.gate --runs runs/gate --reuse --ceiling   # and the in-sample ceiling
 """
 
 from __future__ import annotations
@@ -79,6 +84,53 @@ def summary_line(figures: dict, questions: int) -> str:
             f"{'met' if met else 'not met'}")
 
 
+def most_answered(ranking, correct, questions: int) -> str:
+    """The largest top-k of `ranking` (best first) whose CRAG points against always abstaining have a paired 95%
+    interval above 0, as "k answers (r right), d [lo, hi], s of all", or "none"."""
+    from evaluation.compare import paired_difference
+    from evaluation.judge import CORRECT, MISS, WRONG
+
+    found = "none"
+    for k in range(1, len(ranking) + 1):
+        answered = set(ranking[:k].tolist())
+        gated = [(CORRECT if c else WRONG) if i in answered else MISS for i, c in enumerate(correct)]
+        difference = paired_difference([MISS] * len(correct), gated)
+        if difference["ci95"] and difference["ci95"][0] > 0:
+            right = int(sum(correct[i] for i in answered))
+            found = f"{k} answers ({right} right), {_ci(difference)}, {k / questions:.1%} of all questions"
+    return found
+
+
+def ceiling(labelled, questions: int) -> list[str]:
+    """The `ceiling:` lines: per numeric signal, its AUROC (taken in the direction that separates) and
+    `most_answered` ranking by it; then the same for an in-sample logistic regression on every signal at each C."""
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import roc_auc_score
+
+    from evaluation.gate_fit import C_GRID, design
+    from models.gate import columns_for
+
+    y = np.array(labelled.correct, dtype=int)
+    names = sorted({k for s in labelled.signals for k, v in s.items()
+                    if isinstance(v, int | float) and not isinstance(v, bool)})
+    lines = []
+    for name in names:
+        raw = np.array([s.get(name) if isinstance(s.get(name), int | float) else np.nan for s in labelled.signals],
+                       dtype=float)
+        x = np.where(np.isnan(raw), np.nanmin(raw) - 1, raw)  # missing ranks last
+        auc = roc_auc_score(y, x)
+        x, auc = (x, auc) if auc >= 0.5 else (-x, 1 - auc)
+        lines.append(f"ceiling: {name}: AUROC {auc:.2f}; ranked by it, at most "
+                     f"{most_answered(np.argsort(-x, kind='stable'), y, questions)}")
+    x, _, _ = design(columns_for(labelled.signals), labelled.signals)
+    for c in C_GRID:
+        p = LogisticRegression(C=c, max_iter=5000).fit(x, y).predict_proba(x)[:, 1]
+        lines.append(f"ceiling: every signal, logistic regression C {c:g} fit and scored in-sample: AUROC "
+                     f"{roc_auc_score(y, p):.2f}; at most {most_answered(np.argsort(-p, kind='stable'), y, questions)}")
+    return lines
+
+
 @command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -86,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=Path, default=None, help="keep the run folders here (default: a temp folder)")
     parser.add_argument("--reuse", action="store_true", help="judge again (the verdicts file may have grown) and fit "
                         "on the run folders already in --runs")
+    parser.add_argument("--ceiling", action="store_true", help="also print each signal's AUROC and the most a gate "
+                        "ranking by it, or by an in-sample fit, could answer with its interval above 0")
     args = parser.parse_args(argv)
     if args.reuse and args.runs is None:
         print("error: --reuse needs --runs, the folder that holds the runs to fit on", file=sys.stderr)
@@ -116,6 +170,12 @@ def main(argv: list[str] | None = None) -> int:
         questions = sum(len(load_predictions(folder / "predictions.jsonl")) for folder in folders)
         print(summary_line(Gate.load(out).figures, questions) + " (labels: rules and a person)")
         print(printed)
+        if args.ceiling:
+            from evaluation.gate import run_records
+            from evaluation.gate_fit import label_records
+
+            labelled = label_records([r for folder in folders for r in run_records(folder)[0]])
+            print("\n".join(ceiling(labelled, questions)))
         contains = [Path(scratch) / f"contains-{folder.name}" for folder in folders]
         for data, folder, copy in zip(SETS.values(), folders, contains):
             shutil.copytree(folder, copy)

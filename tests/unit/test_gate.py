@@ -258,3 +258,17 @@ def test_a_gate_of_another_setup_is_refused_before_anything_loads(cpu_config, tm
     with pytest.raises(ConfigError, match="answer.gate: .*missing.json: not a readable gate file"):
         CragSystem(cpu_config)
     assert built == []
+
+
+def test_the_ceiling_counts_the_most_a_ranking_could_answer_with_its_interval_above_zero():
+    import numpy as np
+
+    from benchmarks.gate import ceiling, most_answered
+
+    correct = np.array([1] * 20 + [0] * 20)
+    assert "(20 right)" in most_answered(np.arange(40), correct, questions=80)
+    assert most_answered(np.arange(40)[::-1], correct, questions=80) == "none"  # the wrong ones first
+    signals = [{"s.good": float(c), "s.noise": float(i % 2)} for i, c in enumerate(correct)]
+    lines = ceiling(Labelled(signals, [int(c) for c in correct], [str(i) for i in range(40)]), questions=80)
+    assert lines[0].startswith("ceiling: s.good: AUROC 1.00;") and "(20 right)" in lines[0]
+    assert lines[1].startswith("ceiling: s.noise: AUROC 0.50;")
