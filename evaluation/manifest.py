@@ -56,7 +56,7 @@ def _drop(tree: dict[str, Any], dotted: str) -> None:
 def answer_inputs(config: SystemConfig, data: Path, time_limit_s: float | None, served_kg: bool,
                   served_llm: bool = False) -> dict[str, Any]:
     """What changes the answers of a run, as plain JSON."""
-    resolved = dataclasses.asdict(config)
+    resolved = config.resolved()
     for key in VOLATILE:
         _drop(resolved, key)
     if served_kg:  # the port changes every run; what it serves does not

@@ -5,8 +5,9 @@ The model of time, per LLM stage and batch of B queries (vLLM and hf both batch 
 where a decode step advances every sequence of the batch by one token, so its time barely grows with B until
 the GPUs are full (an assumption: measure at the batch size you plan to use). Generated tokens are each stage's
 `max_tokens` (a stage may stop earlier: the plan is an upper bound). Prompt tokens are estimated at 4
-characters a token from the prompt file and the reference budgets of the config. Page processing and embedding
-are `pages_s` per query, measured on real pages.
+characters a token from the prompt file and the reference budgets of the config, by each stage
+(`Stage.estimate`, models/estimates.py). Page processing and embedding are `pages_s` per query, measured on real
+pages.
 
 The command line is tools/budget_plan.py; tools/check_submission.py prints the same plan.
 """
@@ -16,11 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from models.config import MAX_BATCH_SIZE, SystemConfig
+from models.estimates import StagePlan
 from models.prompting import PromptLibrary
 from models.stages import pipeline_stages
 
-CHARS_PER_TOKEN = 4
-QUERY_TOKENS = 40  # the question, its time and the section headers
+__all__ = ["Plan", "Speed", "StagePlan", "format_plan", "largest_fitting_batch", "llm_stages", "plan"]
 
 
 @dataclass(frozen=True)
@@ -30,63 +31,12 @@ class Speed:
     pages_s: float      # page processing and embedding, per query
 
 
-@dataclass(frozen=True)
-class StagePlan:
-    stage: str
-    prompt_tokens: int      # per query
-    generated_tokens: int   # per sequence, at most
-    sequences: int          # per query (samples)
-
-    def seconds(self, batch: int, speed: Speed) -> float:
-        return batch * self.prompt_tokens / speed.prefill_tps + self.generated_tokens * speed.step_s
-
-
-def _tokens(chars: int) -> int:
-    return -(-chars // CHARS_PER_TOKEN)
-
-
 def llm_stages(config: SystemConfig, prompts: PromptLibrary | None = None) -> list[StagePlan]:
     """The LLM calls a query can make under `config`, in the order of its strategy's stages (models/stages,
-    `strategies` in the config); the summariser is counted as the worst case of reasoning. Stages that make no
-    LLM call, and the multi-step ones whose number of calls depends on the question (hanrag, dualrag, multihop),
-    add nothing."""
+    `strategies` in the config), as each stage estimates them (`Stage.estimate`). Stages that make no LLM call, and
+    the multi-step ones whose number of calls depends on the question (hanrag, dualrag, multihop), add nothing."""
     prompts = prompts or PromptLibrary(config.prompts)
-
-    def template(name: str) -> int:
-        return _tokens(len(prompts.get(name).path.read_text(encoding="utf-8"))) + QUERY_TOKENS
-
-    kg_chars = config.kg.max_chars if config.task > 1 else 0
-
-    def attributes() -> list[StagePlan]:
-        if config.attributes.method != "icl":
-            return []
-        icl = config.attributes.icl
-        demonstrations = icl.shots_per_class * 9 * 20  # 9 classes, about 20 tokens a demonstration
-        return [StagePlan("attributes", template("attributes") + demonstrations, icl.max_tokens, icl.n)]
-
-    def kg() -> list[StagePlan]:
-        name = "kg_functions" if config.kg.method == "functions" else "kg_entities"
-        extra = 38 * 25 if config.kg.method == "functions" else 0  # the endpoint list
-        return [StagePlan("kg", template(name) + extra, config.kg.max_tokens, 1)]
-
-    def calculator() -> list[StagePlan]:
-        calc = config.calculator
-        return [StagePlan("calculator", template("calculator") + _tokens(calc.max_reference_chars + kg_chars),
-                          calc.max_tokens, calc.n)]
-
-    def reasoning() -> list[StagePlan]:
-        settings = config.reasoning
-        evidence = settings.max_reference_chars + config.references.table_budget_chars + kg_chars
-        return [StagePlan("reasoning", template("reasoning") + _tokens(evidence), settings.max_tokens, 1),
-                StagePlan("summariser", template("summariser") + _tokens(settings.max_reference_chars),
-                          settings.summariser_max_tokens, 1)]
-
-    def knowledge() -> list[StagePlan]:
-        return [StagePlan("knowledge", template("knowledge"), config.knowledge.max_tokens, 1)]
-
-    estimators = {"attributes": attributes, "kg": kg, "knowledge": knowledge, "calculator": calculator,
-                  "reasoning": reasoning}
-    return [plan for stage in pipeline_stages(config) for plan in estimators.get(stage.name, list)()]
+    return [plan for stage in pipeline_stages(config) for plan in stage.estimate(config, prompts)]
 
 
 @dataclass(frozen=True)

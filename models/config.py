@@ -7,8 +7,10 @@ import ast
 import copy
 import dataclasses
 import functools
+import importlib
 import inspect
 import os
+import sys
 import textwrap
 import types
 import typing
@@ -522,6 +524,9 @@ class SystemConfig:
     Off: prompts are large. It changes no answer, so the run manifest leaves it out."""
     source: str = field(default="<defaults>", metadata={"internal": True})
     """The file(s) and --set keys the config was loaded from (set by the loader, not a key)."""
+    stage_settings: dict[str, Any] = field(default_factory=dict, metadata={"internal": True})
+    """The sections stages declare (`Stage.settings`, STAGE_SECTIONS) that the config sets or its strategy names,
+    by stage name (set by the loader; `section` reads them)."""
 
     def __post_init__(self) -> None:
         """The checks that span keys; each key's own type, choices and range are checked as it loads."""
@@ -535,12 +540,57 @@ class SystemConfig:
         if self.budget.per_query_s <= self.budget.safety_margin_s / max(self.batch_size, 1):
             raise ConfigError(f"{self.source}: budget.per_query_s is too small for the safety margin")
 
+    def section(self, name: str) -> Any:
+        """The settings section `name`: a SystemConfig section, or one a stage declares (its defaults where the
+        config does not set it)."""
+        if name in self.stage_settings:
+            return self.stage_settings[name]
+        if name in STAGE_SECTIONS:
+            return STAGE_SECTIONS[name][1]()
+        return getattr(self, name)
+
+    def resolved(self) -> dict[str, Any]:
+        """Every setting as plain data, stage-declared sections beside the others: what run manifests and gate
+        files record and compare."""
+        data = dataclasses.asdict(self)
+        data.update(data.pop("stage_settings"))
+        return data
+
     def strategy_names(self) -> list[str]:
         """The stage names of the chosen strategy, in order."""
         if self.strategy not in self.strategies:
             raise ConfigError(f"{self.source}: strategy {self.strategy!r} is not in strategies"
                               f"{did_you_mean(self.strategy, self.strategies)}")
         return self.strategies[self.strategy]
+
+
+# Config sections declared by stages (`Stage.settings`), by stage name, with the module that declared each: the
+# loader builds them from the key of that name, the reference page lists their keys.
+STAGE_SECTIONS: dict[str, tuple[str, type]] = {}
+
+
+def add_section(name: str, settings: type, owner: str) -> None:
+    """Make `name` a config section of `settings` (a dataclass), declared by `owner` (a module)."""
+    if not dataclasses.is_dataclass(settings):
+        raise ConfigError(f"{owner}: the settings of stage {name!r} must be a dataclass, not {settings!r}")
+    if name in {f.name for f in dataclasses.fields(SystemConfig)}:
+        raise ConfigError(f"{owner}: stage {name!r} declares settings, but {name!r} is already a config key")
+    taken = STAGE_SECTIONS.get(name)
+    if taken is not None and taken[0] != owner:
+        raise ConfigError(f"{owner}: config section {name!r} is already declared by {taken[0]}")
+    STAGE_SECTIONS[name] = (owner, settings)
+
+
+def import_stage_modules(modules: Sequence[str], source: str) -> None:
+    """Import the config's `stage_modules`, so the stages, settings and fields they declare are registered. A module
+    is found on the import path or from the repository's root, as the config's other paths are."""
+    if modules and str(REPO_ROOT) not in sys.path:  # a script run by its path has its own folder there instead
+        sys.path.append(str(REPO_ROOT))
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise ConfigError(f"{source}: stage_modules: cannot import {module!r}: {err}") from err
 
 
 def did_you_mean(name: str, choices: typing.Iterable[str]) -> str:
@@ -597,7 +647,17 @@ def load_config(path: str | os.PathLike | None = None, overlays: Sequence[str | 
             value = {part: value}
         data = _merge(data, value)
         source += f" --set {key.strip()}"
-    return _build(SystemConfig, data, source, "", {"source": source})
+    modules = data.get("stage_modules") or []
+    if isinstance(modules, list):  # anything else is refused by _build, by key
+        import_stage_modules([str(m) for m in modules], source)
+    declared = {key: data.pop(key) for key in list(data) if key in STAGE_SECTIONS}
+    config = _build(SystemConfig, data, source, "", {"source": source})
+    for name in config.strategy_names():
+        if name in STAGE_SECTIONS:
+            declared.setdefault(name, {})
+    config.stage_settings = {name: _coerce(STAGE_SECTIONS[name][1], value, source, name)
+                             for name, value in sorted(declared.items())}
+    return config
 
 
 def _read_yaml(path: Path, fix: str) -> dict[str, Any]:
@@ -700,7 +760,11 @@ class ConfigKey:
 def config_keys() -> list[ConfigKey]:
     """Every key the loader accepts, in declaration order: a section, then its keys. A dict-valued key
     (`strategies`, `prompts`, `budget.stage_min_s`) is one entry."""
-    return list(_section_keys(SystemConfig, ""))
+    keys = list(_section_keys(SystemConfig, ""))
+    for name, (_, settings) in sorted(STAGE_SECTIONS.items()):
+        keys.append(ConfigKey(name, "section", "", "", " ".join((settings.__doc__ or "").split())))
+        keys.extend(_section_keys(settings, f"{name}."))
+    return keys
 
 
 @functools.cache

@@ -9,7 +9,6 @@ the fit's mean (0 once standardised) and sets its missing column, at fit time an
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -160,7 +159,7 @@ def gate_for(config: SystemConfig, prompts: PromptLibrary) -> Gate:
     except GateError as err:
         raise ConfigError(f"{config.source}: answer.gate: {err}") from None
     fit_on = gate.fit_on.get("setup")
-    resolved = json.loads(json.dumps(dataclasses.asdict(config)))  # as a run's manifest holds it: tuples as lists
+    resolved = json.loads(json.dumps(config.resolved()))  # as a run's manifest holds it: tuples as lists
     changed = differences(fit_on, signal_setup(resolved, prompts.hashes())) if fit_on else [
         "the gate file does not say what it was fit on"]
     if changed:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +13,34 @@ Signal = float | int | bool | str | None
 
 # The QueryState fields the grader's batch fills (models/system.py unpack_batch); stages write the others.
 BATCH_INPUTS = frozenset({"index", "interaction_id", "query", "query_time", "pages"})
+
+
+class StateFieldError(ValueError):
+    """A stage's field clashes with a QueryState field or with another stage's field of that name."""
+
+
+@dataclass(frozen=True)
+class StateField:
+    """A field a stage adds to QueryState (`Stage.fields`): its starting value, made afresh for each query, and how
+    the per-question record writes it (None: the record leaves it out)."""
+
+    default: Callable[[], Any]
+    record: Callable[[Any], Any] | None = None
+    doc: str = ""
+
+
+# Fields added by stages, by name, with the module that declared each; read and written as QueryState attributes.
+ADDED_FIELDS: dict[str, tuple[str, StateField]] = {}
+
+
+def add_field(name: str, spec: StateField, owner: str) -> None:
+    """Make `name` a QueryState attribute (declared by `owner`, a module); the same owner may declare it again."""
+    if name in QUERY_STATE_FIELDS | _RECORD_KEYS:
+        raise StateFieldError(f"{owner}: field {name!r} is already a QueryState field or a key of its record")
+    taken = ADDED_FIELDS.get(name)
+    if taken is not None and taken[0] != owner:
+        raise StateFieldError(f"{owner}: field {name!r} is already added by {taken[0]}")
+    ADDED_FIELDS[name] = (owner, spec)
 
 
 @dataclass
@@ -93,6 +122,20 @@ class QueryState:
     # With the config's `record_prompts` on: every LLM conversation of this query, in call order, as {"stage",
     # "prompt" (its name), "messages", "replies" (the samples' texts)}; StageContext.generate appends them.
     prompts: list[dict[str, Any]] = field(default_factory=list)
+    # The values of the fields stages add (ADDED_FIELDS), set on first use.
+    added: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __getattr__(self, name: str) -> Any:  # only for names that are not dataclass fields
+        found = ADDED_FIELDS.get(name)
+        if found is None or name == "added":
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return self.added.setdefault(name, found[1].default())
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ADDED_FIELDS:
+            self.added[name] = value
+        else:
+            super().__setattr__(name, value)
 
     def record(self) -> dict[str, Any]:
         """What the query went through, for the run folder's per-question record: the reason for its answer,
@@ -113,6 +156,10 @@ class QueryState:
             record["gate"] = self.gate
         if self.prompts:
             record["prompts"] = self.prompts
+        for name, value in self.added.items():
+            spec = ADDED_FIELDS[name][1]
+            if spec.record is not None:
+                record[name] = spec.record(value)
         return record
 
     def finish(self, answer: str, reason: str) -> None:
@@ -120,3 +167,7 @@ class QueryState:
         self.answer = answer
         self.done = True
         self.done_reason = reason
+
+
+QUERY_STATE_FIELDS = frozenset(f.name for f in dataclasses.fields(QueryState))
+_RECORD_KEYS = frozenset({"reason", "stages", "predicted"})  # record() keys that are not field names

@@ -8,30 +8,18 @@ from typing import Any
 
 from loguru import logger
 
-from models.config import SystemConfig, load_config, resolve_path
-from models.gate import Gate, gate_for
-from models.llm.base import LLM, create_llm
+from models.config import SystemConfig, load_config
+from models.llm.base import LLM
 from models.prompting import PromptLibrary
-from models.retrieval.embedder import Embedder
-from models.retrieval.hash_index import HashModel, load_model
-from models.retrieval.r2former import R2FormerError, R2FormerHead, load_checkpoint
-from models.retrieval.reranker import Reranker
+from models.resources import build_resources
 from models.stages import Stage, pipeline_stages
 from models.stages.answer import AnswerStage
-from models.stages.base import RESOURCES, Batch, run_stage
+from models.stages.base import Batch, run_stage
 from models.stages.gate import GateStage
 from models.state import QueryState
 from utils.answers import IDK
 from utils.batch import BATCH_FIELDS
-from utils.cache import cache_root
 from utils.kg_api import KGClient
-from utils.pages import PageProcessor, PageSettings
-
-# The gate first: a gate the config cannot feed stops the start before anything loads. Then the pages: their
-# workers fork before any model loads, so they copy no model or GPU state.
-BUILD_ORDER = ("gate", "pages", "llm", "embedder", "reranker", "kg", "hash_model", "r2former")
-DEPENDS = {"hash_model": ("embedder",), "r2former": ("llm", "embedder")}
-assert set(BUILD_ORDER) == set(RESOURCES)
 
 
 class CragSystem:
@@ -50,7 +38,8 @@ class CragSystem:
         # every query leaves by the answer step, and then the answer gate where the config names one
         closing = [AnswerStage, *([GateStage] if GateStage.active(self.config) else [])]
         needed = {name for cls in [*classes, *closing] for name in cls.needs}
-        self.resources = self._resources(needed, {"llm": llm, "embedder": embedder, "kg": kg})
+        given = {"llm": llm, "embedder": embedder, "kg": kg}
+        self.resources = build_resources(self.config, self.prompts, needed, given)
         if "kg" in needed and self.resources.get("kg") is None:  # no server answered: no KG stage, no KG call
             classes = pipeline_stages(self.config, missing=frozenset({"kg"}))
         self.pipeline: list[Stage] = [cls() for cls in classes]
@@ -63,73 +52,6 @@ class CragSystem:
         if self.gate is not None:
             logger.info("answer gate {}: an answer with P(correct) under {:.3f} becomes \"i don't know\"",
                         self.config.answer.gate, self.gate.threshold)
-
-    def _resources(self, needed: set[str], given: dict[str, Any]) -> dict[str, Any]:
-        """The resources the stages need and those they depend on, in BUILD_ORDER; a given one is used as is."""
-        builders = {"pages": self._pages, "llm": self._llm, "embedder": lambda r: Embedder(self.config.embedder),
-                    "reranker": self._reranker, "kg": self._kg_client, "hash_model": self._hash_model,
-                    "r2former": self._r2former, "gate": self._gate}
-        needed = needed | {d for name in needed for d in DEPENDS.get(name, ())}
-        resources: dict[str, Any] = {}
-        for name in BUILD_ORDER:
-            if name in needed:
-                resources[name] = given[name] if given.get(name) is not None else builders[name](resources)
-        return resources
-
-    def _pages(self, resources: dict[str, Any]) -> PageProcessor:
-        refs = self.config.references
-        return PageProcessor(PageSettings.from_config(refs), refs.workers,
-                             cache_root(refs.cache_dir) / "pages" if refs.cache else None)
-
-    def _llm(self, resources: dict[str, Any]) -> LLM:
-        llm = create_llm(self.config.llm)
-        if hasattr(llm, "probe"):  # a remote server: a wrong key, model or URL stops here
-            llm.probe()
-        return llm
-
-    def _gate(self, resources: dict[str, Any]) -> Gate:
-        return gate_for(self.config, self.prompts)
-
-    def _reranker(self, resources: dict[str, Any]) -> Reranker | None:
-        rerank = self.config.references.rerank
-        return Reranker(rerank) if rerank.model else None
-
-    def _kg_client(self, resources: dict[str, Any]) -> KGClient | None:
-        """A client whose server answered at start-up (one probe, logged), else None: the pipeline then has no
-        kg stage, so no call of the run goes to a server that is not there."""
-        kg = self.config.kg
-        client = KGClient.from_config(kg)
-        return client if client.probe() else None
-
-    def _hash_model(self, resources: dict[str, Any]) -> HashModel | None:
-        """The hash layer of `references.hash.model` (retriever hash only), checked against the embedder."""
-        if self.config.references.retriever != "hash":
-            return None
-        path = resolve_path(self.config.references.hash.model)
-        return load_model(path, embedder=getattr(resources.get("embedder"), "name", ""))
-
-    def _r2former(self, resources: dict[str, Any]) -> R2FormerHead | None:
-        """The R2AG head of the config (r2ag.enabled only). Prompt mode needs a backend that takes input
-        embeddings and a checkpoint trained for this LLM's hidden size; a backend without embeddings falls back
-        to relevance mode (logged)."""
-        settings = self.config.r2ag
-        if not settings.enabled:
-            return None
-        llm = resources["llm"]
-        prompting = settings.mode == "prompt"
-        if prompting and not hasattr(llm, "generate_with_embeddings"):
-            logger.warning("r2ag.mode prompt: the {} backend cannot take input embeddings; R2AG filters references "
-                           "instead (relevance mode)", self.config.llm.backend)
-            prompting = False
-        path = resolve_path(settings.checkpoint)
-        checkpoint = load_checkpoint(path, settings.device, llm.hidden_size if prompting else None)
-        embedder = getattr(resources["embedder"], "name", "")
-        if checkpoint.embedder != embedder:
-            raise R2FormerError(f"{path}: trained on {checkpoint.embedder} embeddings, but the embedder is {embedder}; "
-                                "retrain it with this embedder (tools/train_r2former.py)")
-        if prompting:
-            llm.retrieval_placeholder()  # the token joins the vocabulary now, not inside a batch
-        return R2FormerHead(checkpoint, settings.device, prompting)
 
     # The resources by name, for tools and tests (None when no chosen stage needs one, or the config leaves it out).
     llm = property(lambda self: self.resources.get("llm"))

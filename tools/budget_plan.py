@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from models import budget_plan
 from models.budget_plan import Speed, format_plan, plan
-from models.config import MAX_BATCH_SIZE, ConfigError, load_config
+from models.config import MAX_BATCH_SIZE, ConfigError, add_config_arguments, config_from_args
 from utils.cli import CommandParser, command
 
 
@@ -21,13 +20,13 @@ def main(argv: list[str] | None = None) -> int:
     model_of_time = budget_plan.__doc__.split("\n", 1)[1]
     parser = CommandParser(description=f"{__doc__}\n{model_of_time}",
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", type=Path, default=None)
+    add_config_arguments(parser)
     parser.add_argument("--batch", type=int, default=None, help="default: the config's batch_size")
     parser.add_argument("--prefill-tps", type=float, required=True, help="prompt tokens per second (measured)")
     parser.add_argument("--step-ms", type=float, required=True, help="milliseconds per decode step of a batch")
     parser.add_argument("--pages-s", type=float, default=1.0, help="page processing and embedding per query")
     args = parser.parse_args(argv)
-    config = load_config(args.config)
+    config = config_from_args(args)
     batch = args.batch or config.batch_size
     if not 1 <= batch <= MAX_BATCH_SIZE or args.prefill_tps <= 0 or args.step_ms <= 0 or args.pages_s < 0:
         raise ConfigError(f"--batch must be in 1..{MAX_BATCH_SIZE}, --prefill-tps and --step-ms positive")

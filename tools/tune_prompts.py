@@ -69,7 +69,7 @@ def state_from_json(data: dict[str, Any], pages: list[dict[str, Any]]) -> QueryS
 def upstream_key(example: dict[str, Any], config: SystemConfig, stage_names: list[str], prompt_texts: list[str]) -> str:
     """Everything the upstream stages' output depends on: the question and its pages, the config (prompt
     overrides aside) and the texts of the prompts those stages use."""
-    settings = dataclasses.asdict(config)
+    settings = config.resolved()
     settings.pop("prompts")
     settings.pop("source")
     return content_key(STAGE_CACHE_VERSION, json.dumps(settings, sort_keys=True), *stage_names, *prompt_texts,

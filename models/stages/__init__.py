@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from models.config import ConfigError, SystemConfig, did_you_mean
+from models.config import ConfigError, SystemConfig, did_you_mean, import_stage_modules
 from models.registry import RegistryError
 from models.stages.base import STAGES, Stage, StageContext, check_flow
 
@@ -20,11 +20,7 @@ def pipeline_stages(config: SystemConfig, missing: frozenset[str] = frozenset())
     """The stage classes of the config's strategy, in order, less those its switches turn off and those that need
     a resource in `missing` (no KG server answered). A ConfigError names an unknown stage (with the closest
     name), a budget key that names no stage, or a stage that reads what no earlier stage writes."""
-    for module in config.stage_modules:
-        try:
-            importlib.import_module(module)
-        except ImportError as err:
-            raise ConfigError(f"{config.source}: stage_modules: cannot import {module!r}: {err}") from err
+    import_stage_modules(config.stage_modules, config.source)
     classes = []
     for index, name in enumerate(config.strategy_names()):
         try:

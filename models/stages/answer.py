@@ -58,6 +58,21 @@ class AnswerStage(Stage):
 
     name = "answer"
     writes = frozenset({"answer"})
+    signals = {
+        "references.count": "how many references the query kept",
+        "references.best": "the best reference's score (None without references)",
+        "references.top3_mean": "the mean score of the best three references",
+        "kg.calls": "how many KG calls the query made", "kg.answered": "how many of them answered",
+        "kg.lines": "how many KG result lines the query kept",
+        "attributes.domain": "the predicted domain", "attributes.dynamism": "the predicted dynamism",
+        "knowledge.agrees": "whether the knowledge extractor's answer equals the answer (None without one)",
+        "answer.grader_tokens": "the answer's length in the grader's tokens",
+        "answer.number": "whether the answer is a number", "answer.yes_no": "whether the answer is yes or no",
+        "answer.invalid": "whether the answer is \"invalid question\"",
+        "answer.route": "the multi-hop route taken (single without one)",
+        "answer.support_best": "the share of the answer's content words in the best reference",
+        "answer.support_any": "the share of the answer's content words in any reference or KG line",
+    }
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
         for state in states:

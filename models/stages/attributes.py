@@ -23,7 +23,9 @@ import numpy as np
 from loguru import logger
 
 from models.config import DOMAINS, DYNAMISM, EmbedderConfig, SystemConfig, resolve_path
+from models.estimates import StagePlan, template_tokens
 from models.llm.base import BackendUnavailable
+from models.prompting import PromptLibrary
 from models.retrieval.embedder import Embedder
 from models.stages.base import STAGES, Stage, StageContext
 from models.state import QueryState
@@ -141,6 +143,17 @@ class AttributesStage(Stage):
     sections = ("attributes",)
     writes = frozenset({"domain", "dynamism"})
     needs = frozenset({"llm", "embedder"})
+    signals = {"attributes.domain_share": "icl: the share of the samples that voted the predicted domain",
+               "attributes.dynamism_share": "icl: the share of the samples that voted the predicted dynamism"}
+
+    @classmethod
+    def estimate(cls, config: SystemConfig, prompts: PromptLibrary) -> list[StagePlan]:
+        if config.attributes.method != "icl":
+            return []
+        icl = config.attributes.icl
+        demonstrations = icl.shots_per_class * 9 * 20  # 9 classes, about 20 tokens a demonstration
+        return [StagePlan("attributes", template_tokens(prompts, "attributes") + demonstrations, icl.max_tokens,
+                          icl.n)]
 
     def __init__(self) -> None:
         self.svm: SVMAttributes | None = None

@@ -6,15 +6,24 @@ A stage is one class in one file:
     @STAGES.register("my_stage")
     class MyStage(Stage):
         prompts = ("my_prompt",)        # prompts/<name>.yaml it renders (checked at start-up)
-        sections = ("reasoning",)       # config sections it reads; ctx.settings is the first
+        settings = MySettings           # a dataclass: the config section `my_stage`, ctx.settings
+        sections = ("reasoning",)       # other config sections it reads (ctx.section)
+        fields = {"my_field": StateField(list, record=list)}   # QueryState fields it adds
+        resources = {"my_index": Resource(build, depends=("embedder",))}  # resources it adds
         reads = frozenset({"references"})   # QueryState fields some earlier stage must write
-        writes = frozenset({"knowledge"})   # QueryState fields it sets
-        needs = frozenset({"llm"})          # resources it uses (RESOURCES)
+        writes = frozenset({"my_field"})    # QueryState fields it sets
+        needs = frozenset({"llm", "my_index"})  # resources it uses (models/resources.py)
+        signals = {"my_stage.score": "what it means"}  # the answer gate's signals it writes
+
+        @classmethod
+        def estimate(cls, config, prompts): ...  # its LLM calls per query, for the budget planner
 
         def run(self, states, ctx): ...
 
-and one name in a strategy (`strategies:` in the config). CragSystem builds only the resources the chosen
-stages need and refuses a pipeline in which a stage reads a field that no earlier stage writes.
+and one name in a strategy (`strategies:` in the config). Registering the class registers what it adds; the
+stage is refused at import when it reads, writes or needs what nothing declares. CragSystem builds only the
+resources the chosen stages need and refuses a pipeline in which a stage reads a field that no earlier stage
+writes.
 """
 
 from __future__ import annotations
@@ -29,19 +38,15 @@ from typing import Any, ClassVar
 import numpy as np
 from loguru import logger
 
-from models.config import BudgetConfig, SystemConfig
+from models.config import STAGE_SECTIONS, BudgetConfig, SystemConfig, add_section
+from models.estimates import StagePlan
 from models.llm.base import GenParams, Sample
 from models.prompting import Prompt, PromptLibrary
 from models.registry import Registry, RegistryError
-from models.state import BATCH_INPUTS, QueryState, StageRecord
+from models.resources import RESOURCES, Resource, add_resource
+from models.state import ADDED_FIELDS, BATCH_INPUTS, QUERY_STATE_FIELDS, QueryState, StageRecord, StateField, add_field
 from utils.answers import IDK
 from utils.deadline import Deadline
-
-# What a stage may need, built once by CragSystem: the LLM backend, the sentence embedder, the page workers,
-# the KG client (tasks 2 and 3, when its server answered), the cross-encoder, the R2AG head, the hash layer, the
-# answer gate.
-RESOURCES = ("llm", "embedder", "pages", "kg", "reranker", "r2former", "hash_model", "gate")
-_STATE_FIELDS = frozenset(f.name for f in dataclasses.fields(QueryState))
 
 
 class Stage:
@@ -49,15 +54,25 @@ class Stage:
 
     name: ClassVar[str] = ""
     prompts: ClassVar[tuple[str, ...]] = ()
+    settings: ClassVar[type | None] = None
     sections: ClassVar[tuple[str, ...]] = ()
+    fields: ClassVar[dict[str, StateField]] = {}
+    resources: ClassVar[dict[str, Resource]] = {}
     reads: ClassVar[frozenset[str]] = frozenset()
     writes: ClassVar[frozenset[str]] = frozenset()
     needs: ClassVar[frozenset[str]] = frozenset()
+    signals: ClassVar[dict[str, str]] = {}
 
     @classmethod
     def active(cls, config: SystemConfig) -> bool:
         """Whether `config` switches this stage on; a strategy lists it either way (`knowledge.enabled: false`)."""
         return True
+
+    @classmethod
+    def estimate(cls, config: SystemConfig, prompts: PromptLibrary) -> list[StagePlan]:
+        """The LLM calls one query makes in this stage under `config`, for the budget planner (models/budget_plan.py);
+        none by default (a stage without LLM calls, or whose number of calls depends on the question)."""
+        return []
 
     def setup(self, config: SystemConfig, resources: dict[str, Any]) -> None:
         """Start-up work (load a classifier, read demonstrations), once, before the first batch."""
@@ -68,8 +83,9 @@ class Stage:
 
 
 class StageRegistry(Registry[Stage]):
-    """Stages by name; a registration whose declarations name no QueryState field, resource or config section is
-    refused at import, so a typo fails where it is written."""
+    """Stages by name. Registering a stage registers what it adds (its settings section, QueryState fields and
+    resources); a stage whose declarations name a QueryState field, resource or config section that nothing
+    declares is refused at import, so a typo fails where it is written."""
 
     def register(self, name: str):  # type: ignore[override]
         add = super().register(name)
@@ -77,13 +93,24 @@ class StageRegistry(Registry[Stage]):
         def check(cls: type[Stage]) -> type[Stage]:
             if not (isinstance(cls, type) and issubclass(cls, Stage)):
                 return add(cls)  # refused there, with the base class named
-            unknown = (set(cls.reads) | set(cls.writes)) - _STATE_FIELDS
+            owner = cls.__module__
+            try:
+                if cls.settings is not None:
+                    add_section(name, cls.settings, owner)
+                    cls.sections = (name, *(s for s in cls.sections if s != name))
+                for field_name, spec in cls.fields.items():
+                    add_field(field_name, spec, owner)
+                for resource_name, resource in cls.resources.items():
+                    add_resource(resource_name, resource, owner)
+            except ValueError as err:
+                raise RegistryError(f"stage {name!r}: {err}") from err
+            unknown = (set(cls.reads) | set(cls.writes)) - QUERY_STATE_FIELDS - set(ADDED_FIELDS)
             if unknown:
                 raise RegistryError(f"stage {name!r}: reads/writes name no QueryState field: {sorted(unknown)}")
             if unknown := set(cls.needs) - set(RESOURCES):
                 raise RegistryError(f"stage {name!r}: needs unknown resources {sorted(unknown)}; known: "
                                     f"{', '.join(RESOURCES)}")
-            if unknown := set(cls.sections) - {f.name for f in dataclasses.fields(SystemConfig)}:
+            if unknown := set(cls.sections) - {f.name for f in dataclasses.fields(SystemConfig)} - set(STAGE_SECTIONS):
                 raise RegistryError(f"stage {name!r}: no config section {sorted(unknown)}")
             cls.name = name
             return add(cls)
@@ -125,7 +152,7 @@ class Batch:
 
     def context(self, stage: Stage) -> StageContext:
         return StageContext(stage, self.deadline, self.config.budget, self.prompts,
-                            {name: getattr(self.config, name) for name in stage.sections},
+                            {name: self.config.section(name) for name in stage.sections},
                             {name: self.resources.get(name) for name in stage.needs}, self.config.record_prompts)
 
 
@@ -180,10 +207,10 @@ class StageContext:
         share = self.budget.stage_share.get(self.stage.name)
         return deadline.capped(share * self.deadline.total) if share else deadline
 
-    def can_step(self) -> bool:
-        """Whether the deadline affords one more LLM step of a multi-step stage (the reasoning stage's minimum and
-        the answer reserve)."""
-        return self.deadline.can_afford(self.budget.stage_min_s.get("reasoning", 1.0) + self.budget.answer_reserve_s)
+    def can_step(self, costed_as: str) -> bool:
+        """Whether the deadline affords one more LLM step of a multi-step stage: the answer reserve and the
+        `budget.stage_min_s` of the stage named `costed_as` (1 s where the table leaves it out)."""
+        return self.deadline.can_afford(self.budget.stage_min_s.get(costed_as, 1.0) + self.budget.answer_reserve_s)
 
     def generate(self, conversations: list, *, owners: Sequence[QueryState], max_tokens: int,
                  temperature: float = 0.0, n: int = 1, stop: list[str] | None = None, seed: int | None = None,
@@ -259,6 +286,10 @@ def _run_isolated(stage: Stage, group: list[QueryState], batch: Batch, needed: f
     saved = [_snapshot(stage, state) for state in group]
     try:
         stage.run(group, batch.context(stage))
+        undeclared = sorted({name for state in group for name in state.signals} - set(stage.signals)
+                            - {name for snapshot in saved for name in snapshot["signals"]})
+        if undeclared:
+            raise RegistryError(f"stage {stage.name!r} wrote signals it does not declare in `signals`: {undeclared}")
         return []
     except Exception as err:  # one query's bad input or reply must not cost the batch its answers
         for state, snapshot in zip(group, saved):

@@ -11,6 +11,8 @@ import re
 from loguru import logger
 
 from models.config import SystemConfig
+from models.estimates import StagePlan, template_tokens, tokens
+from models.prompting import PromptLibrary
 from models.stages.base import STAGES, Stage, StageContext
 from models.stages.reasoning import prompt_evidence
 from models.state import QueryState
@@ -84,6 +86,13 @@ class CalculatorStage(Stage):
     reads = frozenset({"references"})
     writes = frozenset({"calculations"})
     needs = frozenset({"llm"})
+
+    @classmethod
+    def estimate(cls, config: SystemConfig, prompts: PromptLibrary) -> list[StagePlan]:
+        calc = config.calculator
+        kg_chars = config.kg.max_chars if config.task > 1 else 0
+        return [StagePlan("calculator", template_tokens(prompts, "calculator")
+                          + tokens(calc.max_reference_chars + kg_chars), calc.max_tokens, calc.n)]
 
     @classmethod
     def active(cls, config: SystemConfig) -> bool:

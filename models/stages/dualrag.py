@@ -24,6 +24,7 @@ from utils.answers import IDK
 from utils.llm_json import parse_llm_json
 
 NOTHING_NEW = "nothing new"
+STEP_COSTED_AS = "reasoning"  # one LLM step needs what budget.stage_min_s gives an answer prompt
 
 
 @dataclass
@@ -82,14 +83,14 @@ class DualRAGStage(Stage):
         for state in states:
             state.route = state.route or "dualrag"
         for _ in range(settings.max_iter):
-            if not active or not ctx.can_step():
+            if not active or not ctx.can_step(STEP_COSTED_AS):
                 break
             needing = self._reason(active, progress, ctx)
-            if not needing or not ctx.can_step():
+            if not needing or not ctx.can_step(STEP_COSTED_AS):
                 active = retrieved = []
                 break
             active = retrieved = self._retrieve(needing, progress, ctx, retriever)
-        if retrieved and ctx.can_step():
+        if retrieved and ctx.can_step(STEP_COSTED_AS):
             self._reason(retrieved, progress, ctx)  # the final reasoning step after the last retrieval
         self._answer(states, progress, ctx)
 
@@ -133,7 +134,7 @@ class DualRAGStage(Stage):
                     seen.add(ref.text)
                     texts.append(ref.text)
         groups = [group for group in new.values() if group[2]]
-        if not groups or not ctx.can_step():
+        if not groups or not ctx.can_step(STEP_COSTED_AS):
             return []
         summarise = ctx.prompt("dualrag_summarise")
         outputs = step(ctx, [summarise.render(query=s.query, entity=e, references=texts) for s, e, texts in groups],
@@ -148,7 +149,7 @@ class DualRAGStage(Stage):
         return list(updated.values())
 
     def _answer(self, states: list[QueryState], progress: dict[int, Progress], ctx: StageContext) -> None:
-        if not ctx.can_step():
+        if not ctx.can_step(STEP_COSTED_AS):
             for state in states:
                 state.finish(IDK, "dualrag: no time left for the answer")
             return

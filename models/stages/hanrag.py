@@ -27,6 +27,7 @@ from utils.answers import IDK, INVALID
 from utils.llm_json import parse_llm_json
 
 ROUTES = ("straightforward", "single-step", "compound", "complex")
+STEP_COSTED_AS = "reasoning"  # one LLM step needs what budget.stage_min_s gives an answer prompt
 MULTI_HOP = ("compound", "complex")
 _ROUTE_WORDS = (("straightforward", "straightforward"), ("single", "single-step"), ("compound", "compound"),
                 ("complex", "complex"))
@@ -70,7 +71,7 @@ class HANRAGStage(Stage):
         self._complex(by_route["complex"], ctx, retriever)
 
     def _straightforward(self, states: list[QueryState], ctx: StageContext) -> None:
-        if not states or not ctx.can_step():
+        if not states or not ctx.can_step(STEP_COSTED_AS):
             return
         prompt = ctx.prompt("knowledge")
         outputs = step(ctx, [prompt.render(query=s.query, query_time=s.query_time) for s in states],
@@ -86,7 +87,7 @@ class HANRAGStage(Stage):
                 finish(state, output, "hanrag single-step")
 
     def _compound(self, states: list[QueryState], ctx: StageContext, retriever: LocalRetriever) -> None:
-        if not states or not ctx.can_step():
+        if not states or not ctx.can_step(STEP_COSTED_AS):
             return
         settings = ctx.section("hanrag")
         prompt = ctx.prompt("hanrag_decompose")
@@ -107,7 +108,7 @@ class HANRAGStage(Stage):
         facts: dict[int, list[dict[str, str]]] = {id(s): [] for s in states}
         active = list(states)
         for _ in range(settings.max_steps):
-            if not active or not ctx.can_step():
+            if not active or not ctx.can_step(STEP_COSTED_AS):
                 break
             refine = ctx.prompt("hanrag_refine")
             outputs = step(ctx, [refine.render(query=s.query, query_time=s.query_time, facts=facts[id(s)])
@@ -123,7 +124,7 @@ class HANRAGStage(Stage):
             for (state, question), (answer, _) in zip(asked, self.anrag(asked, ctx, retriever)):
                 facts[id(state)].append({"question": question, "answer": answer or IDK})
             active = [state for state, _ in asked]
-            if not ctx.can_step():
+            if not ctx.can_step(STEP_COSTED_AS):
                 break
             check = ctx.prompt("hanrag_check")
             outputs = step(ctx, [check.render(query=s.query, facts=facts[id(s)]) for s in active],
@@ -142,7 +143,7 @@ class HANRAGStage(Stage):
                 state.finish(IDK, f"{how}: no sub-question answered")
         if not known:
             return
-        if not ctx.can_step():
+        if not ctx.can_step(STEP_COSTED_AS):
             for state in known:
                 state.finish(IDK, f"{how}: no time left to aggregate")
             return
@@ -158,7 +159,7 @@ class HANRAGStage(Stage):
         """ANRAG for (query, question) pairs: (the short answer or None, the raw answer output or None), in order.
         A question with no relevant reference gets (None, None) without an answer call."""
         settings = ctx.section("hanrag")
-        if not items or not ctx.can_step():
+        if not items or not ctx.can_step(STEP_COSTED_AS):
             return [(None, None)] * len(items)
         hits = retriever.search([Request(s, q) for s, q in items], settings.top_k)
         pairs = [(i, ref) for i, refs in enumerate(hits) for ref in refs]
@@ -171,7 +172,7 @@ class HANRAGStage(Stage):
                 relevant.setdefault(i, []).append(ref)
         answerable = [i for i in range(len(items)) if relevant.get(i)]
         results: list[tuple[str | None, str | None]] = [(None, None)] * len(items)
-        if not answerable or not ctx.can_step():
+        if not answerable or not ctx.can_step(STEP_COSTED_AS):
             return results
         prompt = ctx.prompt("reasoning")
         conversations = [reasoning_conversation(prompt, sub_state(items[i][0], items[i][1], relevant[i]),

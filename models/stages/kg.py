@@ -30,6 +30,8 @@ from typing import Any
 from loguru import logger
 
 from models.config import DOMAINS, KGConfig, SystemConfig
+from models.estimates import StagePlan, template_tokens
+from models.prompting import PromptLibrary
 from models.stages import kg_rows as rows_
 from models.stages.base import STAGES, Stage, StageContext
 from models.state import QueryState
@@ -439,6 +441,13 @@ class KGStage(Stage):
     sections = ("kg",)
     writes = frozenset({"kg_results", "kg_calls"})
     needs = frozenset({"llm", "kg", "embedder"})
+
+    @classmethod
+    def estimate(cls, config: SystemConfig, prompts: PromptLibrary) -> list[StagePlan]:
+        functions = config.kg.method == "functions"
+        extra = 38 * 25 if functions else 0  # the endpoint list
+        return [StagePlan("kg", template_tokens(prompts, "kg_functions" if functions else "kg_entities") + extra,
+                          config.kg.max_tokens, 1)]
 
     @classmethod
     def active(cls, config: SystemConfig) -> bool:

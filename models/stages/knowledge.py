@@ -7,6 +7,8 @@ from another agent"; an output without an answer leaves nothing.
 from __future__ import annotations
 
 from models.config import SystemConfig
+from models.estimates import StagePlan, template_tokens
+from models.prompting import PromptLibrary
 from models.stages.base import STAGES, Stage, StageContext
 from models.stages.reasoning import END, parse_whole
 from models.state import QueryState
@@ -19,6 +21,10 @@ class KnowledgeStage(Stage):
     sections = ("knowledge",)
     writes = frozenset({"knowledge"})
     needs = frozenset({"llm"})
+
+    @classmethod
+    def estimate(cls, config: SystemConfig, prompts: PromptLibrary) -> list[StagePlan]:
+        return [StagePlan("knowledge", template_tokens(prompts, "knowledge"), config.knowledge.max_tokens, 1)]
 
     @classmethod
     def active(cls, config: SystemConfig) -> bool:

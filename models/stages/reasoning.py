@@ -9,8 +9,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from loguru import logger
 
+from models.config import SystemConfig
+from models.estimates import StagePlan, template_tokens, tokens
 from models.llm.base import Conversation, Sample, cut_short, span_logprobs
-from models.prompting import Messages, Prompt
+from models.prompting import Messages, Prompt, PromptLibrary
 from models.stages.base import STAGES, Stage, StageContext
 from models.state import QueryState, Reference
 from utils.answers import IDK, INVALID, normalize_text
@@ -143,6 +145,24 @@ class ReasoningStage(Stage):
     reads = frozenset({"references"})
     writes = frozenset({"answer", "llm_output"})
     needs = frozenset({"llm", "r2former"})
+    signals = {"reasoning.answer_logprob_mean": "the mean log-probability of the answer line's tokens (None where "
+                                                "the backend gives none)",
+               "reasoning.answer_logprob_min": "the lowest log-probability of the answer line's tokens",
+               "reasoning.summariser": "whether the backup summariser gave the answer",
+               "reasoning.agreement": "the share of `reasoning.samples` sampled answers equal to the answer (None "
+                                      "without samples)",
+               "references.in_prompt": "how many references fit the reasoning prompt"}
+
+    @classmethod
+    def estimate(cls, config: SystemConfig, prompts: PromptLibrary) -> list[StagePlan]:
+        """The reasoning prompt, and the backup summariser as the worst case."""
+        settings = config.reasoning
+        kg_chars = config.kg.max_chars if config.task > 1 else 0
+        evidence = settings.max_reference_chars + config.references.table_budget_chars + kg_chars
+        return [StagePlan("reasoning", template_tokens(prompts, "reasoning") + tokens(evidence), settings.max_tokens,
+                          1),
+                StagePlan("summariser", template_tokens(prompts, "summariser") + tokens(settings.max_reference_chars),
+                          settings.summariser_max_tokens, 1)]
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
         prompt = ctx.prompt("reasoning")

@@ -50,8 +50,8 @@ def _same_embedder(config: EmbedderConfig) -> bool:
 
 
 # Where a model is built from a config: the training tools and CragSystem (UserModel) when given none.
-EMBEDDER_BUILDERS = ("tools.train_hash", "tools.train_r2former", "tools.train_attributes", "models.system")
-LLM_BUILDERS = ("models.llm.base", "models.system")
+EMBEDDER_BUILDERS = ("tools.train_hash", "tools.train_r2former", "tools.train_attributes", "models.resources")
+LLM_BUILDERS = ("models.llm.base", "models.resources")
 
 
 @pytest.fixture

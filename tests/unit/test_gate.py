@@ -241,8 +241,8 @@ def test_an_ungated_run_gets_a_curve_from_a_fit_on_its_own_verdicts():
 
 def test_a_gate_of_another_setup_is_refused_before_anything_loads(cpu_config, tmp_path, monkeypatch, caplog_loguru):
     built = []
-    monkeypatch.setattr("models.system.create_llm", lambda config: built.append("llm"))
-    monkeypatch.setattr("models.system.PageProcessor", lambda *args: built.append("pages"))
+    monkeypatch.setattr("models.resources.create_llm", lambda config: built.append("llm"))
+    monkeypatch.setattr("models.resources.PageProcessor", lambda *args: built.append("pages"))
     cpu_config.answer.gate = str(tmp_path / "gate.json")
     number_gate(cpu_config, tmp_path / "gate.json", max_tokens=17)
     with pytest.raises(ConfigError, match=r"fit on another setup than this config's \(reasoning.max_tokens "

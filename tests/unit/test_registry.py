@@ -161,6 +161,79 @@ def test_registrations_are_checked_where_they_are_written():
     assert "bad_fields" not in STAGES and "plain" not in STAGES
 
 
+@pytest.fixture
+def registries_restored():
+    """The registries as they were before the test: what it registers does not reach the generated reference."""
+    from models.config import STAGE_SECTIONS
+    from models.resources import RESOURCES
+    from models.state import ADDED_FIELDS
+
+    tables = (STAGE_SECTIONS, RESOURCES, ADDED_FIELDS, STAGES._entries)
+    saved = [dict(table) for table in tables]
+    yield
+    for table, before in zip(tables, saved):
+        table.clear()
+        table.update(before)
+
+
+def test_what_a_stage_adds_is_refused_where_it_clashes_or_names_nothing(registries_restored):
+    from dataclasses import dataclass
+
+    from models.resources import Resource
+    from models.state import StateField
+
+    @dataclass
+    class Settings:
+        level: int = 1
+
+    def stage(**declared):
+        return type("Adds", (Stage,), declared)
+
+    with pytest.raises(RegistryError, match="stage 'budget' declares settings, but 'budget' is already a config key"):
+        STAGES.register("budget")(stage(settings=Settings))
+    STAGES.register("adds_settings")(stage(settings=Settings))
+    assert STAGES.get("adds_settings").sections == ("adds_settings",)
+    with pytest.raises(RegistryError, match="field 'answer' is already a QueryState field"):
+        STAGES.register("adds_answer")(stage(fields={"answer": StateField(str)}))
+    with pytest.raises(RegistryError, match="field 'reason' is already a QueryState field or a key of its record"):
+        STAGES.register("adds_reason")(stage(fields={"reason": StateField(str)}))
+    with pytest.raises(RegistryError, match="resource 'index' depends on unknown resources \\['gpu'\\]"):
+        STAGES.register("adds_index")(stage(resources={"index": Resource(lambda *a: None, depends=("gpu",))}))
+    with pytest.raises(RegistryError, match="resource 'llm' is already declared by models.resources"):
+        STAGES.register("adds_llm")(stage(resources={"llm": Resource(lambda *a: None)}))
+
+
+def test_resources_are_built_after_what_they_depend_on_in_registration_order():
+    from models.resources import build_order
+
+    assert build_order(["r2former"]) == ["llm", "embedder", "r2former"]
+    assert build_order(["kg", "gate", "pages"]) == ["gate", "pages", "kg"]  # the gate first, the pages before models
+
+
+class Unsigned(Stage):
+    """Writes a gate signal it does not declare."""
+
+    writes = frozenset({"answer"})
+    signals = {"unsigned.declared": "a declared one"}
+
+    def run(self, states, ctx):
+        for state in states:
+            state.signals["unsigned.declared"] = 1.0
+            state.signals["unsigned.other"] = 2.0
+
+
+def test_a_signal_the_stage_does_not_declare_fails_the_stage(make_system):
+    from models.stages.base import run_stage
+
+    states = [QueryState(0, "q0", "who?", "", [])]
+    stage = Unsigned()
+    stage.name = "unsigned"
+    run_stage(stage, states, make_system().batch(1))
+    assert states[0].answer == IDK and "wrote signals it does not declare in `signals`: ['unsigned.other']" in \
+        states[0].trace[-1].note
+    assert states[0].signals == {}  # put back as it was
+
+
 def test_a_registry_suggests_the_closest_name_on_a_miss():
     registry = Registry("widget", object)
     registry.register("reranker")(type("R", (), {}))

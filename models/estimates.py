@@ -1,0 +1,39 @@
+"""What a stage tells the budget planner (models/budget_plan.py): the LLM calls one query makes in it, each as a
+StagePlan, with prompt tokens estimated from the prompt file and the config's character budgets.
+
+A stage declares them in `Stage.estimate`; the planner adds them up in the strategy's order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from models.prompting import PromptLibrary
+
+if TYPE_CHECKING:
+    from models.budget_plan import Speed
+
+CHARS_PER_TOKEN = 4
+QUERY_TOKENS = 40  # the question, its time and the section headers
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    stage: str
+    prompt_tokens: int      # per query
+    generated_tokens: int   # per sequence, at most
+    sequences: int          # per query (samples)
+
+    def seconds(self, batch: int, speed: Speed) -> float:
+        return batch * self.prompt_tokens / speed.prefill_tps + self.generated_tokens * speed.step_s
+
+
+def tokens(chars: int) -> int:
+    """Tokens of `chars` characters of English text, rounded up."""
+    return -(-chars // CHARS_PER_TOKEN)
+
+
+def template_tokens(prompts: PromptLibrary, name: str) -> int:
+    """Tokens of prompt `name`'s file and the question it carries."""
+    return tokens(len(prompts.get(name).path.read_text(encoding="utf-8"))) + QUERY_TOKENS

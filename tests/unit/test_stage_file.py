@@ -1,0 +1,107 @@
+"""A stage is one file: tests/stages/answer_check.py adds settings, a QueryState field, a resource, a gate signal and
+a budget estimate, and a config that names it in `stage_modules` loads it, in a fresh process, with no patching.
+The how-to (docs/how-to/add-a-stage.md) follows this stage."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from models.config import REPO_ROOT
+from tests.conftest import SAMPLE
+
+STAGE = "answer_check"
+STAGE_FILE = REPO_ROOT / "tests" / "stages" / f"{STAGE}.py"
+PROMPT_FILE = REPO_ROOT / "tests" / "stages" / f"{STAGE}.yaml"
+
+# What the test runs in a fresh interpreter: the config names the stage, a CragSystem over the scripted LLM and the
+# hashing embedder (given as arguments, as a test's fakes are) answers two sample questions.
+DRIVER = """
+import json, sys
+from models.config import config_keys, load_config
+from models.system import CragSystem
+from tests.conftest import to_batch
+from tests.fakes import SEED_REPLY, HashEmbedder, ScriptedLLM, prompt_name
+
+config = load_config("configs/cpu.yaml", [sys.argv[1]])
+llm = ScriptedLLM(lambda c: sys.argv[3] if prompt_name(c) == "answer_check" else SEED_REPLY)
+system = CragSystem(config, llm=llm, embedder=HashEmbedder())
+examples = [json.loads(line) for line in open(sys.argv[2], encoding="utf-8")][:2]
+answers = system.batch_generate_answer(to_batch(examples))
+system.close()
+print(json.dumps({"answers": answers, "records": system.last_batch_trace, "pipeline": [s.name for s in system.pipeline],
+                  "resources": sorted(system.resources), "settings": config.resolved()["answer_check"],
+                  "keys": [k.key for k in config_keys()],
+                  "shown": [c[-1]["content"].count("</reference>")
+                            for calls, _ in llm.calls for c in calls if prompt_name(c) == "answer_check"]}))
+"""
+
+
+def overlay(tmp_path: Path, **settings) -> Path:
+    path = tmp_path / "checked.yaml"
+    path.write_text(yaml.safe_dump({
+        "stage_modules": ["tests.stages.answer_check"],
+        "task": 1, "attributes": {"method": "none"}, "answer": {"gate": None},
+        "references": {"workers": 0, "cache": False},
+        "strategy": "checked",
+        "strategies": {"checked": ["references", "evidence", "reasoning", STAGE]},
+        "prompts": {STAGE: str(PROMPT_FILE.relative_to(REPO_ROOT))},
+        STAGE: settings,
+    }), encoding="utf-8")
+    return path
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_a_stage_file_named_by_the_config_runs_with_what_it_declares(tmp_path):
+    done = run("-c", DRIVER, str(overlay(tmp_path, references=2)), str(SAMPLE), "no")
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout)
+    assert found["pipeline"] == ["references", "evidence", "reasoning", STAGE]
+    assert "answer_similarity" in found["resources"] and "embedder" in found["resources"]  # and what it depends on
+    assert found["settings"] == {"references": 2, "max_tokens": 4, "withhold": True}
+    assert {"answer_check", "answer_check.references", "answer_check.withhold"} <= set(found["keys"])
+    assert found["shown"] == [2, 2]  # the setting reached the stage
+    assert found["answers"] == ["i don't know", "i don't know"]  # "no": withheld
+    for record in found["records"]:
+        assert record["support"] == "unsupported"  # the field, in the record form the stage declares
+        assert -1.0 <= record["signals"]["answer_check.similarity"] <= 1.0
+        assert record["reason"] == "answer_check: the references do not support the answer"
+
+
+def test_a_supported_answer_stays_and_withhold_false_keeps_an_unsupported_one(tmp_path):
+    supported = json.loads(run("-c", DRIVER, str(overlay(tmp_path)), str(SAMPLE), "yes").stdout)
+    assert supported["answers"] == ["paris", "paris"] and {r["support"] for r in supported["records"]} == {"supported"}
+    assert supported["shown"] == [3, 3]  # the default
+    kept = json.loads(run("-c", DRIVER, str(overlay(tmp_path, withhold=False)), str(SAMPLE), "no").stdout)
+    assert kept["answers"] == ["paris", "paris"] and {r["support"] for r in kept["records"]} == {"unsupported"}
+
+
+def test_the_budget_plan_counts_the_stage_by_its_own_estimate(tmp_path):
+    done = run("tools/budget_plan.py", "--overlay", str(overlay(tmp_path, references=2, max_tokens=7)),
+               "--prefill-tps", "2000", "--step-ms", "20")
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = [line.split() for line in done.stdout.splitlines() if line.startswith(STAGE)]
+    template = -(-len(PROMPT_FILE.read_text(encoding="utf-8")) // 4) + 40
+    assert row[1:4] == [str(template + 2 * 1000 // 4), "7", "1"]  # prompt tokens/query, generated tokens, sequences
+
+
+def test_a_misspelt_key_of_the_stage_is_one_line_with_the_closest_name(tmp_path):
+    done = run("tools/budget_plan.py", "--overlay", str(overlay(tmp_path, referenes=2)), "--prefill-tps", "2000",
+               "--step-ms", "20")
+    assert done.returncode == 2
+    assert "unknown key 'answer_check.referenes'; did you mean 'references'?" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_no_project_module_names_the_stage():
+    tracked = subprocess.run(["git", "ls-files", "*.py", "*.yaml", "*.yml", "Makefile"], cwd=REPO_ROOT,
+                             capture_output=True, text=True, check=True).stdout.split()
+    naming = [path for path in tracked if not path.startswith("tests/")
+              and STAGE in (REPO_ROOT / path).read_text(encoding="utf-8")]
+    assert naming == []
+    assert STAGE_FILE.is_file() and PROMPT_FILE.is_file()
