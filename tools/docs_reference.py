@@ -1,6 +1,6 @@
 """The docs site's generated reference pages (an MkDocs hook, mkdocs.yml `hooks`): every config key the loader
-accepts, from the config dataclasses, and every command's `--help` as a user sees it. Generated at each build, so
-the reference cannot drift from the code."""
+accepts, from the config dataclasses, every command's `--help` as a user sees it, and every stage's
+declarations. Generated at each build, so the reference cannot drift from the code."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 from unittest import mock
 
 from models.config import REPO_ROOT, config_keys
+from models.stages import Stage
 
 HELP_COLUMNS = "100"  # argparse wraps --help at $COLUMNS; fixed, so the page does not depend on the terminal
 # argparse's usage of subcommands, `{run,rejudge,...} ...`; not an option's choices, `--method {a,b} [{a,b} ...]`
@@ -88,10 +89,39 @@ def config_page() -> str:
         "| key | type | default | allowed | what it does |", "|---|---|---|---|---|", *rows, ""])
 
 
+def stages_page() -> str:
+    """Every registered stage's declarations, and the answer step's, as the code declares them."""
+    from models.stages import STAGES
+    from models.stages.answer import AnswerStage
+
+    def names(values) -> str:
+        return ", ".join(f"`{v}`" for v in sorted(values)) or "-"
+
+    classes = [STAGES.get(name) for name in sorted(STAGES)] + [AnswerStage]
+    def estimates(cls: type[Stage]) -> str:
+        return "yes" if cls.estimate.__func__ is not Stage.estimate.__func__ else "-"
+
+    rows = [f"| `{cls.name}` | `{cls.__module__}` | {names(cls.prompts)} | {names(cls.sections)} | {names(cls.reads)} "
+            f"| {names(cls.writes)} | {names(cls.needs)} | {estimates(cls)} |" for cls in classes]
+    signals = [f"| `{name}` | `{cls.name}` | {_cell(meaning)} |"
+               for cls in classes for name, meaning in sorted(cls.signals.items())]
+    return "\n".join([
+        "# Stages\n",
+        "Every stage the code registers, and the answer step that closes every strategy, with what each declares "
+        "(`models/stages/base.py` `Stage`; [Stages and strategies](../concepts/stages.md)). Generated from the code "
+        "at each docs build.\n",
+        "| stage | module | prompts | config sections | reads | writes | resources | budget estimate |",
+        "|---|---|---|---|---|---|---|---|", *rows, "",
+        "## Signals\n",
+        "The answer gate's inputs, by the stage that writes each (`Stage.signals`).\n",
+        "| signal | stage | what it is |", "|---|---|---|", *signals, ""])
+
+
 def on_files(files, config):  # noqa: ANN001, ANN201 - MkDocs' hook signature (mkdocs.plugins.BasePlugin.on_files)
     """Add the generated pages to the site (MkDocs 1.6 `File.generated`)."""
     from mkdocs.structure.files import File
 
     files.append(File.generated(config, "reference/config.md", content=config_page()))
     files.append(File.generated(config, "reference/commands.md", content=commands_page()))
+    files.append(File.generated(config, "reference/stages.md", content=stages_page()))
     return files

@@ -62,7 +62,7 @@ class AnswerStage(Stage):
         "references.count": "how many references the query kept",
         "references.best": "the best reference's score (None without references)",
         "references.top3_mean": "the mean score of the best three references",
-        "kg.calls": "how many KG calls the query made", "kg.answered": "how many of them answered",
+        "kg.calls": "how many KG calls the query made", "kg.answered": "how many KG calls answered",
         "kg.lines": "how many KG result lines the query kept",
         "attributes.domain": "the predicted domain", "attributes.dynamism": "the predicted dynamism",
         "knowledge.agrees": "whether the knowledge extractor's answer equals the answer (None without one)",
