@@ -137,7 +137,7 @@ bench: $(STAMP) $(RAY_STAMP) $(QSTAMP) $(VSTAMP)
 	$(PY) -m benchmarks.kg_reach
 	$(PY) -m benchmarks.deadline
 	$(PY) -m benchmarks.ray_eval
-	$(QPY) -m benchmarks.quantize
+	$(QPY) -m benchmarks.gptq_vs_rtn
 	$(PY) -m benchmarks.hf_cuda
 	$(PY) -m benchmarks.engine_cpu
 	$(PY) -m benchmarks.gate

@@ -108,9 +108,9 @@ ADMISSION = "hf prompt admission (four ~2,000-token prompts, 3 s deadline):"
 def prefill_admission(llm: Any, seconds: float = 3.0) -> list[str]:
     """Lines for the hf backend `llm`: four ~2,000-token prompts under a `seconds` deadline, at its measured prefill
     rate and at 20 times it; the seconds each call took against the deadline."""
-    from models.llm.base import GenParams
+    from models.llm.backend import GenParams
     from models.llm.hf import PREFILL_CHUNK_MAX
-    from utils.deadline import Deadline
+    from utils.time_budget import Deadline
 
     long = [{"role": "user", "content": "The harbour reported record traffic this season. " * 250 + "Sum 2 and 2."}]
     tokens = len(llm.tokenizer.apply_chat_template(long, add_generation_prompt=True, return_dict=True)["input_ids"])

@@ -23,7 +23,7 @@ import time
 
 from evaluation.filler import conversations
 from models.config import REPO_ROOT, HFConfig, VLLMConfig
-from models.llm.base import GenParams
+from models.llm.backend import GenParams
 from utils.cli import CommandParser, command
 
 REHEARSAL_PYTHON = REPO_ROOT / ".venv-vllm" / "bin" / "python"

@@ -109,7 +109,7 @@ def ceiling(labelled, questions: int) -> list[str]:
     from sklearn.metrics import roc_auc_score
 
     from evaluation.gate_fit import C_GRID, design
-    from models.gate import columns_for
+    from models.gate.answer_gate import columns_for
 
     y = np.array(labelled.correct, dtype=int)
     names = sorted({k for s in labelled.signals for k, v in s.items()
@@ -144,10 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.reuse and args.runs is None:
         print("error: --reuse needs --runs, the folder that holds the runs to fit on", file=sys.stderr)
         return 2
-    from evaluation.gate import fit
+    from evaluation.gate_command import fit
     from evaluation.gate_fit import TooFewLabels
     from evaluation.runner import load_predictions
-    from models.gate import Gate, GateError
+    from models.gate.answer_gate import Gate, GateError
 
     with tempfile.TemporaryDirectory(prefix="gate-bench-") as scratch:
         root = args.runs or Path(scratch)
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         print(summary_line(Gate.load(out).figures, questions) + " (labels: rules and a person)")
         print(printed)
         if args.ceiling:
-            from evaluation.gate import run_records
+            from evaluation.gate_command import run_records
             from evaluation.gate_fit import label_records
 
             labelled = label_records([r for folder in folders for r in run_records(folder)[0]])

@@ -54,7 +54,7 @@ from models.stages.references import proposition_units
 from models.state import Reference
 from training.hash_training import ADSHSettings, initial_layer, neighbour_similarity, positive_recall, train_adsh
 from utils.cli import command
-from utils.pages import PageProcessor, PageSettings, process_html
+from utils.web_pages import PageProcessor, PageSettings, process_html
 
 SHARED = REPO_ROOT.parent / "shared" / "crag_sample" / "crag_public_sample_5.jsonl.bz2"
 DATA = REPO_ROOT / "data" / "crag_sample.jsonl"

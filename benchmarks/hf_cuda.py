@@ -115,9 +115,9 @@ def plain_generate(backend, convs, max_tokens: int) -> dict[str, object]:
 
 def run_case(backend, name: str, convs, deadline_s: float | None, max_tokens: int,
              embeddings: list[np.ndarray] | None = None) -> dict[str, object]:
-    from models.llm.base import GenParams
+    from models.llm.backend import GenParams
     from models.llm.hf import device_clock
-    from utils.deadline import Deadline
+    from utils.time_budget import Deadline
 
     params = GenParams(max_tokens=max_tokens, deadline=None if deadline_s is None else Deadline(deadline_s))
     STEPS.clear()

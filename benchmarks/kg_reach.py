@@ -7,7 +7,7 @@ question with `absent` counts as reached when none of those strings reaches the 
 not hold: nothing false may reach the prompt). Entity names in `script` are copied from the query as the user
 wrote it; resolving them is the KG stage's job.
 
-The fixture KG server (tools/kg_server.py over data/kg) runs on a free loopback port. Each run variant builds a
+The fixture KG server (evaluation/kg_fixture over data/kg) runs on a free loopback port. Each run variant builds a
 CragSystem on configs/cpu.yaml (task 2, attributes by ICL, pages in this process) over a scripted LLM: the
 attributes prompt answers the question's true domain and dynamism (so `answer.dynamic_idk` acts as a perfect
 classifier would), kg_entities / kg_functions answer the question's script, the reasoning prompt is recorded and
@@ -402,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from loguru import logger
 
-    from evaluation.kg_server import fixture_kg
+    from evaluation.kg_fixture.launch import fixture_kg
 
     logger.remove()
     logger.add(sys.stderr, level="ERROR")

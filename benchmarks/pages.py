@@ -55,13 +55,13 @@ from bs4 import BeautifulSoup
 from evaluation.recall import answer_found, recall, token_recall
 from models.config import REPO_ROOT, load_config
 from models.retrieval.embedder import Embedder
-from models.stages.base import run_alone
 from models.stages.references import ReferencesStage, candidates
+from models.stages.stage import run_alone
 from models.state import QueryState
 from utils.chunking import seed_chunks, split_sentences
 from utils.cli import command
-from utils.deadline import Deadline
-from utils.pages import EXTRACTORS, PageProcessor, PageSettings, ProcessedPage, process_html
+from utils.time_budget import Deadline
+from utils.web_pages import EXTRACTORS, PageProcessor, PageSettings, ProcessedPage, process_html
 
 SHARED = REPO_ROOT.parent / "shared" / "crag_sample" / "crag_public_sample_5.jsonl.bz2"
 DATA = REPO_ROOT / "data" / "crag_sample.jsonl"

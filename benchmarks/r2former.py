@@ -25,9 +25,9 @@ import torch
 from loguru import logger
 
 from models.config import HFConfig
-from models.llm.base import GenParams
+from models.llm.backend import GenParams
 from models.llm.hf import HFBackend
-from models.retrieval.r2former import Checkpoint, R2Former, R2FormerConfig, R2FormerHead, retrieval_features
+from models.retrieval.r2former_head import Checkpoint, R2Former, R2FormerConfig, R2FormerHead, retrieval_features
 from training.r2former_training import TrainSettings, synthetic_lists, train
 from utils.cli import command
 

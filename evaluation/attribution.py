@@ -30,7 +30,7 @@ from evaluation.data import read_examples
 from evaluation.judge import MISS, WRONG
 from utils.answers import is_invalid
 from utils.cache import cache_root
-from utils.pages import PageProcessor, PageSettings
+from utils.web_pages import PageProcessor, PageSettings
 
 CLASSES = ("generation", "retrieval", "kg", "pages", "declined", "unattributable")
 _YES_NO = {"yes", "no", "true", "false"}

@@ -32,7 +32,7 @@ from evaluation.data import (
     read_examples,
 )
 from evaluation.judge import CONTAINS, UNJUDGED, build_judge, check_judge, judge_records
-from evaluation.kg_server import fixture_kg
+from evaluation.kg_fixture.launch import fixture_kg
 from evaluation.llm_server import llm_for_run
 from evaluation.report import format_table, score_records, write_report
 from evaluation.runner import EvaluationError, load_predictions, run_model, save_judgements
@@ -47,7 +47,7 @@ from models.config import (
     config_path,
     load_config,
 )
-from models.gate import GateError
+from models.gate.answer_gate import GateError
 from models.prompting import PROMPT_DIR, PromptLibrary, load_prompt
 from utils.cli import check_out, check_out_file
 from utils.errors import HarnessError
@@ -189,7 +189,7 @@ class Answering:
         parser.add_argument("--time-limit", type=float, default=30.0, help="seconds per query; a batch over batch "
                             "size x this is timed out (0: no limit)")
         parser.add_argument("--serve-kg", action="store_true", help="tasks 2/3: start the fixture KG server "
-                            "(tools/kg_server.py over data/kg) for this run and point the model at it; without it "
+                            "(evaluation/kg_fixture over data/kg) for this run and point the model at it; without it "
                             "the model uses kg.base_url or $CRAG_MOCK_API_URL")
         parser.add_argument("--serve-llm", action="store_true", help="serve the embedded model (llm.hf.model) with "
                             "the pinned vLLM release's CPU build (.venv-vllm: make vllm-venv) for this run and point "
@@ -601,7 +601,7 @@ def compare(a: Path, b: Path, filters: Filters = Filters(), judge: JudgeChoice =
 
 def gate_fit(runs: list[Path], out: Path, rules_wrong_is_wrong: bool = False) -> int:
     """`gate fit`: a gate fitted on judged run folders of one setup, written to `out`."""
-    from evaluation import gate
+    from evaluation import gate_command as gate
 
     check_out_file(out)
     try:
@@ -613,7 +613,7 @@ def gate_fit(runs: list[Path], out: Path, rules_wrong_is_wrong: bool = False) ->
 
 def gate_eval(gate_file: Path, run_folder: Path) -> int:
     """`gate eval`: what a gate does to a judged run folder."""
-    from evaluation import gate
+    from evaluation import gate_command as gate
 
     try:
         print(gate.evaluate(gate_file, run_folder))

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import bootstrap
 
-from evaluation.html import compare_html, write_html
+from evaluation.html_report import compare_html, write_html
 from evaluation.judge import CORRECT, MISS, UNJUDGED, WRONG
 from evaluation.metrics import MIN_FOR_INTERVAL, RESAMPLES
 

@@ -1,6 +1,6 @@
-"""Fitting the answer gate (models/gate.py) on judged records: P(correct | signals) by logistic regression on
-standardised signals with missing-value columns, its regularisation chosen by cross-validation grouped by question,
-and the threshold that maximises the CRAG score of the out-of-fold probabilities.
+"""Fitting the answer gate (models/gate/answer_gate.py) on judged records: P(correct | signals) by logistic
+regression on standardised signals with missing-value columns, its regularisation chosen by cross-validation grouped
+by question, and the threshold that maximises the CRAG score of the out-of-fold probabilities.
 
 An answer pays only when it is more likely right than wrong (+1, 0, -1), so the threshold is chosen by the score
 itself, not by accuracy or log-loss (docs/decisions/answer-gate-threshold.md).
@@ -18,7 +18,7 @@ from sklearn.model_selection import StratifiedGroupKFold, cross_val_predict, cro
 
 from evaluation.compare import paired_difference
 from evaluation.judge import CONTAINS, CORRECT, MISS, WRONG, Item, judge_by_rules, ungated
-from models.gate import Gate, columns_for, raw_row
+from models.gate.answer_gate import Gate, columns_for, raw_row
 from utils.errors import HarnessError
 
 MIN_LABELS = 20  # under this, a threshold chosen by cross-validation is noise

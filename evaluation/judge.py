@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from evaluation.containment import contains_gold
 from models.config import ConfigError, HFConfig, OpenAIConfig
-from models.llm.base import LLM, GenParams, TopLogprobs
+from models.llm.backend import LLM, GenParams, TopLogprobs
 from models.prompting import Prompt, PromptLibrary
 from utils.answers import INVALID, contains_answer, is_idk, is_invalid, normalize_text
 from utils.cache import JsonCache, cache_root, content_key

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-from evaluation.kg_server import stop
+from evaluation.kg_fixture.launch import stop
 from models.config import REPO_ROOT, ConfigError, SystemConfig
 from models.llm.hf import resolve_model_folder
 from utils.errors import HarnessError

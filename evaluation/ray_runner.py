@@ -35,7 +35,7 @@ from evaluation.judge import judge_records
 from evaluation.runner import EvaluationError, PredictionLog, call_with_limit, check_batch_size, checked_answers, take
 from evaluation.worker import WorkerError
 from models.config import ConfigError, SystemConfig
-from models.llm.base import BackendUnavailable
+from models.llm.backend import BackendUnavailable
 from utils.answers import IDK
 from utils.batch import make_batch
 

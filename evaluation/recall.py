@@ -9,8 +9,8 @@ from typing import Any
 
 from evaluation.data import alternative_answers
 from models.retrieval.embedder import Embedder
-from models.stages.base import run_alone
 from models.stages.references import ReferencesStage
+from models.stages.stage import run_alone
 from models.state import QueryState
 from utils.answers import contains_answer, normalize_text
 

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from evaluation.attribution import CLASSES, attribution_table
-from evaluation.gate import format_gate, gate_summary
-from evaluation.html import report_html, write_html
+from evaluation.gate_command import format_gate, gate_summary
+from evaluation.html_report import report_html, write_html
 from evaluation.judge import MISS, UNCERTAIN, contains_note
 from evaluation.metrics import MIN_FOR_INTERVAL, RESAMPLES, Scores, intervals, latency
 
@@ -38,7 +38,7 @@ def score_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     the organisers' rules too ("organisers_verdict") get the same scores under "organisers". Latency is each
     query's share of its batch: batch seconds / batch size, and the same for every stage of the trace. With an
     answer gate, the scores are the gated ones and `gate` holds the ungated score and the paired difference;
-    records with confidence signals get a `risk_coverage` curve (evaluation/gate.py).
+    records with confidence signals get a `risk_coverage` curve (evaluation/gate_command.py).
     """
     per_query: list[float] = []
     per_stage: dict[str, list[float]] = defaultdict(list)

@@ -18,8 +18,8 @@ from tqdm import tqdm
 from models.config import MAX_BATCH_SIZE
 from utils.answers import IDK
 from utils.batch import make_batch
-from utils.deadline import Deadline
 from utils.errors import HarnessError
+from utils.time_budget import Deadline
 
 LOOK_S = 0.5  # how often a running batch's deadline is looked at
 RECORD_FIELDS = ("interaction_id", "query", "answer", "alt_answers", "domain", "question_type", "static_or_dynamic",

@@ -17,7 +17,7 @@ from typing import Any
 
 from loguru import logger
 
-from models.llm.base import BackendUnavailable
+from models.llm.backend import BackendUnavailable
 from utils.errors import HarnessError
 from utils.processes import die_with_parent
 

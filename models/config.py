@@ -216,7 +216,7 @@ class HashConfig:
 
 @dataclass
 class ReferencesConfig:
-    """Web page processing and ranking. Page settings are those of utils.pages.PageSettings."""
+    """Web page processing and ranking. Page settings are those of utils.web_pages.PageSettings."""
 
     workers: int = field(default=0, metadata=at_least(0))
     """Page processes: 0 one per CPU, 1 in this process."""

@@ -1,4 +1,4 @@
-"""What a stage tells the budget planner (models/budget_plan.py): the LLM calls one query makes in it, each as a
+"""What a stage tells the budget planner (models/budget_planner.py): the LLM calls one query makes in it, each as a
 StagePlan, with prompt tokens estimated from the prompt file and the config's character budgets.
 
 A stage declares them in `Stage.estimate`; the planner adds them up in the strategy's order.
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from models.prompting import PromptLibrary
 
 if TYPE_CHECKING:
-    from models.budget_plan import Speed
+    from models.budget_planner import Speed
 
 CHARS_PER_TOKEN = 4
 QUERY_TOKENS = 40  # the question, its time and the section headers

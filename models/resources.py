@@ -18,17 +18,17 @@ from typing import Any
 from loguru import logger
 
 from models.config import SystemConfig, resolve_path
-from models.gate import Gate, gate_for
-from models.llm.base import LLM, create_llm
+from models.gate.answer_gate import Gate, gate_for
+from models.kg.client import KGClient
+from models.llm.backend import LLM, create_llm
 from models.prompting import PromptLibrary
 from models.registry import RegistryError
 from models.retrieval.embedder import Embedder
 from models.retrieval.hash_index import HashModel, load_model
-from models.retrieval.r2former import R2FormerError, R2FormerHead, load_checkpoint
+from models.retrieval.r2former_head import R2FormerError, R2FormerHead, load_checkpoint
 from models.retrieval.reranker import Reranker
 from utils.cache import cache_root
-from utils.kg_api import KGClient
-from utils.pages import PageProcessor, PageSettings
+from utils.web_pages import PageProcessor, PageSettings
 
 Builder = Callable[[SystemConfig, PromptLibrary, dict[str, Any]], Any]
 

@@ -115,7 +115,7 @@ class QueryState:
     done_reason: str = ""
     trace: list[StageRecord] = field(default_factory=list)
     # What the stages knew of how sure the answer is, by name ("reasoning.answer_logprob_mean", ...): the answer
-    # gate's inputs (models/gate.py), kept on every record, gate or no gate.
+    # gate's inputs (models/gate/answer_gate.py), kept on every record, gate or no gate.
     signals: dict[str, Signal] = field(default_factory=dict)
     # With an answer gate (`answer.gate`): P(correct), the threshold, and the answer it withheld, if it did.
     gate: dict[str, Any] | None = None

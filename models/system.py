@@ -9,17 +9,17 @@ from typing import Any
 from loguru import logger
 
 from models.config import SystemConfig, load_config
-from models.llm.base import LLM
+from models.gate.gate_stage import GateStage
+from models.kg.client import KGClient
+from models.llm.backend import LLM
 from models.prompting import PromptLibrary
 from models.resources import build_resources
 from models.stages import Stage, pipeline_stages
 from models.stages.answer import AnswerStage
-from models.stages.base import Batch, run_stage
-from models.stages.gate import GateStage
+from models.stages.stage import Batch, run_stage
 from models.state import QueryState
 from utils.answers import IDK
 from utils.batch import BATCH_FIELDS
-from utils.kg_api import KGClient
 
 
 class CragSystem:

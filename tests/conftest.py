@@ -10,10 +10,10 @@ import yaml
 from loguru import logger
 
 from models.config import REPO_ROOT, load_config
+from models.kg.client import KGClient
 from models.system import CragSystem
 from tests.fakes import HashEmbedder, ScriptedLLM
 from utils.batch import make_batch
-from utils.kg_api import KGClient
 
 SAMPLE = REPO_ROOT / "data" / "crag_sample.jsonl"
 SHARED_CRAG = REPO_ROOT.parent / "shared" / "crag_sample" / "crag_public_sample_5.jsonl.bz2"

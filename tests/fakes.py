@@ -12,12 +12,13 @@ import requests
 import urllib3
 from requests.structures import CaseInsensitiveDict
 
+from evaluation.kg_fixture.app import answer, read_body
+from evaluation.kg_fixture.graph import KnowledgeGraph
 from models.config import REPO_ROOT
-from models.llm.base import Conversation, GenParams
+from models.kg.client import ENDPOINTS, KGClient
+from models.llm.backend import Conversation, GenParams
 from models.prompting import PROMPT_DIR
-from tools.kg_server import KnowledgeGraph, answer, read_body
 from utils.bag_embedder import BagOfWordsEmbedder
-from utils.kg_api import ENDPOINTS, KGClient
 
 SEED_REPLY = "Thinking.\n===START===\n## Answer: paris\n## False Premise: no\n===END==="
 
@@ -62,15 +63,15 @@ HashEmbedder = BagOfWordsEmbedder  # bag of words hashed into 512 dimensions: te
 
 
 class RecordingKG(KGClient):
-    """The KG client (utils/kg_api.py KGClient) with only its HTTP send (`KGClient._send`) replaced: each request is
-    answered in this process as tools/kg_server.py's route answers it (`read_body`, then `answer`), and the reply
+    """The KG client (models/kg/client.py KGClient) with only its HTTP send (`KGClient._send`) replaced: each request is
+    answered in this process as evaluation/kg_fixture's route answers it (`read_body`, then `answer`), and the reply
     goes through the client's own reading, result type check, cache and counters.
 
     A body that does not fit the endpoint's request model answers HTTP 422. An endpoint in `answers` answers its
     value, or its function of the body's fields (a function that raises is HTTP 500, as a raising endpoint of
     theirs). Every other endpoint answers what the organisers' mock API (facebookresearch/CRAG mock_api/server.py,
     mock_api/cragapi/{open,movie,finance,music,sports}.py) answers for a name it does not hold, from
-    tools/kg_server.py's KnowledgeGraph holding nothing: [] for the name searches, the Grammy by-year lists (years
+    evaluation/kg_fixture's KnowledgeGraph holding nothing: [] for the name searches, the Grammy by-year lists (years
     1957-2019) and award years; 0 for the Grammy counts; [null, null] for a lifespan and a Billboard rank; HTTP 500
     for an Oscar year outside 1990-2021; null elsewhere.
 
@@ -88,7 +89,7 @@ class RecordingKG(KGClient):
 
     @classmethod
     def over_fixtures(cls) -> RecordingKG:
-        """Every endpoint answered from the fixture KG (tools/kg_server.py's KnowledgeGraph over data/kg), as the
+        """Every endpoint answered from the fixture KG (evaluation/kg_fixture's KnowledgeGraph over data/kg), as the
         fixture server answers it."""
         graph = KnowledgeGraph(REPO_ROOT / "data" / "kg").functions()
         return cls({name: lambda fields, function=function: function(**fields) for name, function in graph.items()})

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.kg_server import stop
+from evaluation.kg_fixture.launch import stop
 from utils.servers import free_port, wait_until_healthy
 
 __all__ = ["free_port", "running"]

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from models.llm.base import DEADLINE, LENGTH, STOP, GenParams
-from utils.deadline import Deadline
+from models.llm.backend import DEADLINE, LENGTH, STOP, GenParams
+from utils.time_budget import Deadline
 
 STORY = [{"role": "user", "content": "Write a long story about a dragon who learns to bake bread."}]
 POEM = [{"role": "user", "content": "Write a long poem about the sea, the wind and the ships."}]

@@ -1,5 +1,5 @@
 """Budget planner: expected seconds per stage and per query for a config, and whether a batch fits the budget.
-The model of time is models/budget_plan.py's (its docstring follows in --help).
+The model of time is models/budget_planner.py's (its docstring follows in --help).
 
     python tools/budget_plan.py --config configs/t4x4-llama3-70b-gptq.yaml --prefill-tps 2500 --step-ms 60
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from models import budget_plan
-from models.budget_plan import Speed, format_plan, plan
+from models import budget_planner as budget_plan
+from models.budget_planner import Speed, format_plan, plan
 from models.config import MAX_BATCH_SIZE, ConfigError, add_config_arguments, config_from_args
 from utils.cli import CommandParser, command
 

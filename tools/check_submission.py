@@ -503,7 +503,7 @@ def measure_speed(model: Any) -> dict[str, float] | None:
     size = model.get_batch_size()
     if llm is None:
         return None
-    from models.llm.base import GenParams
+    from models.llm.backend import GenParams
 
     text = "The quick brown fox jumps over the lazy dog. " * 50  # about 500 tokens
     conversations = [[{"role": "user", "content": f"{text}\nRepeat the first sentence, word by word, many times."}]
@@ -671,7 +671,7 @@ def check_rehearsal(repo: Path, config_path: str, config: Any, timeout_s: float)
 def budget_check(config: Any, report: dict[str, Any]) -> Check:
     from tqdm import tqdm
 
-    from models.budget_plan import Speed, format_plan, plan
+    from models.budget_planner import Speed, format_plan, plan
 
     measured = [b["pages_s"] / b["size"] for b in report.get("batches") or [] if b.get("pages_s") is not None]
     pages_s = max(measured, default=1.0)

@@ -108,7 +108,7 @@ def stages_page() -> str:
     return "\n".join([
         "# Stages\n",
         "Every stage the code registers, and the answer step that closes every strategy, with what each declares "
-        "(`models/stages/base.py` `Stage`; [Stages and strategies](../concepts/stages.md)). Generated from the code "
+        "(`models/stages/stage.py` `Stage`; [Stages and strategies](../concepts/stages.md)). Generated from the code "
         "at each docs build.\n",
         "| stage | module | prompts | config sections | reads | writes | resources | budget estimate |",
         "|---|---|---|---|---|---|---|---|", *rows, "",

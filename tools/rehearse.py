@@ -159,7 +159,7 @@ def kg_server(serve: bool) -> Iterator[None]:
     if not serve:
         yield
         return
-    from evaluation.kg_server import fixture_kg
+    from evaluation.kg_fixture.launch import fixture_kg
 
     # the server imports the project, which this venv does not install (the grader runs from the checkout)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))

@@ -31,7 +31,7 @@ from evaluation.data import DataError, alternative_answers, check_data_file, is_
 from models.config import REPO_ROOT, ConfigError, SystemConfig, load_config
 from models.prompting import PromptLibrary
 from models.retrieval.embedder import Embedder
-from models.retrieval.r2former import R2Former, R2FormerConfig, retrieval_features, save_checkpoint
+from models.retrieval.r2former_head import R2Former, R2FormerConfig, retrieval_features, save_checkpoint
 from models.stages.reasoning import place_embeddings, reasoning_conversation
 from models.state import QueryState, Reference
 from training.examples import answer_block, reference_states

@@ -38,7 +38,7 @@ from evaluation.judge import judge_records
 from evaluation.report import score_records
 from models.config import REPO_ROOT, ConfigError, SystemConfig, add_config_arguments, config_from_args
 from models.prompting import PromptLibrary
-from models.stages.base import run_stage
+from models.stages.stage import run_stage
 from models.state import Proposition, QueryState, Reference, StageRecord
 from models.system import CragSystem, unpack_batch
 from utils.batch import make_batch

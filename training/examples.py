@@ -11,12 +11,12 @@ from tqdm import tqdm
 from models.config import SystemConfig, resolve_path
 from models.retrieval.embedder import Embedder
 from models.retrieval.hash_index import load_model
-from models.stages.base import run_alone
 from models.stages.reasoning import END, START
 from models.stages.references import ReferencesStage
+from models.stages.stage import run_alone
 from models.state import QueryState
 from utils.answers import is_invalid
-from utils.pages import PageProcessor, PageSettings
+from utils.web_pages import PageProcessor, PageSettings
 
 
 def answer_block(answer: str) -> str:

@@ -1,4 +1,4 @@
-"""The quantizer's texts and scores (tools/quantize.py, benchmarks/quantize.py): calibration and held-out texts
+"""The quantizer's texts and scores (tools/quantize.py, benchmarks/gptq_vs_rtn.py): calibration and held-out texts
 read from JSONL, tokenized and cut as the hf backend cuts a prompt, and the perplexity and KL divergence of
 quantized models against their reference.
 

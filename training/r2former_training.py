@@ -15,7 +15,7 @@ import torch
 from sklearn.metrics import roc_auc_score
 from tqdm import tqdm
 
-from models.retrieval.r2former import R2Former, pad_lists, qdm_loss, retrieval_features
+from models.retrieval.r2former_head import R2Former, pad_lists, qdm_loss, retrieval_features
 from models.state import QueryState
 
 

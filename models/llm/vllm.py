@@ -16,7 +16,7 @@ import torch
 from loguru import logger
 
 from models.config import VLLMConfig
-from models.llm.base import DEADLINE, LENGTH, STOP, BackendUnavailable, Conversation, GenParams, Sample, TopLogprobs
+from models.llm.backend import DEADLINE, LENGTH, STOP, BackendUnavailable, Conversation, GenParams, Sample, TopLogprobs
 from models.llm.hf import RETRIEVAL_TOKEN
 
 # The input embedding matrix (vocabulary x hidden) of Llama-family folders. Quantizers leave it in 16 bits:

@@ -11,8 +11,8 @@ import numpy as np
 from loguru import logger
 
 from models.config import EmbedderConfig
-from models.llm.base import BackendUnavailable
-from utils.deadline import Deadline
+from models.llm.backend import BackendUnavailable
+from utils.time_budget import Deadline
 
 T = TypeVar("T")
 

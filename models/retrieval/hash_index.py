@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from models.config import HASH_ENGINES
-from models.llm.base import BackendUnavailable
+from models.llm.backend import BackendUnavailable
 
 MAGIC = b"HASHRAG1"
 _ALIGN = 64

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from models.config import RerankConfig
-from models.llm.base import BackendUnavailable
+from models.llm.backend import BackendUnavailable
 from models.retrieval.embedder import load_local
 
 

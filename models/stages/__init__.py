@@ -1,19 +1,27 @@
-"""The stages, one file each. Importing this package imports every module in it, so that each stage registers
-itself in `STAGES` by name: a new stage is a new file here and its name in a strategy."""
+"""The stages, one file each. Importing this package imports every module in it and every `*_stage` module of a
+feature folder under models/ (models/kg/, models/gate/), so that each stage registers itself in `STAGES` by name: a
+new stage is a new file here and its name in a strategy."""
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
+from pathlib import Path
 
 from models.config import ConfigError, SystemConfig, did_you_mean, import_stage_modules
 from models.registry import RegistryError
-from models.stages.base import STAGES, Stage, StageContext, check_flow
+from models.stages.stage import STAGES, Stage, StageContext, check_flow
 
 __all__ = ["STAGES", "Stage", "StageContext", "pipeline_stages"]
 
 for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
     importlib.import_module(f"{__name__}.{_module}")
+# A feature folder's stage (models/kg/kg_stage.py, models/gate/gate_stage.py): every `*_stage` module of a package
+# under models/.
+_MODELS = Path(__path__[0]).parent
+for _feature in sorted(m.name for m in pkgutil.iter_modules([str(_MODELS)]) if m.ispkg):
+    for _module in sorted(m.name for m in pkgutil.iter_modules([str(_MODELS / _feature)]) if m.name.endswith("_stage")):
+        importlib.import_module(f"models.{_feature}.{_module}")
 
 
 def pipeline_stages(config: SystemConfig, missing: frozenset[str] = frozenset()) -> list[type[Stage]]:

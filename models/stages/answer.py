@@ -8,7 +8,7 @@ import re
 from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
 from models.config import SystemConfig
-from models.stages.base import STAGES, Stage, StageContext
+from models.stages.stage import STAGES, Stage, StageContext
 from models.state import QueryState, Signal
 from utils.answers import IDK, final_answer, is_idk, is_invalid, normalize_text
 from utils.grader_tokens import grader_token_count

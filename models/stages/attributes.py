@@ -24,10 +24,10 @@ from loguru import logger
 
 from models.config import DOMAINS, DYNAMISM, EmbedderConfig, SystemConfig, resolve_path
 from models.estimates import StagePlan, template_tokens
-from models.llm.base import BackendUnavailable
+from models.llm.backend import BackendUnavailable
 from models.prompting import PromptLibrary
 from models.retrieval.embedder import Embedder
-from models.stages.base import STAGES, Stage, StageContext
+from models.stages.stage import STAGES, Stage, StageContext
 from models.state import QueryState
 
 SVM_FORMAT = "crag-attributes-svm-1"

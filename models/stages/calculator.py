@@ -13,8 +13,8 @@ from loguru import logger
 from models.config import SystemConfig
 from models.estimates import StagePlan, template_tokens, tokens
 from models.prompting import PromptLibrary
-from models.stages.base import STAGES, Stage, StageContext
 from models.stages.reasoning import prompt_evidence
+from models.stages.stage import STAGES, Stage, StageContext
 from models.state import QueryState
 from utils.safe_eval import SafeEvalError, Value, safe_eval
 

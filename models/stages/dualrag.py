@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from models.retrieval.local import LocalRetriever, Request
-from models.stages.base import STAGES, Stage, StageContext
+from models.stages.stage import STAGES, Stage, StageContext
 from models.stages.steps import finish, step
 from models.state import QueryState
 from utils.answers import IDK

@@ -19,8 +19,8 @@ import re
 from loguru import logger
 
 from models.retrieval.local import LocalRetriever, Request
-from models.stages.base import STAGES, Stage, StageContext
 from models.stages.reasoning import parse_structured, reasoning_conversation
+from models.stages.stage import STAGES, Stage, StageContext
 from models.stages.steps import finish, step
 from models.state import QueryState, Reference
 from utils.answers import IDK, INVALID

@@ -9,8 +9,8 @@ from __future__ import annotations
 from models.config import SystemConfig
 from models.estimates import StagePlan, template_tokens
 from models.prompting import PromptLibrary
-from models.stages.base import STAGES, Stage, StageContext
 from models.stages.reasoning import END, parse_whole
+from models.stages.stage import STAGES, Stage, StageContext
 from models.state import QueryState
 from utils.answers import INVALID
 

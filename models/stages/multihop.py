@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from models.config import SystemConfig
-from models.stages.base import STAGES, Stage, StageContext
 from models.stages.dualrag import DualRAGStage
 from models.stages.hanrag import MULTI_HOP, HANRAGStage, route
+from models.stages.stage import STAGES, Stage, StageContext
 from models.state import QueryState
 
 

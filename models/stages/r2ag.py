@@ -13,8 +13,8 @@ import numpy as np
 from loguru import logger
 
 from models.config import SystemConfig
-from models.retrieval.r2former import retrieval_features
-from models.stages.base import STAGES, Stage, StageContext
+from models.retrieval.r2former_head import retrieval_features
+from models.stages.stage import STAGES, Stage, StageContext
 from models.state import QueryState
 
 

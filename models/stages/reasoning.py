@@ -11,9 +11,9 @@ from loguru import logger
 
 from models.config import SystemConfig
 from models.estimates import StagePlan, template_tokens, tokens
-from models.llm.base import Conversation, Sample, cut_short, span_logprobs
+from models.llm.backend import Conversation, Sample, cut_short, span_logprobs
 from models.prompting import Messages, Prompt, PromptLibrary
-from models.stages.base import STAGES, Stage, StageContext
+from models.stages.stage import STAGES, Stage, StageContext
 from models.state import QueryState, Reference
 from utils.answers import IDK, INVALID, normalize_text
 

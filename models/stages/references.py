@@ -26,10 +26,10 @@ from rank_bm25 import BM25Okapi
 from models.config import HashConfig
 from models.retrieval.dense import best_first, select
 from models.retrieval.hash_index import HashIndex, HashIndexError, HashModel, SearchSettings
-from models.stages.base import STAGES, Stage, StageContext
+from models.stages.stage import STAGES, Stage, StageContext
 from models.state import Proposition, QueryState, Reference
 from utils.chunking import sentence_units
-from utils.pages import ProcessedPage
+from utils.web_pages import ProcessedPage
 
 
 def _field(page: Mapping[str, Any], key: str) -> str:

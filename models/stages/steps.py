@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from models.llm.base import cut_short
-from models.stages.base import StageContext
+from models.llm.backend import cut_short
 from models.stages.reasoning import parse_structured
+from models.stages.stage import StageContext
 from models.state import QueryState
 from utils.answers import IDK, INVALID
 

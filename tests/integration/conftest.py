@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.kg_server import fixture_kg
+from evaluation.kg_fixture.launch import fixture_kg
 from models.config import EmbedderConfig, HFConfig, LLMConfig, SystemConfig
-from models.llm.base import LLM
+from models.llm.backend import LLM
 from models.llm.hf import HFBackend, resolve_model_folder
 from models.retrieval.embedder import Embedder
 from tests.servers import free_port, running
@@ -51,7 +51,7 @@ def _same_embedder(config: EmbedderConfig) -> bool:
 
 # Where a model is built from a config: the training tools and CragSystem (UserModel) when given none.
 EMBEDDER_BUILDERS = ("tools.train_hash", "tools.train_r2former", "tools.train_attributes", "models.resources")
-LLM_BUILDERS = ("models.llm.base", "models.resources")
+LLM_BUILDERS = ("models.llm.backend", "models.resources")
 
 
 @pytest.fixture
@@ -92,6 +92,6 @@ def served_model(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def kg_server():
-    """tools/kg_server.py over data/kg on a free loopback port, with fault injection on: its base URL."""
+    """evaluation/kg_fixture over data/kg on a free loopback port, with fault injection on: its base URL."""
     with fixture_kg("--faults", "--slow-s", "3") as url:
         yield url

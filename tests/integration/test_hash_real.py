@@ -12,7 +12,7 @@ import torch
 
 from models.config import REPO_ROOT, load_config
 from models.retrieval.hash_index import HashIndex, HashModel, SearchSettings
-from models.retrieval.r2former import R2Former, load_checkpoint
+from models.retrieval.r2former_head import R2Former, load_checkpoint
 from models.stages import references
 from models.system import CragSystem
 from tests.conftest import to_batch

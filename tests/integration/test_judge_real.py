@@ -12,7 +12,7 @@ import pytest
 
 from evaluation.judge import CORRECT, MISS, UNJUDGED, WRONG, Item, LLMJudge, build_judge, judge_records, parse_judgement
 from models.config import OpenAIConfig
-from models.llm.base import BackendUnavailable, Conversation, GenParams
+from models.llm.backend import BackendUnavailable, Conversation, GenParams
 from models.llm.openai import OpenAIBackend
 from models.prompting import PromptLibrary, load_prompt
 from tests.servers import free_port  # a port nothing listens on once it returns

@@ -1,16 +1,17 @@
-"""The KG client against a real server process (tools/kg_server.py on a loopback port), and the KG stage end to end."""
+"""The KG client against a real server process (evaluation/kg_fixture on a loopback port), and the KG stage end
+to end."""
 
 import re
 import subprocess
 import sys
 
 from models.config import REPO_ROOT
-from models.stages.kg import SEARCHES
+from models.kg.client import ENDPOINTS, KGClient
+from models.kg.rules import SEARCHES
 from tests.conftest import to_batch
 from tests.fakes import HashEmbedder, ScriptedLLM, by_prompt
 from tests.servers import free_port  # a port nothing listens on once it returns
-from utils.deadline import Deadline
-from utils.kg_api import ENDPOINTS, KGClient
+from utils.time_budget import Deadline
 
 # One call per endpoint, with arguments the fixtures in data/kg know.
 EVERY_CALL = {

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from models.config import OpenAIConfig
-from models.llm.base import DEADLINE, LENGTH, GenParams, cut_short
+from models.llm.backend import DEADLINE, LENGTH, GenParams, cut_short
 from models.llm.hf import MIN_PROMPT_TOKENS, PREFILL_CHUNK_MAX, PREFILL_SHARE, HFBackend, _new_tokens
 from models.llm.openai import OpenAIBackend
-from utils.deadline import Deadline
+from utils.time_budget import Deadline
 
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 OTHER = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a primary color."}]

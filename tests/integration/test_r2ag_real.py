@@ -10,9 +10,9 @@ import torch
 
 from models.config import REPO_ROOT, HFConfig, load_config
 from models.llm import hf
-from models.llm.base import GenParams
+from models.llm.backend import GenParams
 from models.llm.hf import HFBackend
-from models.retrieval.r2former import load_checkpoint
+from models.retrieval.r2former_head import load_checkpoint
 from models.system import CragSystem
 from tests.conftest import SAMPLE, to_batch
 from tests.integration.conftest import unhurried

@@ -10,7 +10,7 @@ from models.config import RerankConfig
 from models.retrieval.dense import best_first
 from models.retrieval.embedder import packaged_minilm
 from models.retrieval.reranker import Reranker
-from models.stages.base import run_alone
+from models.stages.stage import run_alone
 from models.system import CragSystem, unpack_batch
 from tests.conftest import stage_of, to_batch
 

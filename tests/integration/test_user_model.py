@@ -10,7 +10,7 @@ import re
 import pytest
 
 from models.config import REPO_ROOT, load_config
-from models.stages.base import run_alone
+from models.stages.stage import run_alone
 from models.system import CragSystem, unpack_batch
 from models.user_config import UserModel
 from tests.conftest import SHARED_CRAG, stage_of, to_batch, write_config

@@ -250,7 +250,7 @@ def current_umask() -> int:
 
 
 def test_the_quantize_benchmark_loads_in_the_venv_that_runs_it():
-    """`make bench` runs benchmarks/quantize.py in this venv, which lacks the runtime's packages (rapidfuzz, ...)."""
-    done = subprocess.run([sys.executable, "-c", "import benchmarks.quantize"], cwd=REPO, capture_output=True,
+    """`make bench` runs benchmarks/gptq_vs_rtn.py in this venv, which lacks the runtime's packages (rapidfuzz, ...)."""
+    done = subprocess.run([sys.executable, "-c", "import benchmarks.gptq_vs_rtn"], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -1,15 +1,15 @@
 import pytest
 
 from models.config import load_config
+from models.kg.kg_stage import KGStage
 from models.prompting import PromptLibrary
-from models.stages.base import Batch, Stage, run_stage
 from models.stages.calculator import CalculatorStage
-from models.stages.kg import KGStage
 from models.stages.reasoning import ReasoningStage
+from models.stages.stage import Batch, Stage, run_stage
 from models.state import QueryState
 from tests.conftest import write
 from tests.fakes import HashEmbedder, ScriptedLLM
-from utils.deadline import Deadline
+from utils.time_budget import Deadline
 
 
 class Clock:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from models.budget_plan import Speed, StagePlan, format_plan, largest_fitting_batch, llm_stages, plan
+from models.budget_planner import Speed, StagePlan, format_plan, largest_fitting_batch, llm_stages, plan
 from models.config import REPO_ROOT, load_config
 from tools.budget_plan import main
 

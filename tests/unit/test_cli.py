@@ -44,8 +44,8 @@ def test_the_user_facing_errors_share_the_root():
     from evaluation.data import DataError
     from evaluation.runner import EvaluationError
     from evaluation.worker import WorkerError
-    from models.gate import GateError
-    from models.llm.base import BackendUnavailable
+    from models.gate.answer_gate import GateError
+    from models.llm.backend import BackendUnavailable
     from models.prompting import PromptError
 
     for error in (ConfigError, DataError, EvaluationError, WorkerError, GateError, BackendUnavailable, PromptError):

@@ -128,7 +128,7 @@ class FakeModel:
     Ctrl-C reaches it, however busy the machine."""
 
     def __init__(self, config):
-        from utils.pages import PageProcessor, PageSettings
+        from utils.web_pages import PageProcessor, PageSettings
 
         self.pages = PageProcessor(PageSettings(), workers=2, use_cache=False)
         self.batches = 0

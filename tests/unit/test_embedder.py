@@ -5,7 +5,7 @@ import pytest
 
 from models.config import EmbedderConfig
 from models.retrieval.embedder import WINDOW_BATCHES, Embedder
-from utils.deadline import Deadline
+from utils.time_budget import Deadline
 
 
 class CountingClock:

@@ -385,7 +385,7 @@ def test_model_worker_stops_a_late_batch_and_starts_afresh():
 
 def test_model_worker_reports_a_model_that_cannot_be_built():
     from evaluation.worker import ModelWorker
-    from models.llm.base import BackendUnavailable
+    from models.llm.backend import BackendUnavailable
 
     def broken():
         raise FileNotFoundError("no weights at /models/x")
@@ -525,7 +525,7 @@ from evaluation.worker import ModelWorker
 
 class Model:
     def __init__(self):
-        from utils.pages import PageProcessor, PageSettings
+        from utils.web_pages import PageProcessor, PageSettings
 
         self.pages = PageProcessor(PageSettings(), workers=2, use_cache=False)
 
@@ -577,7 +577,7 @@ def test_the_model_process_and_its_page_workers_die_with_the_evaluation_even_by_
 
 EVALUATION_WITH_KG = '''
 import time
-from evaluation.kg_server import fixture_kg
+from evaluation.kg_fixture.launch import fixture_kg
 
 with fixture_kg() as url:
     print(url, flush=True)
@@ -587,7 +587,8 @@ with fixture_kg() as url:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_the_served_kg_dies_with_the_evaluation_even_by_kill_9(tmp_path):
-    """`--serve-kg`'s server, started by evaluation/kg_server.py, outlived a kill -9 of the evaluation before."""
+    """`--serve-kg`'s server, started by evaluation/kg_fixture/launch.py, outlived a kill -9 of the evaluation
+    before."""
 
     def started(parent: subprocess.Popen) -> list[int]:  # the children, from /proc/PID/stat: "pid (comm) state ppid"
         url = parent.stdout.readline().strip()

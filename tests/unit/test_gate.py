@@ -10,7 +10,7 @@ from evaluation.gate_fit import Labelled, TooFewLabels, fit_gate, label_records
 from evaluation.judge import CORRECT, MISS, WRONG, judge_records
 from evaluation.metrics import Scores
 from models.config import ConfigError
-from models.gate import Column, Gate, GateError, signal_setup
+from models.gate.answer_gate import Column, Gate, GateError, signal_setup
 from models.prompting import PromptLibrary
 from models.system import CragSystem
 from tests.conftest import SAMPLE, to_batch

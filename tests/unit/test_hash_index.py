@@ -361,9 +361,9 @@ def test_hash_retrieval_fills_propositions_from_chosen_references(hash_config, s
 
 
 def run_references(config, llm, example):
-    from models.stages.base import run_alone
     from models.stages.references import ReferencesStage
-    from utils.pages import PageProcessor, PageSettings
+    from models.stages.stage import run_alone
+    from utils.web_pages import PageProcessor, PageSettings
 
     model = HashIndex.load(config.references.hash.model).model
     state = QueryState(0, "q0", example["query"], example["query_time"], example["search_results"])

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from models.llm.hf import STEP_WINDOW, OutOfTime, _DeadlineClock
-from utils.deadline import Deadline
+from utils.time_budget import Deadline
 
 
 class Clock:

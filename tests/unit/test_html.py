@@ -4,7 +4,7 @@ import json
 
 from bs4 import BeautifulSoup
 
-from evaluation.html import compare_html, record_panel, report_html, score_chart
+from evaluation.html_report import compare_html, record_panel, report_html, score_chart
 from evaluation.judge import judge_records
 from evaluation.report import score_records
 

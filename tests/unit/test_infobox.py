@@ -1,11 +1,11 @@
-"""utils/infobox.py: raw MediaWiki infobox values (as the organisers' open KG returns them) made readable, keys
+"""models/kg/infobox.py: raw MediaWiki infobox values (as the organisers' open KG returns them) made readable, keys
 without facts left out, and keys that belong together rendered as one row."""
 
 from __future__ import annotations
 
 import pytest
 
-from utils.infobox import NO_FACT_KEYS, clean_value, is_fact_key, pair_rows
+from models.kg.infobox import NO_FACT_KEYS, clean_value, is_fact_key, pair_rows
 
 CLEAN_CASES = [
     # {{convert}}: real conversions for the common pairs, Wikipedia's default rounding, symbols.

@@ -22,7 +22,7 @@ from evaluation.judge import (
     parse_judgement,
 )
 from evaluation.report import format_table, score_records, write_report
-from models.llm.base import Sample
+from models.llm.backend import Sample
 from models.prompting import PromptLibrary
 from tests.conftest import SAMPLE, write
 from tests.fakes import ScriptedLLM

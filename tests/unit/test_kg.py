@@ -6,13 +6,13 @@ from datetime import date
 import pytest
 
 from models.config import REPO_ROOT, ConfigError, load_config
-from models.stages import kg_rows as rows_
-from models.stages.kg import games_date, query_date, read_calls, read_entities
-from models.stages.kg_rows import value as compact
+from models.kg import rows as rows_
+from models.kg.client import ENDPOINTS
+from models.kg.rules import games_date, query_date, read_calls, read_entities
+from models.kg.rows import value as compact
 from models.system import CragSystem
 from tests.conftest import to_batch, write
 from tests.fakes import HashEmbedder, RecordingKG, ScriptedLLM, by_prompt, prompt_name
-from utils.kg_api import ENDPOINTS
 from utils.llm_json import parse_llm_json
 
 

@@ -11,12 +11,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from evaluation.kg_fixture.app import answer, read_body
+from evaluation.kg_fixture.graph import KnowledgeGraph
 from models.config import REPO_ROOT, KGConfig
+from models.kg.client import ENDPOINTS, READ_CHUNK, KGClient
 from tests.conftest import to_batch
 from tests.fakes import ScriptedLLM, by_prompt
-from tools.kg_server import KnowledgeGraph, answer, read_body
-from utils.deadline import Deadline
-from utils.kg_api import ENDPOINTS, READ_CHUNK, KGClient
+from utils.time_budget import Deadline
 
 NAMES = {endpoint.path: endpoint.name for endpoint in ENDPOINTS.values()}
 HUGE = 50_000_000  # bytes of the huge reply
@@ -42,7 +43,7 @@ class ManualClock:
 class FakeKG(ThreadingHTTPServer):
     """The organisers' routes and reply shape (`GET /` answers a message, `POST /<domain>/<function>` with a JSON
     body answers {"result": ...}), misbehaving as `mode` says: "ok" answers {"result": <the request body>},
-    "kg" answers as tools/kg_server.py over data/kg (its `read_body` and `answer`), "hang" answers nothing until
+    "kg" answers as evaluation/kg_fixture over data/kg (its `read_body` and `answer`), "hang" answers nothing until
     `release` is set (`GET /` included; "hang-posts": only the endpoints hang), "422" refuses the body, "huge"
     streams a 50 MB result (chunked, no length announced), "huge-announced" the same with its Content-Length,
     "trickle" sends a reply too long to finish one byte at a time, moving `clock` on TRICKLE_GAP_S a byte.
@@ -139,7 +140,7 @@ class Handler(BaseHTTPRequestHandler):
             self.answer({"result": body})
 
     def answer(self, data: dict | str, status: int = 200) -> None:
-        """`data` as JSON, or as plain text when it is a string (an HTTP 500 of tools/kg_server.py)."""
+        """`data` as JSON, or as plain text when it is a string (an HTTP 500 of evaluation/kg_fixture)."""
         if self.server.mode == "hang" or (self.server.mode == "hang-posts" and self.command == "POST"):
             self.server.release.wait(WAIT_S)
         text = isinstance(data, str)

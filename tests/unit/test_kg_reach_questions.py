@@ -19,7 +19,7 @@ from benchmarks.kg_reach import (
     load_questions,
     named_values,
 )
-from utils.kg_api import ENDPOINTS
+from models.kg.client import ENDPOINTS
 
 CRAG_FIELDS = ("interaction_id", "query", "query_time", "domain", "question_type", "static_or_dynamic", "answer",
                "alt_ans", "search_results")

@@ -1,13 +1,14 @@
-"""The fixture KG server (tools/kg_server.py over data/kg) answers as the organisers' mock API does: BM25 name
+"""The fixture KG server (evaluation/kg_fixture over data/kg) answers as the organisers' mock API does: BM25 name
 searches, exact keys elsewhere, their response shapes, nulls and errors."""
 
 import pytest
 from fastapi.testclient import TestClient
 
+from evaluation.kg_fixture.app import create_app
+from evaluation.kg_fixture.graph import CutoffSearch, OkapiSearch, normalize
 from models.config import REPO_ROOT
+from models.kg.client import ENDPOINTS
 from tests.fakes import RecordingKG
-from tools.kg_server import CutoffSearch, OkapiSearch, create_app, normalize
-from utils.kg_api import ENDPOINTS
 
 SOCCER_KEY = "('ENG-Premier League', '2324', 'Manchester Utd', '2024-03-09 Manchester Utd-Everton')"
 

@@ -8,10 +8,10 @@ import threading
 import pytest
 
 from models.config import OpenAIConfig
-from models.llm.base import LENGTH, BackendUnavailable, GenParams, cut_at_stop, cut_short
+from models.llm.backend import LENGTH, BackendUnavailable, GenParams, cut_at_stop, cut_short
 from models.llm.openai import OpenAIBackend
 from tests.openai_fake import ChatServer
-from utils.deadline import Deadline
+from utils.time_budget import Deadline
 
 
 def test_cut_at_stop():

@@ -6,13 +6,13 @@ import re
 import pytest
 
 from models.retrieval.local import LocalRetriever, Request
-from models.stages.base import run_stage
 from models.stages.dualrag import link_entity, read_entities, read_reasoning
 from models.stages.hanrag import read_route
+from models.stages.stage import run_stage
 from models.state import QueryState, Reference
 from tests.conftest import stage_of, to_batch
 from tests.fakes import HashEmbedder, ScriptedLLM, by_prompt, prompt_name
-from utils.deadline import Deadline
+from utils.time_budget import Deadline
 
 LENNON = "who was born first, john lennon or paul mccartney?"
 

@@ -9,12 +9,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import utils.pages
+import utils.web_pages
 from tests.conftest import SHARED_CRAG
 from utils.chunking import is_question, seed_chunks, split_sentences
 from utils.html import decode_html, parse_html, remove_boilerplate, unescape_unicode
-from utils.pages import EXTRACTORS, PageProcessor, PageSettings, ProcessedPage, process_html
 from utils.tables import extract_tables
+from utils.web_pages import EXTRACTORS, PageProcessor, PageSettings, ProcessedPage, process_html
 
 SETTINGS = PageSettings()
 ARTICLE = " ".join(f"The lighthouse keeper number {i} wrote a long report about the storm." for i in range(40))
@@ -81,9 +81,9 @@ def test_giant_page_is_cut_not_choked_on():
 @pytest.mark.parametrize("extractor", EXTRACTORS)
 def test_page_where_the_extractor_finds_nothing_falls_back_to_block_text(monkeypatch, extractor):
     if extractor == "trafilatura":
-        monkeypatch.setattr(utils.pages.trafilatura, "extract", lambda tree, **options: None)
+        monkeypatch.setattr(utils.web_pages.trafilatura, "extract", lambda tree, **options: None)
     else:
-        monkeypatch.setattr(utils.pages, "extract_plain_text", lambda html, **options: "  \n")
+        monkeypatch.setattr(utils.web_pages, "extract_plain_text", lambda html, **options: "  \n")
     page = process_html("<html><body><nav><a href='/a'>Home</a></nav><div>Opening hours 9 to 5</div>"
                         "<table><tr><th>Day</th></tr><tr><td>Monday</td></tr></table></body></html>", "P",
                         PageSettings(extractor=extractor))
@@ -287,7 +287,7 @@ def _slow_or_broken(raw, name, settings):
 
 
 def test_stuck_page_times_out_and_the_pool_is_replaced(monkeypatch, caplog_loguru):
-    monkeypatch.setattr(utils.pages, "process_html", _slow_or_broken)  # the forked workers inherit the patch
+    monkeypatch.setattr(utils.web_pages, "process_html", _slow_or_broken)  # the forked workers inherit the patch
     delivered = []  # results the parent has received: multiprocessing.pool.ApplyResult._set runs there for each
     receive = multiprocessing.pool.ApplyResult._set
 

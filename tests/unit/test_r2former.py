@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from models.config import ConfigError, load_config
-from models.retrieval.r2former import (
+from models.retrieval.r2former_head import (
     R2Former,
     R2FormerConfig,
     R2FormerError,
@@ -290,8 +290,8 @@ def test_a_checkpoint_of_another_embedder_is_refused(make_system, cpu_config, tr
 
 
 def test_references_without_embeddings_are_left_as_ranked(trained_checkpoints, cpu_config, caplog_loguru):
-    from models.stages.base import run_alone
     from models.stages.r2ag import R2AGStage
+    from models.stages.stage import run_alone
 
     state = QueryState(0, "q0", "who?", "", [], [Reference("a", "chunk"), Reference("b", "chunk")])
     head = R2FormerHead(load_checkpoint(trained_checkpoints["qdm"]))

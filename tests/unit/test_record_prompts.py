@@ -10,11 +10,11 @@ import pytest
 from evaluation import manifest
 from models.config import REPO_ROOT, load_config
 from models.prompting import PromptLibrary
-from models.stages.base import Batch
 from models.stages.knowledge import KnowledgeStage
+from models.stages.stage import Batch
 from tests.conftest import SAMPLE, to_batch
 from tests.fakes import SEED_REPLY, RecordingKG, ScriptedLLM, by_prompt, prompt_name
-from utils.deadline import Deadline
+from utils.time_budget import Deadline
 from utils.trees import differences
 
 # Each test query carries "qid-<i>", and every prompt made for it (its sub-questions included) shows the mark, so

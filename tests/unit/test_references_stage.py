@@ -6,11 +6,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from models.retrieval.dense import select
-from models.stages.base import run_alone
 from models.stages.references import ReferencesStage, shortlist
+from models.stages.stage import run_alone
 from models.state import QueryState, Reference
 from tests.fakes import HashEmbedder, ScriptedLLM
-from utils.pages import PageProcessor, PageSettings
+from utils.web_pages import PageProcessor, PageSettings
 
 CALENDAR = ("<p>2024 has 366 days because it is a leap year.</p><p>Every month has a name.</p>"
             "<table><tr><th>Month</th><th>Days</th></tr><tr><td>February</td><td>29</td></tr>"
@@ -127,7 +127,7 @@ def test_missing_or_odd_metadata_is_tolerated(cpu_config, field):
 
 def test_reranker_without_a_local_folder_is_refused(tmp_path):
     from models.config import RerankConfig
-    from models.llm.base import BackendUnavailable
+    from models.llm.backend import BackendUnavailable
     from models.retrieval.reranker import Reranker
 
     with pytest.raises(BackendUnavailable, match="not a local model folder"):

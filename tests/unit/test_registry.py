@@ -136,7 +136,7 @@ class Sneaky(Stage):
     ("section", "reads config section 'kg' without declaring it"),
 ])
 def test_undeclared_prompts_resources_and_sections_fail_the_stage(make_system, sample_examples, use, message):
-    from models.stages.base import run_stage
+    from models.stages.stage import run_stage
 
     system = make_system()
     states = [QueryState(0, "q0", "who?", "", [])]
@@ -223,7 +223,7 @@ class Unsigned(Stage):
 
 
 def test_a_signal_the_stage_does_not_declare_fails_the_stage(make_system):
-    from models.stages.base import run_stage
+    from models.stages.stage import run_stage
 
     states = [QueryState(0, "q0", "who?", "", [])]
     stage = Unsigned()

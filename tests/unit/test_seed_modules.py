@@ -6,7 +6,7 @@ import pickle
 import pytest
 
 from models.config import DOMAINS, DYNAMISM, REPO_ROOT
-from models.llm.base import DEADLINE, LENGTH, BackendUnavailable, Sample
+from models.llm.backend import DEADLINE, LENGTH, BackendUnavailable, Sample
 from models.stages.attributes import SVMAttributes, demonstrations, parse_icl, read_labelled, vote
 from models.stages.calculator import calculations, candidate_expressions
 from tests.conftest import to_batch

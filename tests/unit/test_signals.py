@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from models.llm.base import Sample, span_logprobs
+from models.llm.backend import Sample, span_logprobs
 from tests.conftest import to_batch
 from tests.fakes import ScriptedLLM, by_prompt
 from utils.grader_tokens import grader_token_count

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from models.config import LLMConfig, VLLMConfig
-from models.llm.base import DEADLINE, LENGTH, STOP, BackendUnavailable, GenParams, create_llm, cut_short
+from models.llm.backend import DEADLINE, LENGTH, STOP, BackendUnavailable, GenParams, create_llm, cut_short
 from models.llm.vllm import load_input_embeddings
 from tests.vllm_fake import FakeLLMEngine, RequestOutputKind, SamplingParams, install, model_folder
-from utils.deadline import Deadline
+from utils.time_budget import Deadline
 
 HI = [{"role": "user", "content": "hi"}]
 HELLO = [{"role": "user", "content": "hello"}]

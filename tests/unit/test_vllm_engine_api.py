@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from models.config import LLMConfig, VLLMConfig
-from models.llm.base import GenParams, create_llm
+from models.llm.backend import GenParams, create_llm
 from tests.vllm_fake import FakeLLMEngine
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from models.config import VLLMConfig
-from models.llm.base import STOP, GenParams
+from models.llm.backend import STOP, GenParams
 from models.llm.vllm import VLLMBackend, load_input_embeddings
 from tests import vllm_fake
 from tests.vllm.conftest import MAX_MODEL_LEN

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from models.config import REPO_ROOT, load_config
-from models.llm.base import LENGTH, STOP, BackendUnavailable, GenParams
+from models.llm.backend import LENGTH, STOP, BackendUnavailable, GenParams
 from models.llm.openai import OpenAIBackend
 from tests.servers import free_port, running
 from tests.vllm.test_submission import GPU1

@@ -146,7 +146,7 @@ ENGINE_SCRIPT = """
     import json, os, sys
     import psutil
     from models.config import VLLMConfig
-    from models.llm.base import GenParams
+    from models.llm.backend import GenParams
     from models.llm.vllm import VLLMBackend
 
     def main():
@@ -223,7 +223,7 @@ def test_the_quantizer_s_w4a16_is_what_the_release_s_compressed_tensors_loader_e
                    "W4A16 and this mark goes.")
 def test_the_real_engine_answers_with_the_quantizer_s_w4a16(smollm2):
     from models.config import VLLMConfig
-    from models.llm.base import GenParams
+    from models.llm.backend import GenParams
     from models.llm.vllm import VLLMBackend
 
     llm = VLLMBackend(VLLMConfig(model=str(SMOLLM2_W4A16), dtype="bfloat16", max_model_len=512, enforce_eager=True))

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from models.llm.base import BackendUnavailable
+from models.llm.backend import BackendUnavailable
 
 CHECKPOINT_FORMAT = "r2former/1"
 

@@ -40,7 +40,7 @@ import requests
 import urllib3
 from loguru import logger
 
-from utils.deadline import Deadline
+from utils.time_budget import Deadline
 
 KG_URL_ENV = "CRAG_MOCK_API_URL"
 DEFAULT_KG_URL = "http://localhost:8000"

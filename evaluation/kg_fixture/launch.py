@@ -1,4 +1,5 @@
-"""The fixture KG server (tools/kg_server.py over data/kg) as a child process on a free loopback port."""
+"""The fixture KG server (`python -m evaluation.kg_fixture` over data/kg) as a child process on a free loopback
+port."""
 
 from __future__ import annotations
 
@@ -12,11 +13,9 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
+from models.config import REPO_ROOT
 from utils.errors import HarnessError
-
-SERVER = Path(__file__).resolve().parent.parent / "tools" / "kg_server.py"
 
 
 class KGServerError(HarnessError, RuntimeError):
@@ -25,10 +24,11 @@ class KGServerError(HarnessError, RuntimeError):
 
 @contextlib.contextmanager
 def fixture_kg(*extra_args: str, startup_s: float = 60.0) -> Iterator[str]:
-    """Run the fixture KG server for the block; yields its base URL. `extra_args` go to tools/kg_server.py. The
-    server ends with this process, kill -9 included (`--parent-pid`)."""
-    command = [sys.executable, str(SERVER), "--port", "0", "--parent-pid", str(os.getpid()), *extra_args]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    """Run the fixture KG server for the block; yields its base URL. `extra_args` go to the server's command
+    (evaluation/kg_fixture/serve.py). The server ends with this process, kill -9 included (`--parent-pid`)."""
+    command = [sys.executable, "-m", "evaluation.kg_fixture", "--port", "0", "--parent-pid", str(os.getpid()),
+               *extra_args]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT)
     output: collections.deque[str] = collections.deque(maxlen=40)
     announced = threading.Event()
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from loguru import logger
 
 from models.config import SystemConfig
-from models.gate import Gate
-from models.stages.base import STAGES, Stage, StageContext
+from models.gate.answer_gate import Gate
+from models.stages.stage import STAGES, Stage, StageContext
 from models.state import QueryState
 from utils.answers import IDK, is_idk
 

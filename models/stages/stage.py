@@ -40,13 +40,13 @@ from loguru import logger
 
 from models.config import STAGE_SECTIONS, BudgetConfig, SystemConfig, add_section
 from models.estimates import StagePlan
-from models.llm.base import GenParams, Sample
+from models.llm.backend import GenParams, Sample
 from models.prompting import Prompt, PromptLibrary
 from models.registry import Registry, RegistryError
 from models.resources import RESOURCES, Resource, add_resource
 from models.state import ADDED_FIELDS, BATCH_INPUTS, QUERY_STATE_FIELDS, QueryState, StageRecord, StateField, add_field
 from utils.answers import IDK
-from utils.deadline import Deadline
+from utils.time_budget import Deadline
 
 
 class Stage:
@@ -70,8 +70,9 @@ class Stage:
 
     @classmethod
     def estimate(cls, config: SystemConfig, prompts: PromptLibrary) -> list[StagePlan]:
-        """The LLM calls one query makes in this stage under `config`, for the budget planner (models/budget_plan.py);
-        none by default (a stage without LLM calls, or whose number of calls depends on the question)."""
+        """The LLM calls one query makes in this stage under `config`, for the budget planner
+        (models/budget_planner.py); none by default (a stage without LLM calls, or whose number of calls depends on
+        the question)."""
         return []
 
     def setup(self, config: SystemConfig, resources: dict[str, Any]) -> None:

@@ -7,7 +7,7 @@ found in the row; three more for a date the question names; and, where the stage
 question and row scaled by SIMILARITY_WEIGHT, so "how tall" finds a "height" row that shares no word with it.
 Ties keep the order in which the results came.
 
-An open-domain entity's infobox comes as raw MediaWiki values; its rows are the cleaned ones of utils/infobox.py
+An open-domain entity's infobox comes as raw MediaWiki values; its rows are the cleaned ones of models/kg/infobox.py
 (templates rendered, links as labels, picture and layout keys left out, `*_title` + `*_name` as one row).
 """
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import date
 from typing import Any
 
-from utils.infobox import pair_rows
+from models.kg.infobox import pair_rows
 from utils.names import fold
 
 MAX_ROW = 400  # characters of one row (a long summary or list is cut here, never a whole query's budget)

@@ -1,44 +1,25 @@
-"""kg: the KG module (section 4.5 of the seed paper) over the CRAG mock API, for tasks 2 and 3.
-
-Rules path (`kg.method: rules`): one LLM call for the batch extracts each query's domain and entities as JSON
-(repaired, or dropped when it cannot be read); domain rules choose the API calls. Functions path
-(`kg.method: functions`): the LLM lists the calls itself; each is checked against the endpoint table (name,
-argument names and types) before anything is sent, and at most `kg.max_calls` are made.
-
-Names: the LLM writes names as the question does ("meta", "manchester united"), and the organisers' API matches
-most names exactly, case included. So on both paths every name is resolved through the server's own searches
-(company, artist, song, open entity; movies and people come back from their BM25 search) and the best match by
-name similarity is kept (utils/names.py); a name that matches nothing is left out, never looked up raw, so an
-unknown artist never comes back as "0 grammys". Teams have no search: the games of the date are fetched and
-filtered by team here, with a small alias table for the organisers' spellings.
-
-Results: the calls of the batch run concurrently within the stage's deadline; each result becomes rows (one
-attribute, award, game or day: models/stages/kg_rows.py); a query's rows are ranked by relevance to its
-question (shared words, named dates, and meaning: the batch's questions and rows are embedded in one call by the
-system's embedder) and whole rows are kept within `kg.max_chars`; they reach the calculator and reasoning prompts as
-knowledge-graph results.
+"""The KG stage's lookups (models/kg/kg_stage.py): the query's date, the domain rules that choose the API calls from
+the extracted entities (rules path), the checked calls the LLM lists itself (functions path), and `Lookup`, which
+makes one query's calls within the deadline, resolves names through the server's own searches and turns results into
+rows (models/kg/rows.py).
 """
+
 
 from __future__ import annotations
 
 import re
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 from typing import Any
 
 from loguru import logger
 
-from models.config import DOMAINS, KGConfig, SystemConfig
-from models.estimates import StagePlan, template_tokens
-from models.prompting import PromptLibrary
-from models.stages import kg_rows as rows_
-from models.stages.base import STAGES, Stage, StageContext
-from models.state import QueryState
-from utils.deadline import Deadline
-from utils.kg_api import ENDPOINTS, KGClient
+from models.config import DOMAINS, KGConfig
+from models.kg import rows as rows_
+from models.kg.client import ENDPOINTS, KGClient
 from utils.llm_json import parse_llm_json
 from utils.names import MATCH, best_matches, fold, name_score
+from utils.time_budget import Deadline
 
 RELATIVE_DAYS = (("last night", -1), ("yesterday", -1), ("tonight", 0), ("today", 0), ("this morning", 0))
 _DATE = re.compile(r"^\d{4}(-\d{2}(-\d{2})?)?$")
@@ -407,92 +388,3 @@ def read_calls(output: str, max_calls: int) -> tuple[list[tuple[str, dict[str, A
         else:
             refused.append(f"{name!r}: over the limit of {max_calls} calls")
     return accepted, refused
-
-
-def similarities(embedder: Any, lookups: list[tuple[QueryState, Lookup]], deadline: Deadline) -> list[list[float]]:
-    """Per lookup, the cosine of its question and each of its rows, from one embedding call for the batch. Rows
-    the embedder did not reach before the deadline get none (ranked on words and dates alone)."""
-    texts = [state.query for state, _ in lookups] + [row.text for _, kg in lookups for row in kg.rows]
-    if len(texts) == len(lookups):  # no rows to rank
-        return [[] for _ in lookups]
-    try:
-        vectors = embedder.encode(texts, deadline=deadline)
-    except Exception as err:  # the rows are worth more ranked on words than lost with the stage
-        logger.opt(exception=err).warning("KG rows: embedding failed ({}); ranked on words and dates", err)
-        return [[] for _ in lookups]
-    if len(vectors) < len(texts):
-        logger.info("KG rows: {} of {} texts embedded before the deadline; the rest ranked on words and dates",
-                    len(vectors), len(texts))
-    if len(vectors) < len(lookups):  # not even the questions
-        return [[] for _ in lookups]
-    found, start = [], len(lookups)
-    for number, (_, kg) in enumerate(lookups):
-        rows = vectors[start:start + len(kg.rows)]
-        found.append([float(x) for x in rows @ vectors[number]])
-        start += len(kg.rows)
-    return found
-
-
-@STAGES.register("kg")
-class KGStage(Stage):
-    """Tasks 2 and 3; CragSystem leaves it out when no KG server answered at start-up."""
-
-    prompts = ("kg_entities", "kg_functions")
-    sections = ("kg",)
-    writes = frozenset({"kg_results", "kg_calls"})
-    needs = frozenset({"llm", "kg", "embedder"})
-
-    @classmethod
-    def estimate(cls, config: SystemConfig, prompts: PromptLibrary) -> list[StagePlan]:
-        functions = config.kg.method == "functions"
-        extra = 38 * 25 if functions else 0  # the endpoint list
-        return [StagePlan("kg", template_tokens(prompts, "kg_functions" if functions else "kg_entities") + extra,
-                          config.kg.max_tokens, 1)]
-
-    @classmethod
-    def active(cls, config: SystemConfig) -> bool:
-        return config.task > 1
-
-    def run(self, states: list[QueryState], ctx: StageContext) -> None:
-        if ctx.kg is None:
-            raise RuntimeError("kg stage without a KG client (task 1 never calls the KG)")
-        settings = ctx.settings
-        work = ctx.work_deadline()
-        if settings.method == "functions":
-            prompt = ctx.prompt("kg_functions")
-            functions = [f"{e.signature()}: {e.doc}" for e in ENDPOINTS.values()]
-            conversations = [prompt.render(query=s.query, query_time=s.query_time, functions=functions,
-                                           max_calls=settings.max_calls) for s in states]
-        else:
-            prompt = ctx.prompt("kg_entities")
-            conversations = [prompt.render(query=s.query, query_time=s.query_time, domain=s.domain) for s in states]
-        outputs = ctx.generate(conversations, owners=states, max_tokens=settings.max_tokens, deadline=work)
-        jobs = []
-        for state, samples in zip(states, outputs):
-            output = samples[0] if samples else ""
-            today = query_date(state.query_time)
-            kg = Lookup(ctx.kg, work, today, settings, state.query, rows_.named_dates(state.query, today))
-            if settings.method == "functions":
-                calls, refused = read_calls(output, settings.max_calls)
-                if refused:
-                    logger.info("{}: KG calls refused before sending: {}", state.interaction_id, refused)
-                jobs.append((state, kg, lambda kg=kg, calls=calls: function_lookup(kg, calls)))
-                continue
-            read = read_entities(output, state.domain, state.query)
-            if read is None:
-                logger.info("{}: KG entity extraction unreadable; no KG lookup", state.interaction_id)
-                continue
-            domain, entities = read
-            jobs.append((state, kg, lambda kg=kg, d=domain, e=entities, t=today: rule_lookup(kg, d, e, t)))
-        with ThreadPoolExecutor(max_workers=max(1, settings.concurrency)) as pool:
-            futures = [pool.submit(job) for _, _, job in jobs]
-        for (state, _, _), future in zip(jobs, futures):
-            if error := future.exception():  # one query's lookup bug leaves the others their results
-                logger.opt(exception=error).error("{}: KG lookup failed: {}", state.interaction_id, error)
-        lookups = [(state, kg) for state, kg, _ in jobs]
-        for (state, kg), similarity in zip(lookups, similarities(ctx.embedder, lookups, work)):
-            ranked = rows_.rank(kg.rows, state.query, kg.dates, similarity)
-            state.kg_results = rows_.fit(ranked, settings.max_chars)
-            state.kg_calls = kg.made
-            logger.debug("{}: {} KG calls, {} of {} rows kept", state.interaction_id, kg.calls,
-                         len(state.kg_results), len(kg.rows))

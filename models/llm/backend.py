@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from models.config import LLMConfig
-from utils.deadline import Deadline
 from utils.errors import HarnessError
+from utils.time_budget import Deadline
 
 Conversation = list[dict[str, str]]
 

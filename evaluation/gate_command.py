@@ -1,5 +1,5 @@
 """`local_evaluation.py gate fit RUN [RUN ...] --out FILE` and `gate eval FILE RUN`: the answer gate learnt from
-judged run folders, and applied to one without loading a model (models/gate.py, evaluation/gate_fit.py)."""
+judged run folders, and applied to one without loading a model (models/gate/answer_gate.py, evaluation/gate_fit.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from evaluation.gate_fit import TooFewLabels, answered_signals, fit_gate, label_
 from evaluation.judge import CORRECT, MISS, UNJUDGED, WRONG, ungated, withheld_answer
 from evaluation.metrics import Scores, intervals
 from evaluation.runner import load_predictions
-from models.gate import Gate, GateError, signal_setup
+from models.gate.answer_gate import Gate, GateError, signal_setup
 from utils.trees import differences
 
 

@@ -9,8 +9,8 @@ the chat template; --held-out of them, seeded, are kept out of calibration); .ve
 runs `gptq` on the rest and `rtn`, each timed as the whole command (load, quantize, save; the quantization step
 alone in brackets), and scores the three folders on the held-out texts here (tools/quantize.py's eval code).
 
-    .venv-quantize/bin/python -m benchmarks.quantize                 # 5 to 8 minutes on 2 cores
-    .venv-quantize/bin/python -m benchmarks.quantize --held-out 3    # more calibration, noisier perplexity
+    .venv-quantize/bin/python -m benchmarks.gptq_vs_rtn                 # 5 to 8 minutes on 2 cores
+    .venv-quantize/bin/python -m benchmarks.gptq_vs_rtn --held-out 3    # more calibration, noisier perplexity
 
 The last line is: quantize: SmolLM2-135M W4A16 g64, N calibration texts (T tokens): gptq X s (Q s), rtn Y s (R s);
 held-out perplexity (M texts) fp16 a, gptq b, rtn c (gptq/rtn ppl ratio r); KL to fp16 gptq k, rtn l nats/token
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TQDM_DISABLE", "1")  # no progress bars, here or in the steps (read when tqdm is imported)
     if importlib.util.find_spec("llmcompressor") is None:
         print(f"quantize: needs .venv-quantize (make quantize-venv): run .venv-quantize/bin/python -m "
-              f"benchmarks.quantize, not {sys.executable}", file=sys.stderr)
+              f"benchmarks.gptq_vs_rtn, not {sys.executable}", file=sys.stderr)
         return 1
     if not args.runtime_python.is_file():
         print(f"quantize: no runtime venv at {args.runtime_python} (make setup), which makes the fp16 folder and "
