@@ -84,7 +84,7 @@ def config_page() -> str:
     return "\n".join([
         "# Configuration keys\n",
         "Every key a config file, an `--overlay` or `--set KEY=VALUE` accepts, with its type, its default (the "
-        "dataclasses in `models/config.py` are the base every config file changes) and what it does. Generated "
+        "dataclasses in `models/config/` are the base every config file changes) and what it does. Generated "
         "from the code at each docs build. A key that is not here is an error.\n",
         "| key | type | default | allowed | what it does |", "|---|---|---|---|---|", *rows, ""])
 

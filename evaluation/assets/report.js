@@ -1,4 +1,4 @@
-// report.html and compare.html (evaluation/html.py): the question table's filters and the record panel.
+// report.html and compare.html (evaluation/html_report.py): the question table's filters and the record panel.
 // The page carries its records as JSON (#records); every text reaches the page through textContent, never as HTML.
 "use strict";
 (function () {

@@ -184,7 +184,7 @@ class KGClient:
 
     @classmethod
     def from_config(cls, settings: Any) -> KGClient:
-        """A client with the connection settings of a KGConfig (models/config.py)."""
+        """A client with the connection settings of a KGConfig (models/config/sections.py)."""
         return cls(settings.base_url, settings.connect_timeout_s, settings.read_timeout_s, settings.retries,
                    settings.backoff_s, settings.down_after, settings.down_s, settings.max_reply_bytes)
 

@@ -1,5 +1,6 @@
-"""Corner cases (the seed's section 4.7): the dynamic pre-check, the evidence check, and the answer step every
-query leaves by."""
+"""The answer step every query leaves by (the seed's section 4.7 corner cases: the canonical "i don't know" and
+"invalid question", one line within the grader's tokens), and the gate signals read off the finished query. The
+pre-check and the evidence check are models/stages/precheck.py and evidence.py."""
 
 from __future__ import annotations
 
@@ -7,49 +8,13 @@ import re
 
 from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
-from models.config import SystemConfig
-from models.stages.stage import STAGES, Stage, StageContext
+from models.stages.stage import Stage, StageContext
 from models.state import QueryState, Signal
-from utils.answers import IDK, final_answer, is_idk, is_invalid, normalize_text
+from utils.answers import final_answer, is_idk, is_invalid, normalize_text
 from utils.grader_tokens import grader_token_count
 
 _WORD = re.compile(r"[a-z0-9]+")
 _NUMBER = re.compile(r"[-+$€£]?\d[\d,]*(?:\.\d+)?\s*(?:%|percent|million|billion|thousand)?")
-
-
-@STAGES.register("precheck")
-class DynamicPrecheck(Stage):
-    """Queries predicted dynamic, for which the KG brought nothing, answer "i don't know" and skip the page
-    processing and the LLM stages (`answer.dynamic_idk`, with an attributes method)."""
-
-    sections = ("attributes",)
-    reads = frozenset({"dynamism"})
-    writes = frozenset({"answer"})
-
-    @classmethod
-    def active(cls, config: SystemConfig) -> bool:
-        return config.answer.dynamic_idk and config.attributes.method != "none"
-
-    def run(self, states: list[QueryState], ctx: StageContext) -> None:
-        dynamic = set(ctx.settings.dynamic_classes)
-        for state in states:
-            if state.dynamism in dynamic and not state.kg_results:
-                state.finish(IDK, f"predicted {state.dynamism}: answers that change this fast are not attempted "
-                                  "without a KG result")
-
-
-@STAGES.register("evidence")
-class EvidenceCheck(Stage):
-    """Queries with no reference from the pages and no KG result answer "i don't know": there is nothing to
-    reason over, and an answer from the model's memory alone is a guess."""
-
-    reads = frozenset({"references"})
-    writes = frozenset({"answer"})
-
-    def run(self, states: list[QueryState], ctx: StageContext) -> None:
-        for state in states:
-            if not state.references and not state.kg_results:
-                state.finish(IDK, "no usable text in the search results and no KG result")
 
 
 class AnswerStage(Stage):

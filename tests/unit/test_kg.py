@@ -8,8 +8,8 @@ import pytest
 from models.config import REPO_ROOT, ConfigError, load_config
 from models.kg import rows as rows_
 from models.kg.client import ENDPOINTS
-from models.kg.rules import games_date, query_date, read_calls, read_entities
 from models.kg.rows import value as compact
+from models.kg.rules import games_date, query_date, read_calls, read_entities
 from models.system import CragSystem
 from tests.conftest import to_batch, write
 from tests.fakes import HashEmbedder, RecordingKG, ScriptedLLM, by_prompt, prompt_name

@@ -1,0 +1,60 @@
+"""The system's configuration: the schema (schema.py, with its sections in sections.py), the loader (loader.py) and
+the reference of every key (reference.py). What other modules use is imported from here."""
+
+from models.config.loader import (
+    CONFIG_ENV,
+    DEFAULT_CONFIG,
+    add_config_arguments,
+    config_from_args,
+    config_path,
+    import_stage_modules,
+    load_config,
+)
+from models.config.reference import ConfigKey, config_keys, field_docs, yaml_text
+from models.config.schema import (
+    DEFAULT_STRATEGIES,
+    MAX_BATCH_SIZE,
+    REPO_ROOT,
+    STAGE_SECTIONS,
+    SystemConfig,
+    add_section,
+    did_you_mean,
+    resolve_path,
+)
+from models.config.sections import (
+    DOMAINS,
+    DYNAMISM,
+    HASH_ENGINES,
+    AnswerConfig,
+    AttributesConfig,
+    BudgetConfig,
+    CalculatorConfig,
+    DualRAGConfig,
+    Dynamism,
+    EmbedderConfig,
+    HANRAGConfig,
+    HashConfig,
+    HashEngine,
+    HFConfig,
+    ICLConfig,
+    KGConfig,
+    KnowledgeConfig,
+    LLMConfig,
+    OpenAIConfig,
+    R2AGConfig,
+    ReasoningConfig,
+    ReferencesConfig,
+    RerankConfig,
+    VLLMConfig,
+)
+from utils.errors import ConfigError
+
+__all__ = [
+    "CONFIG_ENV", "DEFAULT_CONFIG", "DEFAULT_STRATEGIES", "DOMAINS", "DYNAMISM", "HASH_ENGINES", "MAX_BATCH_SIZE",
+    "REPO_ROOT", "STAGE_SECTIONS", "AnswerConfig", "AttributesConfig", "BudgetConfig", "CalculatorConfig",
+    "ConfigError", "ConfigKey", "DualRAGConfig", "Dynamism", "EmbedderConfig", "HANRAGConfig", "HFConfig",
+    "HashConfig", "HashEngine", "ICLConfig", "KGConfig", "KnowledgeConfig", "LLMConfig", "OpenAIConfig",
+    "R2AGConfig", "ReasoningConfig", "ReferencesConfig", "RerankConfig", "SystemConfig", "VLLMConfig",
+    "add_config_arguments", "add_section", "config_from_args", "config_keys", "config_path", "did_you_mean",
+    "field_docs", "import_stage_modules", "load_config", "resolve_path", "yaml_text",
+]
