@@ -3,7 +3,8 @@
 Commands (`local_evaluation.py COMMAND --help` lists the flags of one): run (the default) answers the selected
 questions, resuming an interrupted run; rejudge judges a run folder again; merge combines shard folders; calibrate
 shows how often a judge agrees with a person; compare A B gives run B's score difference from run A with a paired
-interval and the questions that flipped; gate fits or applies the answer gate. Each calls evaluation.commands.
+interval and the questions that flipped; gate fits or applies the answer gate. Each calls its module in
+evaluation/ (evaluation/run_command.py, ...).
 """
 
 from __future__ import annotations
@@ -14,9 +15,14 @@ import shlex
 import sys
 from pathlib import Path
 
-from evaluation import commands
-from evaluation.commands import Answering, Filters, JudgeChoice, RunFolder
+from evaluation.calibrate_command import calibrate
+from evaluation.choices import Answering, Filters, JudgeChoice, RunFolder
+from evaluation.compare_command import compare
 from evaluation.data import parse_shard
+from evaluation.gate_command import eval_command, fit_command
+from evaluation.merge_command import merge
+from evaluation.rejudge_command import rejudge
+from evaluation.run_command import answers_saved, run
 from utils.cli import CommandParser, command, interrupted
 
 COMMANDS = ("run", "rejudge", "merge", "calibrate", "compare", "gate")
@@ -94,19 +100,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def dispatch(args: argparse.Namespace) -> int:
-    """The command's function in evaluation.commands, with the flags as typed arguments."""
+    """The command's function in evaluation/, with the flags as typed arguments."""
     if args.command == "calibrate":
-        return commands.calibrate(JudgeChoice.from_args(args), args.sets)
+        return calibrate(JudgeChoice.from_args(args), args.sets)
     if args.command == "compare":
-        return commands.compare(args.a, args.b, Filters.from_args(args), JudgeChoice.from_args(args), args.out,
+        return compare(args.a, args.b, Filters.from_args(args), JudgeChoice.from_args(args), args.out,
                                 args.show)
     if args.command == "gate":
         if args.gate_command == "fit":
-            return commands.gate_fit(args.runs, args.out, args.rules_wrong_is_wrong)
-        return commands.gate_eval(args.gate, args.run)
+            return fit_command(args.runs, args.out, args.rules_wrong_is_wrong)
+        return eval_command(args.gate, args.run)
     if args.command == "run":
-        return commands.run(RunFolder.from_args(args), Answering.from_args(args))
-    return (commands.rejudge if args.command == "rejudge" else commands.merge)(RunFolder.from_args(args))
+        return run(RunFolder.from_args(args), Answering.from_args(args))
+    return (rejudge if args.command == "rejudge" else merge)(RunFolder.from_args(args))
 
 
 def saved_after_interrupt(args: argparse.Namespace, argv: list[str]) -> str:
@@ -122,7 +128,7 @@ def saved_after_interrupt(args: argparse.Namespace, argv: list[str]) -> str:
     script = __file__ if script.startswith("..") else script
     again = shlex.join([a for a in argv if a != "--restart"])
     command_line = f"python {script}" + (f" {again}" if again else "")
-    answers = commands.answers_saved(predictions)
+    answers = answers_saved(predictions)
     if args.command == "run":
         return f"{answers} answers are saved in {predictions}; resume with: {command_line}"
     return f"{answers} answers are in {predictions}, without this pass's verdicts; run again with: {command_line}"

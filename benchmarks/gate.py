@@ -38,8 +38,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from evaluation import commands
-from evaluation.commands import Answering, ConfigChoice, JudgeChoice, RunFolder
+from evaluation.choices import Answering, ConfigChoice, JudgeChoice, RunFolder
+from evaluation.rejudge_command import rejudge
+from evaluation.run_command import run as run_command
 from models.config import REPO_ROOT
 from utils.cli import command
 
@@ -59,7 +60,7 @@ def run(data: Path, out: Path, judge: str = f"person:{VERDICTS}", answer: bool =
     started = time.perf_counter()
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        code = commands.run(folder, ANSWERING) if answer else commands.rejudge(folder)
+        code = run_command(folder, ANSWERING) if answer else rejudge(folder)
     if code != 0:
         raise SystemExit(f"error: the run of {data} into {out} exited {code}:\n{printed.getvalue()[-2000:]}")
     return time.perf_counter() - started
@@ -87,8 +88,8 @@ def summary_line(figures: dict, questions: int) -> str:
 def most_answered(ranking, correct, questions: int) -> str:
     """The largest top-k of `ranking` (best first) whose CRAG points against always abstaining have a paired 95%
     interval above 0, as "k answers (r right), d [lo, hi], s of all", or "none"."""
-    from evaluation.compare import paired_difference
     from evaluation.judge import CORRECT, MISS, WRONG
+    from evaluation.metrics import paired_difference
 
     found = "none"
     for k in range(1, len(ranking) + 1):

@@ -40,13 +40,14 @@ SETTINGS = ("task=1", "references.cache=false")
 def timed_run(out: Path, limit: int, ray: str | None = None, actors: int | None = None) -> float:
     """Seconds of one `local_evaluation.py` run of the first `limit` sample questions into `out` (its report, on
     stdout, is not shown); a failed run is an error."""
-    from evaluation import commands
+    from evaluation.choices import Answering, ConfigChoice, RunFolder
+    from evaluation.run_command import run
 
-    folder = commands.RunFolder(SAMPLE, commands.ConfigChoice(sets=SETTINGS), out)
+    folder = RunFolder(SAMPLE, ConfigChoice(sets=SETTINGS), out)
     started = time.perf_counter()
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        code = commands.run(folder, commands.Answering(limit=limit, log_level="ERROR", ray=ray, ray_actors=actors))
+        code = run(folder, Answering(limit=limit, log_level="ERROR", ray=ray, ray_actors=actors))
     if code != 0:
         raise SystemExit(f"error: the run into {out} exited {code}:\n{printed.getvalue()[-2000:]}")
     return time.perf_counter() - started

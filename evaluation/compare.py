@@ -13,37 +13,14 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from scipy.stats import bootstrap
-
 from evaluation.html_report import compare_html, write_html
-from evaluation.judge import CORRECT, MISS, UNJUDGED, WRONG
-from evaluation.metrics import MIN_FOR_INTERVAL, RESAMPLES
+from evaluation.judge import CORRECT, MISS, WRONG
+from evaluation.metrics import MIN_FOR_INTERVAL, paired_difference
 
-POINTS = {CORRECT: 1, MISS: 0, WRONG: -1}
 # How a question moved from run A to run B, by its two verdicts.
 FLIPS = {(CORRECT, WRONG): "correct -> wrong", (WRONG, CORRECT): "wrong -> correct",
          (CORRECT, MISS): "answer -> i don't know", (WRONG, MISS): "answer -> i don't know",
          (MISS, CORRECT): "i don't know -> answer", (MISS, WRONG): "i don't know -> answer"}
-
-
-def paired_difference(a: list[str], b: list[str], seed: int = 0) -> dict[str, Any]:
-    """Score of B minus score of A over the questions judged in both, with its paired bootstrap 95% interval
-    (None under MIN_FOR_INTERVAL questions)."""
-    pairs = [(POINTS[x], POINTS[y]) for x, y in zip(a, b) if x != UNJUDGED and y != UNJUDGED]
-    differences = np.array([y - x for x, y in pairs], dtype=float)
-    result: dict[str, Any] = {"questions": len(pairs), "unjudged_left_out": len(a) - len(pairs),
-                              "score_a": float(np.mean([x for x, _ in pairs])) if pairs else 0.0,
-                              "score_b": float(np.mean([y for _, y in pairs])) if pairs else 0.0,
-                              "difference": float(differences.mean()) if pairs else 0.0, "ci95": None}
-    if len(pairs) >= MIN_FOR_INTERVAL:
-        if not differences.any():  # every question scored the same: the interval is the point
-            result["ci95"] = [0.0, 0.0]
-        else:
-            found = bootstrap((differences,), np.mean, vectorized=True, method="percentile", n_resamples=RESAMPLES,
-                              random_state=np.random.default_rng(seed))
-            result["ci95"] = [float(found.confidence_interval.low), float(found.confidence_interval.high)]
-    return result
 
 
 def compare_records(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, Any]:

@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any
 
 from evaluation import manifest
-from evaluation.compare import paired_difference
 from evaluation.gate_fit import TooFewLabels, answered_signals, fit_gate, label_records
 from evaluation.judge import CORRECT, MISS, UNJUDGED, WRONG, ungated, withheld_answer
-from evaluation.metrics import Scores, intervals
+from evaluation.metrics import Scores, intervals, paired_difference, risk_coverage
 from evaluation.runner import load_predictions
 from models.gate.answer_gate import Gate, GateError, signal_setup
+from utils.cli import check_out_file
 from utils.trees import differences
 
 
@@ -111,24 +111,6 @@ def evaluate(gate_file: Path, run: Path) -> str:
         f"gate - no gate: {_interval(result)}"])
 
 
-CURVE_POINTS = 25  # the risk-coverage curve's points in report.json (evenly spaced over the answers)
-
-
-def risk_coverage(scored: list[tuple[float, str]], questions: int) -> list[dict[str, float]]:
-    """The answers (P(correct), verdict: correct or wrong) answered best first: at each point, the share of the
-    `questions` answered, the accuracy of those answered, the CRAG score of answering only them, and the lowest P
-    among them (a threshold just under it answers exactly these)."""
-    ordered = sorted(scored, key=lambda item: -item[0])
-    points, right = [], 0
-    marks = {round(k * len(ordered) / CURVE_POINTS) for k in range(1, CURVE_POINTS + 1)} if ordered else set()
-    for k, (p, verdict) in enumerate(ordered, start=1):
-        right += verdict == CORRECT
-        if k in marks:
-            points.append({"p": round(p, 4), "coverage": k / questions, "accuracy": right / k,
-                           "score": (2 * right - k) / questions})
-    return points
-
-
 def gate_summary(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     """report.json's `gate` (a run with an answer gate: the score without it, what it withheld, the paired
     difference) and `risk_coverage` (every run whose answers carry signals: the answers ordered by the run's gate,
@@ -184,3 +166,22 @@ def format_gate(summary: dict[str, Any], rows: int = 8) -> list[str]:
     elif curve:
         lines.append(f"risk-coverage: {curve['note']}")
     return lines
+
+
+def fit_command(runs: list[Path], out: Path, rules_wrong_is_wrong: bool = False) -> int:
+    """`gate fit`: a gate fitted on judged run folders of one setup, written to `out`."""
+    check_out_file(out)
+    try:
+        print(fit(runs, out, rules_wrong_is_wrong))
+    except OSError as err:
+        raise GateError(str(err)) from err
+    return 0
+
+
+def eval_command(gate_file: Path, run_folder: Path) -> int:
+    """`gate eval`: what a gate does to a judged run folder."""
+    try:
+        print(evaluate(gate_file, run_folder))
+    except OSError as err:
+        raise GateError(str(err)) from err
+    return 0

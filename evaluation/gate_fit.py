@@ -16,8 +16,8 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedGroupKFold, cross_val_predict, cross_val_score
 
-from evaluation.compare import paired_difference
 from evaluation.judge import CONTAINS, CORRECT, MISS, WRONG, Item, judge_by_rules, ungated
+from evaluation.metrics import paired_difference
 from models.gate.answer_gate import Gate, columns_for, raw_row
 from utils.errors import HarnessError
 

@@ -2,7 +2,9 @@
 
 Rates are shares of all questions, so accuracy + hallucination + missing + unjudged = 1 and an unjudged
 prediction lowers neither the score nor the hallucination rate; `score_range` is where the score would lie if
-every unjudged prediction were wrong, or every one correct. `intervals` gives bootstrap 95% intervals.
+every unjudged prediction were wrong, or every one correct. `intervals` gives bootstrap 95% intervals,
+`paired_difference` the difference of two runs' scores with its paired interval, `risk_coverage` the curve of
+answers taken best first. The statistics of the harness are here, and this module renders nothing.
 """
 
 from __future__ import annotations
@@ -87,3 +89,43 @@ def latency(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
     p95 = ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]  # nearest rank
     return {"p50": statistics.median(ordered), "p95": p95, "max": ordered[-1], "n": len(ordered)}
+
+
+POINTS = {CORRECT: 1, MISS: 0, WRONG: -1}
+
+
+def paired_difference(a: list[str], b: list[str], seed: int = 0) -> dict[str, Any]:
+    """Score of B minus score of A over the questions judged in both, with its paired bootstrap 95% interval
+    (None under MIN_FOR_INTERVAL questions)."""
+    pairs = [(POINTS[x], POINTS[y]) for x, y in zip(a, b) if x != UNJUDGED and y != UNJUDGED]
+    differences = np.array([y - x for x, y in pairs], dtype=float)
+    result: dict[str, Any] = {"questions": len(pairs), "unjudged_left_out": len(a) - len(pairs),
+                              "score_a": float(np.mean([x for x, _ in pairs])) if pairs else 0.0,
+                              "score_b": float(np.mean([y for _, y in pairs])) if pairs else 0.0,
+                              "difference": float(differences.mean()) if pairs else 0.0, "ci95": None}
+    if len(pairs) >= MIN_FOR_INTERVAL:
+        if not differences.any():  # every question scored the same: the interval is the point
+            result["ci95"] = [0.0, 0.0]
+        else:
+            found = bootstrap((differences,), np.mean, vectorized=True, method="percentile", n_resamples=RESAMPLES,
+                              random_state=np.random.default_rng(seed))
+            result["ci95"] = [float(found.confidence_interval.low), float(found.confidence_interval.high)]
+    return result
+
+
+CURVE_POINTS = 25  # the risk-coverage curve's points in report.json (evenly spaced over the answers)
+
+
+def risk_coverage(scored: list[tuple[float, str]], questions: int) -> list[dict[str, float]]:
+    """The answers (P(correct), verdict: correct or wrong) answered best first: at each point, the share of the
+    `questions` answered, the accuracy of those answered, the CRAG score of answering only them, and the lowest P
+    among them (a threshold just under it answers exactly these)."""
+    ordered = sorted(scored, key=lambda item: -item[0])
+    points, right = [], 0
+    marks = {round(k * len(ordered) / CURVE_POINTS) for k in range(1, CURVE_POINTS + 1)} if ordered else set()
+    for k, (p, verdict) in enumerate(ordered, start=1):
+        right += verdict == CORRECT
+        if k in marks:
+            points.append({"p": round(p, 4), "coverage": k / questions, "accuracy": right / k,
+                           "score": (2 * right - k) / questions})
+    return points

@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None, system: CragSystem | None = None) -> int
 
 
 def tune(args: argparse.Namespace, system: CragSystem | None) -> int:
-    from evaluation.commands import check_prompt_name, check_prompts, check_variant
+    from evaluation.choices import check_prompt_name, check_prompts, check_variant
     from evaluation.judge import build_judge, check_judge
 
     if args.limit is not None and args.limit < 1:

@@ -18,7 +18,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="Ray is not installed: `make ray` installs requirements-ray.txt")
 
 import local_evaluation  # noqa: E402 - after importorskip
-from evaluation import commands, ray_runner  # noqa: E402 - after importorskip
+from evaluation import ray_runner, run_command  # noqa: E402 - after importorskip
 from models.config import REPO_ROOT  # noqa: E402 - after importorskip
 from tests.conftest import AS_FROM_A_TERMINAL, SAMPLE, running  # noqa: E402 - after importorskip
 from tests.ray.replicas import scripted_model, stall_clock, stalling_model  # noqa: E402 - after importorskip
@@ -60,7 +60,7 @@ def local_run(tmp_path_factory):
     """A local run of the sample with the scripted LLM (before Ray starts: its model process is forked)."""
     out = tmp_path_factory.mktemp("local") / "run"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(commands, "user_model", scripted_model)
+        patch.setattr(run_command, "user_model", scripted_model)
         assert evaluate(out, out.parent / "cache") == 0
     return out
 
@@ -84,7 +84,7 @@ def test_a_ray_address_that_names_no_head_is_one_line_and_exit_2(address, says, 
 
 
 def test_a_ray_run_writes_the_run_folder_of_a_local_run(local_run, cluster, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(commands, "user_model", scripted_model)
+    monkeypatch.setattr(run_command, "user_model", scripted_model)
     out = tmp_path / "run"
     assert evaluate(out, tmp_path / "cache", "--ray", "--ray-actors", "2") == 0
     err = capsys.readouterr().err
@@ -103,7 +103,7 @@ def test_a_ray_run_writes_the_run_folder_of_a_local_run(local_run, cluster, tmp_
 def test_killing_a_replica_mid_batch_loses_no_question_and_answers_none_twice(local_run, cluster, tmp_path,
                                                                             monkeypatch, capsys):
     marker, stall_on = tmp_path / "stalled", SAMPLE_IDS[4]
-    monkeypatch.setattr(commands, "user_model", functools.partial(stalling_model, marker, stall_on))
+    monkeypatch.setattr(run_command, "user_model", functools.partial(stalling_model, marker, stall_on))
     killed: list[str] = []
     finished = threading.Event()
 
@@ -135,7 +135,7 @@ def test_a_batch_over_its_deadline_is_i_dont_know_and_its_replica_starts_afresh(
     """The grader's 30 s a query (120 s a batch of 4), which no batch here comes near by the wall; the hanging
     first batch is past it at once by the replicas' clock (tests.ray.replicas.stall_clock)."""
     marker, stall_on = tmp_path / "stalled", SAMPLE_IDS[0]
-    monkeypatch.setattr(commands, "user_model", functools.partial(stalling_model, marker, stall_on))
+    monkeypatch.setattr(run_command, "user_model", functools.partial(stalling_model, marker, stall_on))
     monkeypatch.setattr(ray_runner, "run_on_ray", functools.partial(ray_runner.run_on_ray, clock=stall_clock))
     out = tmp_path / "run"
     assert evaluate(out, local_run.parent / "cache", "--ray", "--ray-actors", "2", "--time-limit", "30") == 0
@@ -157,10 +157,10 @@ import functools, sys
 from pathlib import Path
 
 import local_evaluation
-from evaluation import commands
+from evaluation import run_command
 from tests.ray.replicas import stalling_model
 
-commands.user_model = functools.partial(stalling_model, Path(sys.argv[1]), sys.argv[2])
+run_command.user_model = functools.partial(stalling_model, Path(sys.argv[1]), sys.argv[2])
 sys.exit(local_evaluation.main(sys.argv[3:]))
 """
 

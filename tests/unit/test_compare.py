@@ -4,8 +4,9 @@ import json
 
 import local_evaluation
 from evaluation import manifest
-from evaluation.compare import compare_records, paired_difference
+from evaluation.compare import compare_records
 from evaluation.data import Selection
+from evaluation.metrics import paired_difference
 from models.config import REPO_ROOT, load_config
 from tests.conftest import SAMPLE, write
 

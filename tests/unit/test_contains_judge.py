@@ -15,7 +15,7 @@ from evaluation.calibration import (
     join_verdicts,
     load_set,
 )
-from evaluation.commands import JudgeChoice
+from evaluation.choices import JudgeChoice
 from evaluation.containment import canonical, contains_gold
 from evaluation.data import DataError
 from evaluation.judge import (

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 import local_evaluation
-from evaluation import commands, manifest
+from evaluation import manifest, run_command
 from evaluation.data import DataError, ReadStats, Selection, alternative_answers, read_examples
 from evaluation.judge import CORRECT, MISS, UNJUDGED, WRONG, Item, judge_by_rules
 from evaluation.metrics import Scores, latency
 from evaluation.runner import EvaluationError, call_with_limit, load_predictions, run_model, save_judgements
-from models.config import REPO_ROOT, load_config
+from models.config import REPO_ROOT, ConfigError, load_config
 from tests.conftest import SAMPLE, running, write, write_config
 from utils.batch import make_batch
 from utils.trees import differences
@@ -400,7 +400,7 @@ def test_task_3_data_turns_a_task_1_config_to_task_3(tmp_path, capsys, pages, ta
     config.task = task
     page = {"page_name": "p", "page_url": "u", "page_snippet": "s", "page_result": "<p>x</p>", "page_last_modified": ""}
     data = write(tmp_path / "d.jsonl", json.dumps(_example(0, search_results=[page] * pages)) + "\n")
-    assert commands.task_for_data(config, data).task == runs
+    assert run_command.task_for_data(config, data).task == runs
     assert ("Task 3 data" in capsys.readouterr().err) == (runs != task)
 
 
@@ -655,6 +655,6 @@ def test_the_served_llm_and_the_processes_it_started_die_with_the_evaluation_eve
 
 def test_serve_llm_needs_the_openai_backend(tmp_path):
     config = load_config(REPO_ROOT / "configs" / "cpu.yaml")  # the hf backend
-    with pytest.raises(commands.ConfigError, match="--serve-llm answers through llm.backend openai"):
-        with commands.llm_for_run(config, True):
+    with pytest.raises(ConfigError, match="--serve-llm answers through llm.backend openai"):
+        with run_command.llm_for_run(config, True):
             pass

@@ -20,12 +20,14 @@ PROMPT_FILE = REPO_ROOT / "tests" / "stages" / f"{STAGE}.yaml"
 # hashing embedder (given as arguments, as a test's fakes are) answers two sample questions.
 DRIVER = """
 import json, sys
+from evaluation.choices import check_prompts
 from models.config import config_keys, load_config
 from models.system import CragSystem
 from tests.conftest import to_batch
 from tests.fakes import SEED_REPLY, HashEmbedder, ScriptedLLM, prompt_name
 
 config = load_config("configs/cpu.yaml", [sys.argv[1]])
+check_prompts(config.prompts, config.source)  # as local_evaluation.py checks a config before any model loads
 llm = ScriptedLLM(lambda c: sys.argv[3] if prompt_name(c) == "answer_check" else SEED_REPLY)
 system = CragSystem(config, llm=llm, embedder=HashEmbedder())
 examples = [json.loads(line) for line in open(sys.argv[2], encoding="utf-8")][:2]
