@@ -1,5 +1,5 @@
 """Judging predictions: rules first, then a judge for what the rules cannot decide (an LLM judge, a person's
-verdicts, `PersonJudge`, or the containment rules, `ContainsJudge`); and, beside ours, the organisers' rules, so a
+verdicts, `PersonJudge` in evaluation/person_judge.py, or the containment rules, `ContainsJudge`); and, beside ours, the organisers' rules, so a
 run shows the leaderboard's reading of the same predictions.
 
 Verdicts: correct (+1), miss (0, "i don't know"), wrong (-1), unjudged (the LLM judge failed: reported on
@@ -18,21 +18,20 @@ containment judge, being rules, never stands in for their LLM judge.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from loguru import logger
 from tqdm import tqdm
 
 from evaluation.containment import contains_gold
 from models.config import ConfigError, HFConfig, OpenAIConfig
-from models.llm.backend import LLM, GenParams, TopLogprobs
+from models.llm.backend import LLM, GenParams, Probed, TopLogprobs, as_sample
 from models.prompting import Prompt, PromptLibrary
+from models.registry import Registry
 from utils.answers import INVALID, contains_answer, is_idk, is_invalid, normalize_text
 from utils.cache import JsonCache, cache_root, content_key
 from utils.grader_tokens import grader_cut
@@ -161,73 +160,13 @@ def read_reply(sample: str) -> tuple[bool | None, str, float | None]:
     judge's probability of it where the reply carries log-probabilities; where the text says nothing usable but
     most of the probability at the first word is on verdict words, the verdict those probabilities give."""
     judged, reason = parse_judgement(sample)
-    probability = p_correct(getattr(sample, "top_logprobs", ()))
+    probability = p_correct(as_sample(sample).top_logprobs)
     if probability is None:
         return judged, reason, None
     p, mass = probability
     if judged is None and mass >= 0.5:
         return p >= 0.5, f"log-probabilities: P(correct) = {p:.2f}; reply: {sample.strip()[:200]}", p
     return judged, reason, p
-
-
-PERSON_VERDICTS = {"correct": CORRECT, "incorrect": WRONG, "miss": MISS}
-
-
-class PersonJudge:
-    """A person's verdicts, read from a JSON Lines file of {query, prediction, human} records (`human`: correct,
-    incorrect or miss, as in data/judge/calibration.jsonl), for the predictions the rules leave open. A verdict
-    belongs to its question and its prediction as the grader reads it (cut to 75 Llama-2 tokens, whitespace
-    folded): a prediction the person never saw stays unjudged, never guessed.
-    """
-
-    kind = "person"
-    for_organisers = True  # a person's verdicts stand in for the organisers' LLM judge
-
-    def __init__(self, verdicts: dict[str, str], name: str) -> None:
-        self.verdicts, self.name = verdicts, name
-        self.reasons: dict[str, str] = {}
-        self.p_correct: dict[str, float] = {}
-
-    @classmethod
-    def load(cls, path: Path) -> PersonJudge:
-        """The verdicts of `path`; ValueError naming the file and its first bad line."""
-        verdicts: dict[str, str] = {}
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except OSError as err:
-            raise ValueError(f"{path}: cannot be read ({err.strerror or err})") from None
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                query, prediction, human = record["query"], record["prediction"], record["human"]
-            except (ValueError, KeyError, TypeError) as err:
-                raise ValueError(f"{path}:{number}: not a {{query, prediction, human}} record ({err})") from None
-            if human not in PERSON_VERDICTS or not isinstance(query, str) or not isinstance(prediction, str):
-                raise ValueError(f"{path}:{number}: human must be one of {sorted(PERSON_VERDICTS)}, query and "
-                                 "prediction strings")
-            verdicts[cls.key_of(query, prediction)] = PERSON_VERDICTS[human]
-        if not verdicts:
-            raise ValueError(f"{path}: no verdicts")
-        return cls(verdicts, f"person:{path.name}")
-
-    @staticmethod
-    def key_of(query: str, prediction: str) -> str:
-        return content_key(" ".join(query.lower().split()), " ".join(grader_cut(prediction).split()))
-
-    def key(self, item: Item) -> str:
-        return self.key_of(item.query, item.prediction)
-
-    def judge(self, items: Sequence[Item]) -> list[str]:
-        keys = [self.key(item) for item in items]
-        found = [self.verdicts.get(key, UNJUDGED) for key in keys]
-        self.reasons.update((key, f"{self.name}: {verdict}" if verdict != UNJUDGED else "")
-                            for key, verdict in zip(keys, found))
-        if unseen := found.count(UNJUDGED):
-            logger.warning("{}: no verdict for {} of {} predictions the rules leave open (unjudged)", self.name,
-                           unseen, len(items))
-        return found
 
 
 class LLMJudge:
@@ -253,11 +192,25 @@ class LLMJudge:
         self.p_correct: dict[str, float] = {}
         self.fallbacks = 0
 
+    @classmethod
+    def from_spec(cls, spec: str, model_name: str | None) -> LLMJudge:
+        """The embedded SmolLM2 (`local`) or the model `model_name` at the server `spec`, probed."""
+        if spec == "local":
+            from models.llm.hf import HFBackend, resolve_model_folder
+
+            llm, name = HFBackend(HFConfig()), f"hf:{resolve_model_folder(HFConfig()).name}"
+        else:
+            from models.llm.openai import OpenAIBackend
+
+            llm, name = OpenAIBackend(OpenAIConfig(base_url=spec, model=model_name)), f"{spec}#{model_name}"
+        judge = cls(llm, PromptLibrary().get("judge"), name, JsonCache(cache_root(None) / "judge"))
+        judge.probe()
+        return judge
+
     def probe(self) -> None:
         """Raise BackendUnavailable (one line) when the judge's server refuses work: a wrong key, model or URL."""
-        probe = getattr(self.llm, "probe", None)
-        if probe is not None:
-            probe()
+        if isinstance(self.llm, Probed):
+            self.llm.probe()
 
     def key(self, item: Item) -> str:
         return content_key(item.query, item.answer, *item.alt_answers, "\x00", grader_cut(item.prediction),
@@ -339,6 +292,10 @@ class ContainsJudge:
         self.reasons: dict[str, str] = {}
         self.p_correct: dict[str, float] = {}
 
+    @classmethod
+    def from_spec(cls, spec: str, model_name: str | None) -> ContainsJudge:
+        return cls()
+
     def key(self, item: Item) -> str:
         return content_key(item.query, item.answer, *item.alt_answers, "\x00", grader_cut(item.prediction))
 
@@ -350,7 +307,25 @@ class ContainsJudge:
         return verdicts
 
 
-Judge = LLMJudge | PersonJudge | ContainsJudge
+@runtime_checkable
+class Judge(Protocol):
+    """What judges the predictions the rules leave open (`kind`, `name`, `for_organisers`, and each verdict's
+    `reasons` and `p_correct` by key, beside these)."""
+
+    @classmethod
+    def from_spec(cls, spec: str, model_name: str | None) -> Judge:
+        """The judge `--judge spec` (and `--judge-model`) names, ready to judge; ConfigError where it cannot be."""
+
+    def key(self, item: Item) -> str: ...
+
+    def judge(self, items: Sequence[Item]) -> list[str]: ...
+
+
+# --judge's kinds: contains, person:FILE, and an LLM (local, or a server's base URL); `rules` is no judge (None).
+JUDGES: Registry[Judge] = Registry("judge", Judge)
+JUDGES.register(CONTAINS)(ContainsJudge)
+JUDGES.register_lazy("person", "evaluation.person_judge:PersonJudge")
+JUDGES.register("llm")(LLMJudge)
 
 
 def withheld_answer(record: dict[str, Any]) -> str | None:
@@ -440,6 +415,8 @@ def check_judge(spec: str, model_name: str | None) -> None:
     if spec in ("rules", CONTAINS, "local"):
         return
     if spec.startswith(PERSON):
+        from evaluation.person_judge import person_judge
+
         person_judge(spec)
         return
     if not spec.startswith(("http://", "https://")):
@@ -448,36 +425,11 @@ def check_judge(spec: str, model_name: str | None) -> None:
         raise ConfigError(f"--judge {spec}: name the served model with --judge-model")
 
 
-def person_judge(spec: str) -> PersonJudge:
-    """The verdicts of --judge person:FILE; a ConfigError naming the file and its first bad line."""
-    path = Path(spec.removeprefix(PERSON))
-    if not path.is_file():
-        raise ConfigError(f"--judge {spec}: no such file; give person:FILE, a JSON Lines file of {{query, "
-                          "prediction, human} verdicts (as data/judge/calibration.jsonl)")
-    try:
-        return PersonJudge.load(path)
-    except ValueError as err:
-        raise ConfigError(f"--judge {PERSON}{err}") from None
-
-
 def build_judge(spec: str, model_name: str | None) -> Judge | None:
     """The judge named by --judge (contains, rules, local, person:FILE or a server's base URL); None for the exact
     rules only."""
     check_judge(spec, model_name)
     if spec == "rules":
         return None
-    if spec == CONTAINS:
-        return ContainsJudge()
-    if spec.startswith(PERSON):
-        return person_judge(spec)
-    if spec == "local":
-        from models.llm.hf import HFBackend, resolve_model_folder
-
-        llm, name = HFBackend(HFConfig()), f"hf:{resolve_model_folder(HFConfig()).name}"
-    else:
-        from models.llm.openai import OpenAIBackend
-
-        llm, name = OpenAIBackend(OpenAIConfig(base_url=spec, model=model_name)), f"{spec}#{model_name}"
-    judge = LLMJudge(llm, PromptLibrary().get("judge"), name, JsonCache(cache_root(None) / "judge"))
-    judge.probe()
-    return judge
+    kind = CONTAINS if spec == CONTAINS else "person" if spec.startswith(PERSON) else "llm"
+    return JUDGES.get(kind).from_spec(spec, model_name)

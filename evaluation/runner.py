@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol, runtime_checkable
 
 from loguru import logger
 from tqdm import tqdm
@@ -95,6 +95,14 @@ def take(examples: Iterator[dict[str, Any]], count: int) -> list[dict[str, Any]]
     return [example for _, example in zip(range(count), examples)]
 
 
+@runtime_checkable
+class StoppableModel(Protocol):
+    """A model that runs each batch where it can be stopped at its time limit (evaluation.worker.ModelWorker: a
+    child process)."""
+
+    def call_with_limit(self, batch: dict[str, list[Any]], limit_s: float | None) -> tuple[Any, float, bool]: ...
+
+
 def call_with_limit(model: Any, batch: dict[str, list[Any]], limit_s: float | None, wait_late: bool = True,
                     clock: Callable[[], float] = time.monotonic) -> tuple[Any, float, bool]:
     """(answers, seconds, timed_out) of model.batch_generate_answer(batch), run in a worker thread.
@@ -105,7 +113,7 @@ def call_with_limit(model: Any, batch: dict[str, list[Any]], limit_s: float | No
     replica). An exception of the call, KeyboardInterrupt included, is raised here. A model that offers its own
     `call_with_limit` (evaluation.worker.ModelWorker: a child process it can stop) is asked to do it.
     """
-    if hasattr(model, "call_with_limit"):
+    if isinstance(model, StoppableModel):
         return model.call_with_limit(batch, limit_s)
     deadline = Deadline(limit_s, clock) if limit_s is not None else None
     outcome: dict[str, Any] = {}

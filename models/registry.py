@@ -1,7 +1,10 @@
-"""A typed registry of classes by name: duplicates refused, a miss answered with the closest names."""
+"""A typed registry of classes by name: duplicates refused, a miss answered with the closest names, and entries that
+are imported only when first asked for. Stages (models/stages/stage.py STAGES), LLM backends (models/llm/backend.py
+BACKENDS) and judges (evaluation/judge.py JUDGES) are registered in one."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
@@ -21,7 +24,7 @@ class Registry(Generic[T]):
     def __init__(self, kind: str, base: type[T]) -> None:
         self.kind = kind
         self.base = base
-        self._entries: dict[str, type[T]] = {}
+        self._entries: dict[str, type[T] | str] = {}  # a class, or "module:Class" until first asked for
 
     def register(self, name: str) -> Callable[[type[T]], type[T]]:
         """Class decorator: `@STAGES.register("references")`."""
@@ -38,10 +41,24 @@ class Registry(Generic[T]):
 
         return add
 
+    def register_lazy(self, name: str, target: str) -> None:
+        """`name` for the class at `target` ("module:Class"), imported on first `get`: a choice that needs a
+        package another install lacks (vllm on a CPU) costs nothing until it is chosen."""
+        if name in self._entries and self._entries[name] != target:
+            raise RegistryError(f"{self.kind} {name!r} is already registered")
+        self._entries[name] = target
+
     def get(self, name: str) -> type[T]:
         if name not in self._entries:
             raise RegistryError(f"unknown {self.kind} {name!r}{self.suggestion(name)}")
-        return self._entries[name]
+        entry = self._entries[name]
+        if isinstance(entry, str):
+            module, _, attribute = entry.partition(":")
+            cls = getattr(importlib.import_module(module), attribute)
+            if not (isinstance(cls, type) and issubclass(cls, self.base)):
+                raise RegistryError(f"{self.kind} {name!r}: {entry} is not a subclass of {self.base.__name__}")
+            self._entries[name] = entry = cls
+        return entry
 
     def suggestion(self, name: str) -> str:
         """'; did you mean 'x'?' for the closest registered name, else the list of names."""

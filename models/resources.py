@@ -20,7 +20,7 @@ from loguru import logger
 from models.config import SystemConfig, resolve_path
 from models.gate.answer_gate import Gate, gate_for
 from models.kg.client import KGClient
-from models.llm.backend import LLM, create_llm
+from models.llm.backend import LLM, Probed, TakesEmbeddings, create_llm
 from models.prompting import PromptLibrary
 from models.registry import RegistryError
 from models.retrieval.embedder import Embedder
@@ -89,7 +89,7 @@ def _pages(config: SystemConfig, prompts: PromptLibrary, built: dict[str, Any]) 
 
 def _llm(config: SystemConfig, prompts: PromptLibrary, built: dict[str, Any]) -> LLM:
     llm = create_llm(config.llm)
-    if hasattr(llm, "probe"):  # a remote server: a wrong key, model or URL stops here
+    if isinstance(llm, Probed):  # a remote server: a wrong key, model or URL stops here
         llm.probe()
     return llm
 
@@ -126,7 +126,7 @@ def _r2former(config: SystemConfig, prompts: PromptLibrary, built: dict[str, Any
         return None
     llm = built["llm"]
     prompting = settings.mode == "prompt"
-    if prompting and not hasattr(llm, "generate_with_embeddings"):
+    if prompting and not isinstance(llm, TakesEmbeddings):
         logger.warning("r2ag.mode prompt: the {} backend cannot take input embeddings; R2AG filters references "
                        "instead (relevance mode)", config.llm.backend)
         prompting = False

@@ -11,7 +11,7 @@ from loguru import logger
 from models.config import SystemConfig, load_config
 from models.gate.gate_stage import GateStage
 from models.kg.client import KGClient
-from models.llm.backend import LLM
+from models.llm.backend import LLM, Closable
 from models.prompting import PromptLibrary
 from models.resources import build_resources
 from models.stages import Stage, pipeline_stages
@@ -66,9 +66,8 @@ class CragSystem:
         """Stop the page workers and an in-process engine (both also stop when the process exits)."""
         if self.pages is not None:
             self.pages.close()
-        close_llm = getattr(self.llm, "close", None)
-        if close_llm is not None:
-            close_llm()
+        if isinstance(self.llm, Closable):
+            self.llm.close()
 
     def batch(self, size: int, prompts: PromptLibrary | None = None) -> Batch:
         """What the stages of one batch share: this system's resources and a fresh batch deadline."""

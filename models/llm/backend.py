@@ -1,12 +1,15 @@
-"""The LLM interface every backend implements, and the registry that builds one from config."""
+"""The LLM interface every backend implements, the capabilities some backends add (each a runtime-checkable
+protocol), and the registry that builds one from config."""
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
+
+import numpy as np
 
 from models.config import LLMConfig
+from models.registry import Registry
 from utils.errors import HarnessError
 from utils.time_budget import Deadline
 
@@ -44,11 +47,18 @@ class Sample(str):
         return sample
 
 
+def as_sample(text: str) -> Sample:
+    """`text` as a Sample: a plain str (a test's fake, a reply read back from a cache) is a finished generation
+    (STOP) without tokens."""
+    return text if isinstance(text, Sample) else Sample(text)
+
+
 def span_logprobs(sample: str, span: str) -> list[float]:
     """The log-probabilities of the generated tokens that spell `span` (its last occurrence in the generated
     text, as the stages read the last answer line): every token overlapping it. Empty where the sample carries
     no tokens or the span is not in their text."""
-    tokens, logprobs = getattr(sample, "tokens", ()), getattr(sample, "token_logprobs", ())
+    sample = as_sample(sample)
+    tokens, logprobs = sample.tokens, sample.token_logprobs
     text = "".join(tokens)
     start = text.rfind(span) if span else -1
     if start < 0:
@@ -67,7 +77,7 @@ def cut_short(text: str, answer: str | None = None) -> str | None:
 
     An answer read from a text cut short may be half a sentence, so the stages answer "i don't know" instead;
     a whole answer line followed by more of the model's text is not half a sentence."""
-    reason = getattr(text, "finish_reason", STOP)
+    reason = as_sample(text).finish_reason
     if reason == STOP:
         return None
     at = text.rfind(answer) if answer else -1
@@ -86,28 +96,56 @@ class GenParams:
     logprobs: bool = False  # ask for the generated tokens and their log-probabilities (Sample.tokens, token_logprobs)
 
 
+@runtime_checkable
 class LLM(Protocol):
     def generate(self, conversations: list[Conversation], params: GenParams) -> list[list[str]]:
         """n samples per conversation, in order; a conversation that could not be served gets []. Samples are
         `Sample`s where the backend knows why generation ended."""
 
 
+@runtime_checkable
+class Probed(Protocol):
+    """A backend on a server, checked once at start-up: a wrong key, model or URL stops the start."""
+
+    def probe(self) -> None:
+        """One tiny request; BackendUnavailable naming the fix when it fails."""
+
+
+@runtime_checkable
+class TakesEmbeddings(Protocol):
+    """A backend that takes input embeddings beside the text (R2AG's prompt mode: hf, and vllm with
+    `llm.vllm.enable_prompt_embeds`)."""
+
+    hidden_size: int
+
+    def generate_with_embeddings(self, conversations: list[Conversation], embeddings: list[np.ndarray],
+                                 params: GenParams) -> list[list[str]]:
+        """As `generate`, each conversation's retrieval placeholders replaced by its rows of `embeddings`."""
+
+    def retrieval_placeholder(self) -> str:
+        """The token that marks where a reference's embedding goes (added to the vocabulary on first use)."""
+
+
+@runtime_checkable
+class Closable(Protocol):
+    """A backend that holds a process or an engine to stop (in-process vLLM)."""
+
+    def close(self) -> None: ...
+
+
 class BackendUnavailable(HarnessError, RuntimeError):
     """A backend whose model or library is missing; the message says how to fix it."""
 
 
-# name -> "module:Class"; modules are imported only when chosen, so a CPU install never imports vllm.
-_BACKENDS = {
-    "hf": "models.llm.hf:HFBackend",
-    "openai": "models.llm.openai:OpenAIBackend",
-    "vllm": "models.llm.vllm:VLLMBackend",
-}
+# `llm.backend` names one; its module is imported only when chosen, so a CPU install never imports vllm.
+BACKENDS: Registry[LLM] = Registry("LLM backend", LLM)
+BACKENDS.register_lazy("hf", "models.llm.hf:HFBackend")
+BACKENDS.register_lazy("openai", "models.llm.openai:OpenAIBackend")
+BACKENDS.register_lazy("vllm", "models.llm.vllm:VLLMBackend")
 
 
 def create_llm(config: LLMConfig) -> LLM:
-    module_name, class_name = _BACKENDS[config.backend].split(":")
-    backend_cls = getattr(importlib.import_module(module_name), class_name)
-    return backend_cls(getattr(config, config.backend))
+    return BACKENDS.get(config.backend)(getattr(config, config.backend))
 
 
 def cut_at_stop(text: str, stop: list[str]) -> str:

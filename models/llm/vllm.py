@@ -116,8 +116,8 @@ class VLLMBackend:
         atexit.unregister(self.close)
         self.engine.llm_engine.engine_core.shutdown()
 
-    # R2AG (models/system.py asks hasattr(llm, "generate_with_embeddings")): only with enable_prompt_embeds on;
-    # without it these raise AttributeError, so R2AG falls back to relevance mode, logged.
+    # R2AG (models/resources.py asks isinstance(llm, TakesEmbeddings)): only with enable_prompt_embeds on; without
+    # it these raise AttributeError, so the backend is not one and R2AG falls back to relevance mode, logged.
     @property
     def generate_with_embeddings(self):
         return self._with_table(self._generate_with_embeddings)

@@ -40,7 +40,7 @@ from loguru import logger
 
 from models.config import STAGE_SECTIONS, BudgetConfig, SystemConfig, add_section
 from models.estimates import StagePlan
-from models.llm.backend import GenParams, Sample
+from models.llm.backend import GenParams, Sample, as_sample
 from models.prompting import Prompt, PromptLibrary
 from models.registry import Registry, RegistryError
 from models.resources import RESOURCES, Resource, add_resource
@@ -255,7 +255,8 @@ def well_formed(outputs: Any, count: int, stage: str) -> list[list[Sample]]:
     sample that is not text): what is missing or unusable is no sample, which the stages read as no answer for
     that query alone. Logged when anything had to be dropped."""
     rows = outputs if isinstance(outputs, list) else []
-    fixed = [[s for s in row if isinstance(s, str)] if isinstance(row, list) else [] for row in rows[:count]]
+    fixed = [[as_sample(s) for s in row if isinstance(s, str)] if isinstance(row, list) else []
+             for row in rows[:count]]
     fixed += [[] for _ in range(count - len(fixed))]
     if len(rows) != count or any(not isinstance(row, list) or len(row) != len(kept) for row, kept in zip(rows, fixed)):
         logger.error("stage {}: the LLM backend returned {} for {} conversations; what was not a list of texts "

@@ -14,13 +14,13 @@ from evaluation.judge import (
     WRONG,
     Item,
     LLMJudge,
-    PersonJudge,
     judge_by_organisers_rules,
     judge_by_rules,
     judge_records,
     p_correct,
     parse_judgement,
 )
+from evaluation.person_judge import PersonJudge
 from evaluation.report import format_table, score_records, write_report
 from models.llm.backend import Sample
 from models.prompting import PromptLibrary
