@@ -1,6 +1,6 @@
 """Judging predictions: rules first, then a judge for what the rules cannot decide (an LLM judge, a person's
-verdicts, `PersonJudge` in evaluation/person_judge.py, or the containment rules, `ContainsJudge`); and, beside ours, the organisers' rules, so a
-run shows the leaderboard's reading of the same predictions.
+verdicts, `PersonJudge` in evaluation/person_judge.py, or the containment rules, `ContainsJudge`); and, beside
+ours, the organisers' rules, so a run shows the leaderboard's reading of the same predictions.
 
 Verdicts: correct (+1), miss (0, "i don't know"), wrong (-1), unjudged (the LLM judge failed: reported on
 its own, never counted as a hallucination). Where the judge's backend gives log-probabilities (vLLM, OpenAI, the
