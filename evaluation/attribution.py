@@ -28,6 +28,7 @@ from tqdm import tqdm
 
 from evaluation.data import read_examples
 from evaluation.judge import MISS, WRONG
+from evaluation.record import Record, as_record, records_of
 from utils.answers import is_invalid
 from utils.cache import cache_root
 from utils.web_pages import PageProcessor, PageSettings
@@ -53,53 +54,52 @@ def holds(texts: Iterable[str], golds: list[str]) -> bool:
     return any(re.search(rf"(?<![\w.]){re.escape(g)}(?![\w])", haystack) for g in golds)
 
 
-def gold_answers(record: dict[str, Any]) -> list[str]:
+def gold_answers(line: Record | dict[str, Any]) -> list[str]:
     """The record's gold answers that can be found as text, in evidence form ([] when none can)."""
-    answers = [record.get("answer"), *(record.get("alt_answers") or [])]
-    forms = [evidence_form(a) for a in answers if isinstance(a, str) and not is_invalid(a)]
+    forms = [evidence_form(a) for a in as_record(line).golds if isinstance(a, str) and not is_invalid(a)]
     return [f for f in dict.fromkeys(forms) if f and f not in _YES_NO]
 
 
-def attribute(record: dict[str, Any], page_texts: list[str] | None) -> str:
+def attribute(line: Record | dict[str, Any], page_texts: list[str] | None) -> str:
     """The class of one missed question; `page_texts` is the text of its pages (None when they were not read)."""
+    record = as_record(line)
     golds = gold_answers(record)
     if not golds:
         return "unattributable"
-    trace = record.get("trace") or {}
-    prompt = [r.get("text", "") for r in trace.get("references") or []] + list(trace.get("kg_results") or []) \
-        + list(trace.get("calculations") or [])
-    if record.get("timed_out") or (not prompt and str(trace.get("reason", "")).startswith("predicted ")):
+    prompt = [r.get("text", "") for r in record.references] + record.kg_results + record.calculations
+    if record.timed_out or (not prompt and str(record.reason or "").startswith("predicted ")):
         return "declined"
     if holds(prompt, golds):
         return "generation"
     in_pages = page_texts is not None and holds(page_texts, golds)
     if in_pages:
         return "retrieval"
-    if any(stage.get("stage") == "kg" and stage.get("status") == "ok" for stage in trace.get("stages") or []):
+    if any(stage.get("stage") == "kg" and stage.get("status") == "ok" for stage in record.stages):
         return "kg"
     if all(_NUMBER.match(g) for g in golds):
         return "unattributable"
     return "pages"
 
 
-def attribute_records(records: list[dict[str, Any]], pages_of: Callable[[list[str]], dict[str, list[str]]]) -> None:
+def attribute_records(lines: list[dict[str, Any]], pages_of: Callable[[list[str]], dict[str, list[str]]]) -> None:
     """Set "attribution" on every record whose verdict is not correct (and None on the others). `pages_of`
     gives the page texts of the questions by interaction_id, asked once for all the misses."""
-    missed = [r for r in records if r.get("verdict") in (MISS, WRONG)]  # unjudged answers are not known misses
-    texts = pages_of([r["interaction_id"] for r in missed]) if missed else {}
+    records = records_of(lines)
+    missed = [r for r in records if r.verdict in (MISS, WRONG)]  # unjudged answers are not known misses
+    texts = pages_of([r.interaction_id for r in missed]) if missed else {}
     for record in records:
-        record["attribution"] = None
+        record.attribution = None
     for record in missed:
-        record["attribution"] = attribute(record, texts.get(record["interaction_id"]))
+        record.attribution = attribute(record, texts.get(record.interaction_id))
 
 
-def attribution_table(records: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+def attribution_table(lines: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
     """Counts of each class, overall and by domain: {"overall": {class: n}, "<domain>": {...}}."""
     table: dict[str, Counter] = defaultdict(Counter)
-    for record in records:
-        if record.get("attribution"):
-            table["overall"][record["attribution"]] += 1
-            table[str(record.get("domain") or "unknown")][record["attribution"]] += 1
+    for record in records_of(lines):
+        if record.attribution:
+            table["overall"][record.attribution] += 1
+            table[str(record.domain or "unknown")][record.attribution] += 1
     return {group: {c: counts[c] for c in CLASSES} for group, counts in table.items()}
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from evaluation.html_report import compare_html, write_html
 from evaluation.judge import CORRECT, MISS, WRONG
 from evaluation.metrics import MIN_FOR_INTERVAL, paired_difference
+from evaluation.record import records_of
 
 # How a question moved from run A to run B, by its two verdicts.
 FLIPS = {(CORRECT, WRONG): "correct -> wrong", (WRONG, CORRECT): "wrong -> correct",
@@ -23,23 +24,22 @@ FLIPS = {(CORRECT, WRONG): "correct -> wrong", (WRONG, CORRECT): "wrong -> corre
          (MISS, CORRECT): "i don't know -> answer", (MISS, WRONG): "i don't know -> answer"}
 
 
-def compare_records(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, Any]:
+def compare_records(lines_a: list[dict[str, Any]], lines_b: list[dict[str, Any]]) -> dict[str, Any]:
     """Judged records of two runs (each has "verdict"), matched by interaction_id: the paired difference over
     the questions both answered, the flipped questions by kind, and the questions only one run has."""
-    by_id = {r["interaction_id"]: r for r in b}
-    common = [(r, by_id[r["interaction_id"]]) for r in a if r["interaction_id"] in by_id]
+    a, b = records_of(lines_a), records_of(lines_b)
+    by_id = {r.interaction_id: r for r in b}
+    common = [(r, by_id[r.interaction_id]) for r in a if r.interaction_id in by_id]
     flipped: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for ra, rb in common:
-        kind = FLIPS.get((ra["verdict"], rb["verdict"]))
+        kind = FLIPS.get((ra.verdict, rb.verdict))
         if kind:
-            flipped[kind].append({"interaction_id": ra["interaction_id"], "query": ra.get("query"),
-                                  "answer": ra.get("answer"), "alt_answers": ra.get("alt_answers") or [],
-                                  "domain": ra.get("domain"), "question_type": ra.get("question_type"),
-                                  "a": ra.get("prediction"), "b": rb.get("prediction"),
-                                  "verdicts": [ra["verdict"], rb["verdict"]],
-                                  "reasons": [(r.get("trace") or {}).get("reason") for r in (ra, rb)]})
+            flipped[kind].append({"interaction_id": ra.interaction_id, "query": ra.query, "answer": ra.answer,
+                                  "alt_answers": ra.alt_answers or [], "domain": ra.domain,
+                                  "question_type": ra.question_type, "a": ra.prediction, "b": rb.prediction,
+                                  "verdicts": [ra.verdict, rb.verdict], "reasons": [ra.reason, rb.reason]})
     only_a = len(a) - len(common)
-    return {**paired_difference([ra["verdict"] for ra, _ in common], [rb["verdict"] for _, rb in common]),
+    return {**paired_difference([ra.verdict for ra, _ in common], [rb.verdict for _, rb in common]),
             "flipped": {kind: flipped[kind] for kind in dict.fromkeys(FLIPS.values()) if flipped[kind]},
             "only_in_a": only_a, "only_in_b": len(b) - len(common)}
 

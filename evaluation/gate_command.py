@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from evaluation import manifest
-from evaluation.gate_fit import TooFewLabels, answered_signals, fit_gate, label_records
-from evaluation.judge import CORRECT, MISS, UNJUDGED, WRONG, ungated, withheld_answer
+from evaluation.gate_fit import TooFewLabels, fit_gate, label_records
+from evaluation.judge import CORRECT, MISS, UNJUDGED, WRONG
 from evaluation.metrics import Scores, intervals, paired_difference, risk_coverage
+from evaluation.record import records_of
 from evaluation.runner import load_predictions
 from models.gate.answer_gate import Gate, GateError, signal_setup
 from utils.cli import check_out_file
@@ -83,10 +84,10 @@ def gated_verdicts(gate: Gate, records: list[dict[str, Any]]) -> tuple[list[str]
     threshold becomes "i don't know" (a miss); records without signals keep their verdict. A run that had a gate
     is read without it first (its withheld answers' verdicts), so this gives that run's own gated verdicts."""
     before, after, withheld = [], [], 0
-    for record in map(ungated, records):
-        verdict = record.get("verdict")
+    for record in (r.without_gate() for r in records_of(records)):
+        verdict = record.verdict
         before.append(verdict)
-        signals = answered_signals(record)
+        signals = record.signals
         if verdict in (CORRECT, WRONG, UNJUDGED) and signals is not None and gate.p_correct(signals) < gate.threshold:
             after.append(MISS)
             withheld += 1
@@ -111,31 +112,32 @@ def evaluate(gate_file: Path, run: Path) -> str:
         f"gate - no gate: {_interval(result)}"])
 
 
-def gate_summary(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+def gate_summary(lines: list[dict[str, Any]]) -> dict[str, Any] | None:
     """report.json's `gate` (a run with an answer gate: the score without it, what it withheld, the paired
     difference) and `risk_coverage` (every run whose answers carry signals: the answers ordered by the run's gate,
     or without one by a gate fit on the run's own verdicts, in-sample); None where no record has signals."""
-    gated = [r["trace"]["gate"] for r in records if isinstance((r.get("trace") or {}).get("gate"), dict)]
+    records = records_of(lines)
+    gated = [r.gate for r in records if r.gate is not None]
     result: dict[str, Any] = {}
     if gated:
-        before, after = [ungated(r).get("verdict") for r in records], [r.get("verdict") for r in records]
+        before, after = [r.without_gate().verdict for r in records], [r.verdict for r in records]
         result["gate"] = {"threshold": gated[0]["threshold"], "scored": len(gated),
-                          "withheld": sum(withheld_answer(r) is not None for r in records),
+                          "withheld": sum(r.withheld is not None for r in records),
                           "ungated": {**Scores.of(before).as_dict(), "ci95": intervals(before)},
                           "paired_ci": paired_difference(before, after)}
-        p = {id(r): r["trace"]["gate"]["p_correct"] for r in records if (r.get("trace") or {}).get("gate")}
+        p = {id(r): r.gate["p_correct"] for r in records if r.gate}
         ordered_by = "the run's answer gate"
     else:
-        if not any(answered_signals(r) for r in records):
+        if not any(r.signals for r in records):
             return None
         try:  # the run's own verdicts, taken as they are, so the curve ends at the run's score
-            own = fit_gate(label_records(records, rules_wrong_is_wrong=True))
+            own = fit_gate(label_records(lines, rules_wrong_is_wrong=True))
         except TooFewLabels as err:
             return {"risk_coverage": {"ordered_by": None, "note": f"no curve: {err}"}}
-        p = {id(r): own.p_correct(answered_signals(r)) for r in records if answered_signals(r)}
+        p = {id(r): own.p_correct(r.signals) for r in records if r.signals}
         ordered_by = "a gate fit on this run's own verdicts (in-sample, so optimistic)"
-    scored = [(p[id(r)], ungated(r)["verdict"]) for r in records
-              if id(r) in p and ungated(r).get("verdict") in (CORRECT, WRONG)]
+    scored = [(p[id(r)], r.without_gate().verdict) for r in records
+              if id(r) in p and r.without_gate().verdict in (CORRECT, WRONG)]
     result["risk_coverage"] = {"ordered_by": ordered_by, "questions": len(records), "answers": len(scored),
                                "points": risk_coverage(scored, len(records))}
     return result

@@ -16,8 +16,9 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedGroupKFold, cross_val_predict, cross_val_score
 
-from evaluation.judge import CONTAINS, CORRECT, MISS, WRONG, Item, judge_by_rules, ungated
+from evaluation.judge import CONTAINS, CORRECT, MISS, WRONG, Item, judge_by_rules
 from evaluation.metrics import paired_difference
+from evaluation.record import records_of
 from models.gate.answer_gate import Gate, columns_for, raw_row
 from utils.errors import HarnessError
 
@@ -41,18 +42,11 @@ class Labelled:
     counts: Counter = field(default_factory=Counter)
 
 
-def answered_signals(record: dict[str, Any]) -> dict[str, Any] | None:
-    """The signals of a record's answer (the withheld one's where a gate withheld it), None where it has none."""
-    trace = record.get("trace") or {}
-    signals = trace.get("signals")
-    return signals if isinstance(signals, dict) and signals else None
-
-
 # Judges whose "wrong" is a reading of the answer, not only the absence of an exact match.
 LABELLERS = {"llm": "the LLM judge", "person": "a person", CONTAINS: "the containment judge"}
 
 
-def label_records(records: list[dict[str, Any]], rules_wrong_is_wrong: bool = False) -> Labelled:
+def label_records(lines: list[dict[str, Any]], rules_wrong_is_wrong: bool = False) -> Labelled:
     """The labelled records among judged ones. Labels come from an LLM judge, a person (`--judge person:FILE`) or
     the containment judge (`--judge contains`, which reads a sentence for the gold answer), or
     from what our rules decide (an exact or alternative match, the "invalid question" rules); an answer marked
@@ -60,15 +54,16 @@ def label_records(records: list[dict[str, Any]], rules_wrong_is_wrong: bool = Fa
     judge failed) is left out unless `rules_wrong_is_wrong` (data with short gold answers, where no match is a
     wrong answer)."""
     out = Labelled()
-    for record in map(ungated, records):  # a gated run's withheld answers teach as much as the others
-        verdict, by = record.get("verdict"), record.get("judged_by")
+    # a gated run's withheld answers teach as much as the others
+    for record in (r.without_gate() for r in records_of(lines)):
+        verdict, by = record.verdict, record.judged_by
         if verdict == MISS:
             out.counts["i don't know (nothing to gate)"] += 1
             continue
         if verdict not in (CORRECT, WRONG):
             out.counts["unjudged"] += 1
             continue
-        signals = answered_signals(record)
+        signals = record.signals
         if signals is None:
             out.counts["no signals (run before signals were recorded)"] += 1
             continue
@@ -76,9 +71,9 @@ def label_records(records: list[dict[str, Any]], rules_wrong_is_wrong: bool = Fa
             out.counts[f"labelled by {LABELLERS[by]}"] += 1
         elif verdict == CORRECT:
             out.counts["labelled correct by the rules"] += 1
-        elif by == "rules" and judge_by_rules(Item(str(record.get("query") or ""), str(record.get("answer") or ""),
-                                                   tuple(str(a) for a in record.get("alt_answers") or []),
-                                                   str(record.get("prediction") or ""))) == WRONG:
+        elif by == "rules" and judge_by_rules(Item(str(record.query or ""), str(record.answer or ""),
+                                                   tuple(str(a) for a in record.alt_answers or []),
+                                                   str(record.prediction or ""))) == WRONG:
             out.counts["labelled wrong by the rules"] += 1
         elif rules_wrong_is_wrong:
             out.counts["no exact match, taken as wrong (--rules-wrong-is-wrong)"] += 1
@@ -87,7 +82,7 @@ def label_records(records: list[dict[str, Any]], rules_wrong_is_wrong: bool = Fa
             continue
         out.signals.append(signals)
         out.correct.append(int(verdict == CORRECT))
-        out.questions.append(str(record.get("interaction_id")))
+        out.questions.append(str(record.interaction_id))
     return out
 
 

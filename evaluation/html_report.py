@@ -20,6 +20,7 @@ from typing import Any
 from evaluation.attribution import CLASSES, gold_answers, holds
 from evaluation.judge import contains_note
 from evaluation.metrics import MIN_FOR_INTERVAL
+from evaluation.record import Record, as_record, records_of
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 BREAKDOWNS = (("by_domain", "domain"), ("by_question_type", "question type"))
@@ -184,43 +185,44 @@ def _row(data: dict[str, str], cells: list[tuple[str, str]]) -> str:
             + "".join(f'<td class="{css}">{escape(text)}</td>' for css, text in cells) + "</tr>")
 
 
-def _golds(record: dict[str, Any]) -> list[str]:
+def _golds(record: Record) -> list[str]:
     """The gold answers as written, for the script's literal highlighting."""
-    return [str(a) for a in [record.get("answer"), *(record.get("alt_answers") or [])] if a]
+    return [str(a) for a in record.golds if a]
 
 
-def _facts(record: dict[str, Any]) -> list[list[Any]]:
-    facts = [["gold answer", record.get("answer"), True]]
-    if record.get("alt_answers"):
-        facts.append(["alternatives", "; ".join(map(str, record["alt_answers"])), True])
-    facts.append(["prediction", record.get("prediction"), True])
+def _facts(record: Record) -> list[list[Any]]:
+    facts = [["gold answer", record.answer, True]]
+    if record.alt_answers:
+        facts.append(["alternatives", "; ".join(map(str, record.alt_answers)), True])
+    facts.append(["prediction", record.prediction, True])
     return facts
 
 
-def record_panel(record: dict[str, Any]) -> dict[str, Any]:
+def record_panel(line: Record | dict[str, Any]) -> dict[str, Any]:
     """What the record panel of report.html shows for one question: the facts, then the references, KG and
     calculator lines (marked where they hold a gold answer), the KG calls, the stages, and the prompts if the
     run recorded them (--record-prompts)."""
-    trace = record.get("trace") or {}
+    record = as_record(line)
+    trace = record.trace or {}
     golds = gold_answers(record)
-    verdict = str(record.get("verdict") or "")
-    if record.get("judge_confidence") is not None:
-        verdict += f" (judge's P = {record['judge_confidence']:.2f})"
+    verdict = str(record.verdict or "")
+    if record.judge_confidence is not None:
+        verdict += f" (judge's P = {record.judge_confidence:.2f})"
     facts = _facts(record) + [
-        ["verdict", verdict, False], ["judged by", record.get("judged_by"), False],
-        ["judge's reason", record.get("judge_reason") or "", False],
-        ["organisers' verdict", record.get("organisers_verdict"), False],
-        ["lost at", record.get("attribution") or "", False],
-        ["pipeline's reason", trace.get("reason") or "", False],
-        ["domain / type / dynamism", f"{record.get('domain')} / {record.get('question_type')} / "
-                                     f"{record.get('static_or_dynamic')}", False],
+        ["verdict", verdict, False], ["judged by", record.judged_by, False],
+        ["judge's reason", record.judge_reason or "", False],
+        ["organisers' verdict", record.organisers_verdict, False],
+        ["lost at", record.attribution or "", False],
+        ["pipeline's reason", record.reason or "", False],
+        ["domain / type / dynamism", f"{record.domain} / {record.question_type} / {record.static_or_dynamic}",
+         False],
         ["predicted domain / dynamism", f"{(trace.get('predicted') or {}).get('domain')} / "
                                         f"{(trace.get('predicted') or {}).get('dynamism')}", False],
-        ["id", record.get("interaction_id"), False]]
-    if record.get("timed_out"):
+        ["id", record.interaction_id, False]]
+    if record.timed_out:
         facts.append(["timed out", "the batch ran over its time limit", False])
     sections: list[dict[str, Any]] = []
-    references = trace.get("references") or []
+    references = record.references
     if references:
         sections.append({"title": f"references that reached the prompt ({len(references)}, best first)",
                          "kind": "list", "items": [
@@ -251,11 +253,11 @@ def record_panel(record: dict[str, Any]) -> dict[str, Any]:
         replies = "\n---\n".join(map(str, prompt.get("replies") or []))
         sections.append({"title": f"prompt {prompt.get('prompt')} ({prompt.get('stage')})", "kind": "pre",
                          "text": f"{messages}\n\n[reply]\n{replies}"})
-    return {"id": str(record.get("interaction_id")), "title": record.get("query") or "", "golds": _golds(record),
+    return {"id": str(record.interaction_id), "title": record.query or "", "golds": _golds(record),
             "facts": [fact for fact in facts if fact[1] not in (None, "")], "sections": sections}
 
 
-def report_html(summary: dict[str, Any], records: list[dict[str, Any]], title: str) -> str:
+def report_html(summary: dict[str, Any], lines: list[dict[str, Any]], title: str) -> str:
     """The page of one run: the summary with intervals, charts by domain and question type, the attribution
     table, and every question in a table that filters and opens its record."""
     overall = summary["overall"]
@@ -270,13 +272,13 @@ def report_html(summary: dict[str, Any], records: list[dict[str, Any]], title: s
         cards.append(_card("organisers' score", f"{theirs['overall']['score']:+.3f}",
                            f"unjudged {_pct(theirs['overall']['unjudged'])}"))
     charts = "".join(score_chart(f"by {label}", summary[key]) for key, label in BREAKDOWNS if summary.get(key))
-    rows = [{"id": str(r.get("interaction_id")), "domain": str(r.get("domain") or ""),
-             "type": str(r.get("question_type") or ""), "verdict": str(r.get("verdict") or ""),
-             "attribution": str(r.get("attribution") or "")} for r in records]
+    records = records_of(lines)
+    rows = [{"id": str(r.interaction_id), "domain": str(r.domain or ""), "type": str(r.question_type or ""),
+             "verdict": str(r.verdict or ""), "attribution": str(r.attribution or "")} for r in records]
     table = "".join(_row(row, [("", row["domain"]), ("", row["type"]),
                                (f"verdict verdict-{row['verdict']}", row["verdict"]), ("", row["attribution"]),
-                               ("", str(r.get("query") or "")), ("", str(r.get("prediction"))),
-                               ("", str(r.get("answer") or ""))]) for row, r in zip(rows, records))
+                               ("", str(r.query or "")), ("", str(r.prediction)),
+                               ("", str(r.answer or ""))]) for row, r in zip(rows, records))
     confidence = summary.get("judge_confidence")
     body = [f"<header><h1>{escape(title)}</h1>",
             f'<p class="meta">{overall["total"]} questions · judge {escape(str(summary.get("judge", "rules")))} · '
@@ -325,13 +327,13 @@ def compare_html(result: dict[str, Any], name_a: str, name_b: str) -> str:
                     for data, (_, row) in zip(rows, flips))
     panels = []
     for data, (kind, row) in zip(rows, flips):
-        facts = _facts({**row, "prediction": None})[:-1] + [
+        facts = _facts(Record({**row, "prediction": None}))[:-1] + [
             ["A", row.get("a"), True], ["A's verdict", row["verdicts"][0], False],
             ["A's reason", (row.get("reasons") or ["", ""])[0] or "", False],
             ["B", row.get("b"), True], ["B's verdict", row["verdicts"][1], False],
             ["B's reason", (row.get("reasons") or ["", ""])[1] or "", False],
             ["flipped", kind, False], ["id", row["interaction_id"], False]]
-        panels.append({"id": data["id"], "title": row.get("query") or "", "golds": _golds(row), "facts": facts,
+        panels.append({"id": data["id"], "title": row.get("query") or "", "golds": _golds(Record(row)), "facts": facts,
                        "sections": []})
     body = (f"<header><h1>{escape(name_b)} against {escape(name_a)}</h1>"
             f'<p class="meta">A: {escape(name_a)} · B: {escape(name_b)} · {result["only_in_a"]} questions only in A, '

@@ -28,6 +28,7 @@ from loguru import logger
 from tqdm import tqdm
 
 from evaluation.containment import contains_gold
+from evaluation.record import Record
 from models.config import ConfigError, HFConfig, OpenAIConfig
 from models.llm.backend import LLM, GenParams, Probed, TopLogprobs, as_sample
 from models.prompting import Prompt, PromptLibrary
@@ -328,19 +329,6 @@ JUDGES.register_lazy("person", "evaluation.person_judge:PersonJudge")
 JUDGES.register("llm")(LLMJudge)
 
 
-def withheld_answer(record: dict[str, Any]) -> str | None:
-    """The answer the answer gate withheld from this record's prediction, None where it withheld none."""
-    gate = (record.get("trace") or {}).get("gate")
-    withheld = gate.get("withheld") if isinstance(gate, dict) else None
-    return withheld if isinstance(withheld, str) else None
-
-
-def ungated(record: dict[str, Any]) -> dict[str, Any]:
-    """The record as it would be without the answer gate: the withheld answer as its prediction, with its verdicts
-    (`ungated`, written by judge_records); the record itself where the gate withheld nothing."""
-    return {**record, **record["ungated"]} if withheld_answer(record) is not None and record.get("ungated") else record
-
-
 def judge_records(records: list[dict[str, Any]], llm_judge: Judge | None) -> None:
     """Set on every record: "verdict" and "judged_by" ("rules", "llm", "person", "contains", "rules-fallback" or
     "none"), with "judge_reason" where the judge gave one and "judge_confidence" (the probability the judge gave its
@@ -351,7 +339,7 @@ def judge_records(records: list[dict[str, Any]], llm_judge: Judge | None) -> Non
     shadows = []
     for record in records:
         record.pop("ungated", None)
-        if (withheld := withheld_answer(record)) is not None:
+        if (withheld := Record(record).withheld) is not None:
             shadows.append((record, {key: record.get(key) for key in ("query", "answer", "alt_answers")}
                             | {"prediction": withheld}))
     _judge([*records, *(shadow for _, shadow in shadows)], llm_judge)

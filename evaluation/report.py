@@ -12,16 +12,17 @@ from evaluation.gate_command import format_gate, gate_summary
 from evaluation.html_report import report_html, write_html
 from evaluation.judge import MISS, UNCERTAIN, contains_note
 from evaluation.metrics import MIN_FOR_INTERVAL, RESAMPLES, Scores, intervals, latency
+from evaluation.record import Record, records_of
 
 BREAKDOWNS = ("domain", "question_type", "static_or_dynamic", "popularity")
 
 
-def _by_breakdown(records: list[dict[str, Any]], verdict_key: str) -> dict[str, Any]:
+def _by_breakdown(records: list[Record], verdict_key: str) -> dict[str, Any]:
     """Scores of the records' `verdict_key` overall and by each breakdown that some record has."""
     groups: dict[str, dict[str, list[str]]] = {key: defaultdict(list) for key in BREAKDOWNS}
     for record in records:
         for key, buckets in groups.items():
-            if record.get(key) not in (None, ""):
+            if record[key] not in (None, ""):
                 buckets[str(record[key])].append(record[verdict_key])
     def scored(verdicts: list[str]) -> dict[str, Any]:
         return {**Scores.of(verdicts).as_dict(), "ci95": intervals(verdicts)}
@@ -31,7 +32,7 @@ def _by_breakdown(records: list[dict[str, Any]], verdict_key: str) -> dict[str, 
                for key, buckets in groups.items() if buckets}}
 
 
-def score_records(records: list[dict[str, Any]]) -> dict[str, Any]:
+def score_records(lines: list[dict[str, Any]]) -> dict[str, Any]:
     """Scores of judged records (each has "verdict"), by breakdown; latency per query and per stage.
 
     A breakdown whose field no record has (popularity outside Task 1/2 data) is left out. Records judged by
@@ -40,39 +41,39 @@ def score_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     answer gate, the scores are the gated ones and `gate` holds the ungated score and the paired difference;
     records with confidence signals get a `risk_coverage` curve (evaluation/gate_command.py).
     """
+    records = records_of(lines)
     per_query: list[float] = []
     per_stage: dict[str, list[float]] = defaultdict(list)
     steps: dict[str, list[int]] = defaultdict(list)  # multi-hop strategies: LLM steps per query, by question type
     routes: Counter = Counter()
     for record in records:
-        trace = record.get("trace") or {}
-        if trace.get("route"):
-            routes[trace["route"]] += 1
-            steps[str(record.get("question_type") or "unknown")].append(int(trace.get("steps") or 0))
-        size = max(int(record.get("batch_size") or 1), 1)
-        if isinstance(record.get("batch_seconds"), (int, float)):
-            per_query.append(record["batch_seconds"] / size)
-        for stage in (record.get("trace") or {}).get("stages", []):
+        if record.route:
+            routes[record.route] += 1
+            steps[str(record.question_type or "unknown")].append(record.llm_steps)
+        size = max(int(record.batch_size or 1), 1)
+        if isinstance(record.batch_seconds, (int, float)):
+            per_query.append(record.batch_seconds / size)
+        for stage in record.stages:
             if stage.get("status") == "ok":
                 per_stage[stage["stage"]].append(float(stage.get("seconds", 0.0)) / size)
-    organisers = records and all("organisers_verdict" in r for r in records)
-    confidences = [r["judge_confidence"] for r in records if isinstance(r.get("judge_confidence"), float)]
+    organisers = records and all(r.has("organisers_verdict") for r in records)
+    confidences = [r.judge_confidence for r in records if isinstance(r.judge_confidence, float)]
     # Why the pipeline said "i don't know": a backend or a stage that started failing mid-run shows up here.
-    declined = Counter(_reason(r) for r in records if r.get("verdict") == MISS)
-    attributed = any(r.get("attribution") for r in records)
+    declined = Counter(_reason(r) for r in records if r.verdict == MISS)
+    attributed = any(r.attribution for r in records)
     return {
         **_by_breakdown(records, "verdict"),
-        "judged_by": dict(Counter(r.get("judged_by", "rules") for r in records)),
+        "judged_by": dict(Counter(r.judged_by if r.has("judged_by") else "rules" for r in records)),
         **({"organisers": {**_by_breakdown(records, "organisers_verdict"),
-                           "judged_by": dict(Counter(r["organisers_judged_by"] for r in records))}}
+                           "judged_by": dict(Counter(r.organisers_judged_by for r in records))}}
            if organisers else {}),
-        **({"attribution": attribution_table(records)} if attributed else {}),
+        **({"attribution": attribution_table(lines)} if attributed else {}),
         **({"judge_confidence": {"verdicts": len(confidences), "uncertain": sum(c < UNCERTAIN for c in confidences),
                                  "below": UNCERTAIN}} if confidences else {}),
         **({"idk_reasons": dict(declined.most_common())} if declined else {}),
-        **(gate_summary(records) or {}),
-        "cut_by_grader": sum(bool(r.get("cut_by_grader")) for r in records),
-        "timed_out": sum(bool(r.get("timed_out")) for r in records),
+        **(gate_summary(lines) or {}),
+        "cut_by_grader": sum(bool(r.cut_by_grader) for r in records),
+        "timed_out": sum(bool(r.timed_out) for r in records),
         "latency_s": {"per_query": latency(per_query), "per_stage": {k: latency(v) for k, v in per_stage.items()}},
         **({"routes": dict(routes), "steps_by_question_type": {
             k: {"queries": len(v), "mean": sum(v) / len(v), "max": max(v)} for k, v in sorted(steps.items())}}
@@ -100,12 +101,12 @@ def interval(scores: dict[str, Any]) -> str:
     return f"[{ci['score'][0]:+.2f}, {ci['score'][1]:+.2f}]" if ci else f"n<{MIN_FOR_INTERVAL}"
 
 
-def _reason(record: dict[str, Any]) -> str:
+def _reason(record: Record) -> str:
     """The pipeline's reason for an "i don't know", without the query-specific detail after a colon's second
     part (so that "reasoning failed: ValueError: ..." groups by stage and error type)."""
-    if record.get("timed_out"):
+    if record.timed_out:
         return "the batch ran over its time limit"
-    reason = str((record.get("trace") or {}).get("reason") or "no reason recorded")
+    reason = str(record.reason or "no reason recorded")
     return ":".join(reason.split(":")[:2]).strip()
 
 
