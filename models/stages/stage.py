@@ -94,32 +94,46 @@ class StageRegistry(Registry[Stage]):
         def check(cls: type[Stage]) -> type[Stage]:
             if not (isinstance(cls, type) and issubclass(cls, Stage)):
                 return add(cls)  # refused there, with the base class named
-            owner = cls.__module__
+            tables = (STAGE_SECTIONS, ADDED_FIELDS, RESOURCES)
+            saved = [dict(table) for table in tables]
             try:
-                if cls.settings is not None:
-                    add_section(name, cls.settings, owner)
-                    cls.sections = (name, *(s for s in cls.sections if s != name))
-                for field_name, spec in cls.fields.items():
-                    add_field(field_name, spec, owner)
-                for resource_name, resource in cls.resources.items():
-                    add_resource(resource_name, resource, owner)
-            except ValueError as err:
-                raise RegistryError(f"stage {name!r}: {err}") from err
-            unknown = (set(cls.reads) | set(cls.writes)) - QUERY_STATE_FIELDS - set(ADDED_FIELDS)
-            if unknown:
-                raise RegistryError(f"stage {name!r}: reads/writes name no QueryState field: {sorted(unknown)}")
-            if unknown := set(cls.needs) - set(RESOURCES):
-                raise RegistryError(f"stage {name!r}: needs unknown resources {sorted(unknown)}; known: "
-                                    f"{', '.join(RESOURCES)}")
-            if unknown := set(cls.sections) - {f.name for f in dataclasses.fields(SystemConfig)} - set(STAGE_SECTIONS):
-                raise RegistryError(f"stage {name!r}: no config section {sorted(unknown)}")
+                _declare(name, cls)
+                registered = add(cls)
+            except ValueError:  # nothing of a refused stage stays registered
+                for table, before in zip(tables, saved):
+                    table.clear()
+                    table.update(before)
+                raise
             cls.name = name
-            return add(cls)
+            return registered
 
         return check
 
 
 STAGES = StageRegistry("stage", Stage)
+
+
+def _declare(name: str, cls: type[Stage]) -> None:
+    """Register what stage `name` adds (its settings section, fields and resources) and check that what it reads,
+    writes, needs and is configured by is declared somewhere; RegistryError naming the stage where not."""
+    owner = cls.__module__
+    try:
+        if cls.settings is not None:
+            add_section(name, cls.settings, owner)
+            cls.sections = (name, *(s for s in cls.sections if s != name))
+        for field_name, spec in cls.fields.items():
+            add_field(field_name, spec, owner)
+        for resource_name, resource in cls.resources.items():
+            add_resource(resource_name, resource, owner)
+    except ValueError as err:
+        raise RegistryError(f"stage {name!r}: {err}") from err
+    if unknown := (set(cls.reads) | set(cls.writes)) - QUERY_STATE_FIELDS - set(ADDED_FIELDS):
+        raise RegistryError(f"stage {name!r}: reads/writes name no QueryState field: {sorted(unknown)}")
+    if unknown := set(cls.needs) - set(RESOURCES):
+        raise RegistryError(f"stage {name!r}: needs unknown resources {sorted(unknown)}; known: "
+                            f"{', '.join(RESOURCES)}")
+    if unknown := set(cls.sections) - {f.name for f in dataclasses.fields(SystemConfig)} - set(STAGE_SECTIONS):
+        raise RegistryError(f"stage {name!r}: no config section {sorted(unknown)}")
 
 
 def check_flow(stages: Iterable[Stage | type[Stage]]) -> None:

@@ -201,6 +201,11 @@ def test_what_a_stage_adds_is_refused_where_it_clashes_or_names_nothing(registri
         STAGES.register("adds_index")(stage(resources={"index": Resource(lambda *a: None, depends=("gpu",))}))
     with pytest.raises(RegistryError, match="resource 'llm' is already declared by models.resources"):
         STAGES.register("adds_llm")(stage(resources={"llm": Resource(lambda *a: None)}))
+    with pytest.raises(RegistryError, match="needs unknown resources \\['gpu'\\]"):  # after its settings registered
+        STAGES.register("half_added")(stage(settings=Settings, needs=frozenset({"gpu"})))
+    from models.config import STAGE_SECTIONS
+
+    assert "half_added" not in STAGE_SECTIONS and "half_added" not in STAGES  # a refused stage leaves nothing
 
 
 def test_resources_are_built_after_what_they_depend_on_in_registration_order():
