@@ -5,13 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from evaluation.choices import JudgeChoice
-from evaluation.data import (
-    DataError,
-)
+from evaluation.data import DataError
 from evaluation.judge import build_judge
-from models.config import (
-    ConfigError,
-)
+from models.config import ConfigError
 
 
 def calibrate(judge: JudgeChoice, calibration_sets: list[Path] | None = None) -> int:

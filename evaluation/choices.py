@@ -11,11 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evaluation.data import (
-    QUESTION_TYPES,
-    Selection,
-    parse_choices,
-)
+from evaluation.data import QUESTION_TYPES, Selection, parse_choices
 from evaluation.judge import CONTAINS
 from models.config import (
     DOMAINS,

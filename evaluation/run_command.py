@@ -13,20 +13,13 @@ from pathlib import Path
 
 from evaluation import manifest
 from evaluation.choices import Answering, RunFolder
-from evaluation.data import (
-    ReadStats,
-    Selection,
-    count_examples,
-    read_examples,
-)
+from evaluation.data import ReadStats, Selection, count_examples, read_examples
 from evaluation.kg_fixture.launch import fixture_kg
 from evaluation.llm_server import llm_for_run
 from evaluation.runner import EvaluationError, run_model
 from evaluation.session import conclude, prepare
 from evaluation.worker import ModelWorker
-from models.config import (
-    SystemConfig,
-)
+from models.config import SystemConfig
 from utils.trees import differences
 
 TASK3_PAGES = 50  # Task 3 gives 50 pages a question, Tasks 1 and 2 give 5
