@@ -105,6 +105,8 @@ class StageRegistry(Registry[Stage]):
                     table.update(before)
                 raise
             cls.name = name
+            if cls.settings is not None:  # its own section is ctx.settings
+                cls.sections = (name, *(s for s in cls.sections if s != name))
             return registered
 
         return check
@@ -120,7 +122,6 @@ def _declare(name: str, cls: type[Stage]) -> None:
     try:
         if cls.settings is not None:
             add_section(name, cls.settings, owner)
-            cls.sections = (name, *(s for s in cls.sections if s != name))
         for field_name, spec in cls.fields.items():
             add_field(field_name, spec, owner)
         for resource_name, resource in cls.resources.items():
