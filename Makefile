@@ -98,6 +98,9 @@ test-vllm: $(STAMP) $(QSTAMP) $(VSTAMP)
 	$(PY) tools/quantize.py gguf --out $(VLLM_RUNS)/smollm2 --dtype float32 --force
 	$(QPY) tools/quantize.py rtn --model $(VLLM_RUNS)/smollm2 --group-size 64 --dtype bfloat16 --device cpu \
 		--out $(VLLM_RUNS)/smollm2-w4a16 --force
+	rm -rf $(VLLM_RUNS)/smollm2-tuned
+	$(PY) tools/finetune.py train --data tests/vllm/finetune_data --model $(VLLM_RUNS)/smollm2 --max-steps 2 \
+		--batch-size 2 --learning-rate 1e-3 --no-bf16 --max-length 256 --out $(VLLM_RUNS)/smollm2-tuned
 	cd tests/vllm && VLLM_CPU_KVCACHE_SPACE=1 ../../$(VPY) -m pytest
 
 eval: $(STAMP) $(VSTAMP)

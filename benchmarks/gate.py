@@ -25,45 +25,20 @@ ranks by one signal, or by a logistic regression fit and scored on the same answ
     .venv/bin/python -m benchmarks.gate --out data/gates/cpu.json      # also write the gate (`make gate`)
     .venv/bin/python -m benchmarks.gate --runs runs/gate --reuse       # judge again, fit on the runs kept there
     .venv/bin/python -m benchmarks.gate --runs runs/gate --reuse --ceiling   # and the in-sample ceiling
+    .venv/bin/python -m benchmarks.gate --runs runs/gate --record-prompts    # runs kept as training data
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from evaluation.choices import Answering, ConfigChoice, JudgeChoice, RunFolder
-from evaluation.rejudge_command import rejudge
-from evaluation.run_command import run as run_command
+from evaluation.gate_sets import SETS, answer_set
 from models.config import REPO_ROOT
 from utils.cli import command
-
-SETS = {"gate-dev": REPO_ROOT / "data" / "gate_dev.jsonl",
-        "gate-kg": REPO_ROOT / "benchmarks" / "kg_reach" / "questions.jsonl"}
-VERDICTS = REPO_ROOT / "data" / "gate_dev" / "verdicts.jsonl"
-# A prediction the person has not judged is left out of the fit, not an error of the run.
-SERVED = REPO_ROOT / "configs" / "overlays" / "vllm-cpu.yaml"
-UNGATED = ConfigChoice(REPO_ROOT / "configs" / "cpu.yaml", overlays=(SERVED,), sets=("answer.gate=null",))
-ANSWERING = Answering(restart=True, serve_kg=True, log_level="ERROR", serve_llm=True)
-
-
-def run(data: Path, out: Path, judge: str = f"person:{VERDICTS}", answer: bool = True) -> float:
-    """Seconds of one ungated `local_evaluation.py` run of `data` into `out` (its report is not shown), or of its
-    rejudging by `judge` when not `answer`; a failed run is an error."""
-    folder = RunFolder(data, UNGATED, out, judge=JudgeChoice(judge), max_unjudged=10 ** 9)
-    started = time.perf_counter()
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        code = run_command(folder, ANSWERING) if answer else rejudge(folder)
-    if code != 0:
-        raise SystemExit(f"error: the run of {data} into {out} exited {code}:\n{printed.getvalue()[-2000:]}")
-    return time.perf_counter() - started
 
 
 def _ci(found: dict) -> str:
@@ -139,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=Path, default=None, help="keep the run folders here (default: a temp folder)")
     parser.add_argument("--reuse", action="store_true", help="judge again (the verdicts file may have grown) and fit "
                         "on the run folders already in --runs")
+    parser.add_argument("--record-prompts", action="store_true", help="the runs keep every conversation the stages "
+                        "sent (training data for tools/finetune.py data; keep them with --runs)")
     parser.add_argument("--ceiling", action="store_true", help="also print each signal's AUROC and the most a gate "
                         "ranking by it, or by an in-sample fit, could answer with its interval above 0")
     args = parser.parse_args(argv)
@@ -155,9 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         folders = [root / name for name in SETS]
         for (name, data), folder in zip(SETS.items(), folders):
             if args.reuse:  # judged again: verdicts may have been added since the run
-                run(data, folder, answer=False)
+                answer_set(data, folder, answer=False)
             else:
-                seconds = run(data, folder)
+                seconds = answer_set(data, folder, record_prompts=args.record_prompts)
                 print(f"{name}: {data.relative_to(REPO_ROOT)} answered in {seconds:.0f} s into {folder}")
         out = args.out or Path(scratch) / "gate.json"
         try:
@@ -180,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         contains = [Path(scratch) / f"contains-{folder.name}" for folder in folders]
         for data, folder, copy in zip(SETS.values(), folders, contains):
             shutil.copytree(folder, copy)
-            run(data, copy, judge="contains", answer=False)
+            answer_set(data, copy, judge="contains", answer=False)
         try:
             fit(contains, Path(scratch) / "gate-contains.json")
         except TooFewLabels as err:

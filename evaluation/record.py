@@ -43,6 +43,7 @@ class Record:
     # the example's fields (the runner copies them: evaluation/runner.py RECORD_FIELDS)
     interaction_id: Key[str] = Key()
     query: Key[str] = Key()
+    query_time: Key[str] = Key()
     answer: Key[str] = Key()
     alt_answers: Key[list[str]] = Key()
     domain: Key[str] = Key()

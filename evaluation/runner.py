@@ -22,8 +22,8 @@ from utils.errors import HarnessError
 from utils.time_budget import Deadline
 
 LOOK_S = 0.5  # how often a running batch's deadline is looked at
-RECORD_FIELDS = ("interaction_id", "query", "answer", "alt_answers", "domain", "question_type", "static_or_dynamic",
-                 "popularity", "split")
+RECORD_FIELDS = ("interaction_id", "query", "query_time", "answer", "alt_answers", "domain", "question_type",
+                 "static_or_dynamic", "popularity", "split")
 
 
 class EvaluationError(HarnessError, RuntimeError):

@@ -147,8 +147,9 @@ class QueryState:
         record = {"interaction_id": self.interaction_id, "reason": self.done_reason,
                   "stages": [dataclasses.asdict(r) for r in self.trace],
                   "predicted": {"domain": self.domain, "dynamism": self.dynamism},
-                  "references": [{"page": r.page_name, "url": r.page_url, "kind": r.kind, "score": round(r.score, 4),
-                                  "relevance": r.relevance, "text": r.text} for r in self.references],
+                  "references": [{"page": r.page_name, "url": r.page_url, "updated": r.page_last_modified,
+                                  "kind": r.kind, "score": round(r.score, 4), "relevance": r.relevance,
+                                  "text": r.text} for r in self.references],
                   "kg_calls": self.kg_calls, "kg_results": self.kg_results, "calculations": self.calculations,
                   "knowledge": self.knowledge, "route": self.route, "steps": self.steps,
                   "sub_queries": self.sub_queries, "signals": self.signals}

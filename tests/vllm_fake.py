@@ -32,6 +32,7 @@ The model is scripted: child `index` repeats one word (`WORDS[index]`, token id 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import sys
@@ -53,6 +54,20 @@ class RequestOutputKind(enum.Enum):
     CUMULATIVE = 0
     DELTA = 1
     FINAL_ONLY = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class LoRARequest:
+    """vllm/lora/request.py LoRARequest: a name, an id above 0 and a path that is not empty (its __post_init__)."""
+
+    lora_name: str
+    lora_int_id: int
+    lora_path: str = ""
+
+    def __post_init__(self) -> None:
+        if self.lora_int_id < 1:
+            raise ValueError(f"id must be > 0, got {self.lora_int_id}")
+        assert self.lora_path, "lora_path cannot be empty"
 
 
 class SamplingParams:
@@ -185,6 +200,7 @@ class FakeLLMEngine:
         self.words, self.on_step = words, on_step
         self.engine_args: dict = {}  # what vllm.LLM(...) was given (FakeLLM sets it)
         self.added: list[tuple] = []  # (request_id, prompt, params.kwargs) per add_request
+        self.loras: list = []  # the lora_request of each add_request
         self.aborted: list[str] = []  # the ids abort_request was given
         self.steps = 0
         self.engine_core = FakeEngineCore()
@@ -225,9 +241,12 @@ class FakeLLMEngine:
         if length >= limit:
             raise ValueError(f"The decoder prompt (length {length}) is longer than the maximum model length of "
                              f"{limit}. Make sure that `max_model_len` is no smaller than the number of text tokens.")
+        if lora_request is not None and not self.engine_args.get("enable_lora"):  # input_processor.py _validate_lora
+            raise ValueError(f"Got lora_request {lora_request} but LoRA is not enabled!")
         if request_id in self._running or request_id in self._parents:
             raise ValueError(f"Request id {request_id} already running.")
         self.added.append((request_id, prompt, params.kwargs))
+        self.loras.append(lora_request)
         if params.n == 1:
             self._running[request_id] = _Child(request_id, 0, params, None, self.words)
             return
@@ -367,4 +386,6 @@ def install(monkeypatch, engine: FakeLLMEngine | None = None) -> dict:
 
     module = types.SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams, RequestOutputKind=RequestOutputKind)
     monkeypatch.setitem(sys.modules, "vllm", module)
+    monkeypatch.setitem(sys.modules, "vllm.lora", types.SimpleNamespace())
+    monkeypatch.setitem(sys.modules, "vllm.lora.request", types.SimpleNamespace(LoRARequest=LoRARequest))
     return built

@@ -424,10 +424,39 @@ def check_prompt_embeds(repo: Path, config: Any) -> Check | None:
                                             "memory in the driver process")
 
 
+def check_finetuned(repo: Path, config: Any) -> Check | None:
+    """What tools/finetune.py wrote, where the config names it: a LoRA adapter (llm.vllm.lora) with its
+    adapter_config.json and weights, on an unquantized base; a merged folder (merged_from.json), by the base and
+    adapter it was merged from (vllm backend only)."""
+    if config.llm.backend != "vllm":
+        return None
+    settings = config.llm.vllm
+    merged = _resolve(repo, settings.model) / "merged_from.json"
+    if settings.lora:
+        adapter = _resolve(repo, settings.lora)
+        try:
+            rank = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))["r"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return Check("fine-tuned", False, f"llm.vllm.lora {settings.lora}: no adapter_config.json with a rank; "
+                                              "give the adapter/ folder of `tools/finetune.py train`")
+        if not any(adapter.glob("adapter_model.*")):
+            return Check("fine-tuned", False, f"llm.vllm.lora {settings.lora}: no adapter_model.safetensors")
+        method = folder_quantization(model_config(_resolve(repo, settings.model)) or {})["method"]
+        if method is not None:
+            return Check("fine-tuned", True, f"LoRA rank {rank} on a {method} base: merge it into the fp16 base and "
+                                             "quantize the merged folder instead (docs/how-to/fine-tune.md)", warn=True)
+        return Check("fine-tuned", True, f"LoRA adapter {settings.lora}, rank {rank}, applied by the engine")
+    if merged.is_file():
+        origin = json.loads(merged.read_text(encoding="utf-8"))
+        return Check("fine-tuned", True, f"{settings.model}: merged from base {origin['base_weights_sha256'][:12]} "
+                                         f"and adapter {origin['adapter_weights_sha256'][:12]}")
+    return None
+
+
 def gpu_checks(repo: Path, config: Any) -> list[Check]:
     """The checks of a GPU submission that need the config (those that do not apply are left out)."""
     checks = [check_gpus(repo, config), check_quantization(repo, config), check_memory(repo, config),
-              check_prompt_embeds(repo, config)]
+              check_prompt_embeds(repo, config), check_finetuned(repo, config)]
     return [c for c in checks if c is not None]
 
 

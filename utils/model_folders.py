@@ -6,6 +6,7 @@ Standard library only: tools/quantize.py calls it from .venv-quantize, which doe
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -36,3 +37,26 @@ def portable_tokenizer(folder: str | Path) -> str | None:
     os.chmod(staging, path.stat().st_mode & 0o777)
     os.replace(staging, path)
     return old
+
+
+# The files that hold a model's or an adapter's weights and shape; tokenizer and generation files do not change what
+# the weights compute.
+WEIGHT_FILES = ("config.json", "adapter_config.json")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
+
+
+def weights_hash(folder: str | Path) -> str:
+    """sha256 over the names and contents of `folder`'s weight files (config.json, adapter_config.json and every
+    .safetensors, .bin or .gguf), sorted by name: what a gate or a training manifest names the weights by."""
+    folder = Path(folder)
+    files = sorted(p for p in folder.iterdir() if p.is_file() and (p.name in WEIGHT_FILES
+                                                                    or p.suffix in WEIGHT_SUFFIXES))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no weight files (config.json, *.safetensors)")
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode("utf-8") + b"\0")
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()

@@ -9,6 +9,7 @@ the fit's mean (0 once standardised) and sets its missing column, at fit time an
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -21,6 +22,7 @@ from models.config import ConfigError, SystemConfig, resolve_path
 from models.prompting import PromptLibrary
 from models.state import Signal
 from utils.errors import HarnessError
+from utils.model_folders import weights_hash
 from utils.trees import differences
 
 FORMAT = "crag-answer-gate/1"
@@ -54,8 +56,34 @@ def signal_setup(config: dict[str, Any], prompt_hashes: dict[str, str]) -> dict[
     model = {"backend": backend, "model": chosen.get("model")}
     if backend == "hf":
         model["dtype"] = chosen.get("dtype")
+    model.update(weights_of(llm))
     return {"llm": model, "reasoning": config.get("reasoning"),
             "prompts": {name: prompt_hashes.get(name) for name in SIGNAL_PROMPTS}}
+
+
+def weights_of(llm: dict[str, Any]) -> dict[str, str]:
+    """The content hashes of the weights a config names beyond the embedded default, so that a gate fit on a base
+    model is refused for its fine-tuned folder served under the same name: `weights` for llm.hf.model (what the hf
+    backend loads and --serve-llm serves to the openai backend), `lora` for llm.vllm.lora. Nothing for the embedded
+    model (llm.hf.model null)."""
+    found = {}
+    backend = llm.get("backend")
+    folder = (llm.get("hf") or {}).get("model")
+    if backend in ("hf", "openai") and folder:
+        found["weights"] = _content_hash(folder)
+    adapter = (llm.get("vllm") or {}).get("lora")
+    if backend == "vllm" and adapter:
+        found["lora"] = _content_hash(adapter)
+    return found
+
+
+def _content_hash(name: str) -> str:
+    path = resolve_path(name)
+    if path.is_dir():
+        return weights_hash(path)
+    if path.is_file():  # a .gguf file
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    return f"missing: {name}"
 
 
 def columns_for(examples: list[dict[str, Signal]]) -> list[Column]:

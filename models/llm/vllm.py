@@ -75,13 +75,34 @@ def embeds_prompt(tokenizer, table: torch.Tensor, conversation: Conversation, ro
     return {"prompt_embeds": embeds}
 
 
+# The LoRA ranks the pinned release takes (vllm/config/lora.py MaxLoRARanks).
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def lora_rank(adapter: str | Path) -> int:
+    """The smallest rank the engine takes that holds the adapter's (its adapter_config.json `r`)."""
+    path = Path(adapter) / "adapter_config.json"
+    try:
+        rank = int(json.loads(path.read_text(encoding="utf-8"))["r"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise BackendUnavailable(f"llm.vllm.lora {adapter}: no readable adapter_config.json with a rank `r` ({err}); "
+                                 "give the adapter/ folder tools/finetune.py train writes") from None
+    fitting = [r for r in LORA_RANKS if r >= rank]
+    if not fitting:
+        raise BackendUnavailable(f"llm.vllm.lora {adapter}: rank {rank} is over the engine's {LORA_RANKS[-1]}")
+    return fitting[0]
+
+
 def engine_kwargs(config: VLLMConfig) -> dict:
     """The keywords VLLMBackend gives `vllm.LLM` (which passes them on to the release's EngineArgs)."""
-    return {"model": config.model, "tensor_parallel_size": config.tensor_parallel_size,
-            "quantization": config.quantization, "dtype": config.dtype, "max_model_len": config.max_model_len,
-            "gpu_memory_utilization": config.gpu_memory_utilization, "enforce_eager": config.enforce_eager,
-            "seed": config.seed, "kv_cache_dtype": config.kv_cache_dtype,
-            "enable_prompt_embeds": config.enable_prompt_embeds}
+    kwargs = {"model": config.model, "tensor_parallel_size": config.tensor_parallel_size,
+              "quantization": config.quantization, "dtype": config.dtype, "max_model_len": config.max_model_len,
+              "gpu_memory_utilization": config.gpu_memory_utilization, "enforce_eager": config.enforce_eager,
+              "seed": config.seed, "kv_cache_dtype": config.kv_cache_dtype,
+              "enable_prompt_embeds": config.enable_prompt_embeds}
+    if config.lora:
+        kwargs.update(enable_lora=True, max_lora_rank=lora_rank(config.lora), max_loras=1)
+    return kwargs
 
 
 class VLLMBackend:
@@ -98,6 +119,11 @@ class VLLMBackend:
         # Read before the engine starts, so that a folder without it fails before minutes of loading.
         self._table = load_input_embeddings(config.model, config.dtype) if config.enable_prompt_embeds else None
         self.engine = vllm.LLM(**engine_kwargs(config))
+        self._lora = None
+        if config.lora:
+            from vllm.lora.request import LoRARequest
+
+            self._lora = LoRARequest("adapter", 1, str(config.lora))
         self._requests = itertools.count()  # request ids, unique for the engine's life
         self.closed = False
         # The engine core is a child process: it is stopped while the interpreter is whole (atexit hooks run before
@@ -188,7 +214,7 @@ class VLLMBackend:
         for prompt in prompts:
             request_id = f"crag-{next(self._requests)}"
             try:
-                engine.add_request(request_id, prompt, sampling)
+                engine.add_request(request_id, prompt, sampling, lora_request=self._lora)
             except ValueError as err:
                 logger.warning("vllm refused prompt {}: {}", request_id, " ".join(str(err).split())[:200])
                 request_id = None

@@ -20,6 +20,7 @@ from models.config import REPO_ROOT, load_config
 from tests.conftest import write_config
 from tools.check_submission import (
     VLLM_WHEEL_CUDA,
+    check_finetuned,
     check_gpus,
     check_image,
     check_memory,
@@ -251,6 +252,28 @@ def test_the_config_s_quantization_must_match_the_folder(tmp_path, quantization,
     row = check_quantization(tmp_path, t4_config(model, f"llm.vllm.quantization={quantization or 'null'}"))
     assert ("FAIL" if not row.ok else "WARN" if row.warn else "PASS") == verdict and words in row.detail, row
     assert check_quantization(tmp_path, t4_config("models/weights/absent")).warn  # no config.json: not checked
+
+
+def test_a_fine_tuned_model_is_known_by_its_adapter_or_its_merge(tmp_path):
+    base = fake_folder(tmp_path, "llama", LLAMA3_70B)
+    quantized = fake_folder(tmp_path, "llama-w4a16", LLAMA3_70B, W4A16)
+    adapter = tmp_path / "models" / "weights" / "adapter"
+    adapter.mkdir()
+    row = check_finetuned(tmp_path, t4_config(base, f"llm.vllm.lora={adapter}"))
+    assert not row.ok and "no adapter_config.json" in row.detail
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 16}))
+    assert "no adapter_model.safetensors" in check_finetuned(tmp_path, t4_config(base, f"llm.vllm.lora={adapter}")
+                                                             ).detail
+    (adapter / "adapter_model.safetensors").write_bytes(b"")
+    row = check_finetuned(tmp_path, t4_config(base, f"llm.vllm.lora={adapter}"))
+    assert row.ok and not row.warn and "rank 16, applied by the engine" in row.detail
+    row = check_finetuned(tmp_path, t4_config(quantized, f"llm.vllm.lora={adapter}"))
+    assert row.warn and "merge it into the fp16 base and quantize the merged folder" in row.detail
+    assert check_finetuned(tmp_path, t4_config(base)) is None
+    (tmp_path / base / "merged_from.json").write_text(json.dumps({"base_weights_sha256": "a" * 64,
+                                                                  "adapter_weights_sha256": "b" * 64}))
+    row = check_finetuned(tmp_path, t4_config(base))
+    assert row.ok and "merged from base aaaaaaaaaaaa and adapter bbbbbbbbbbbb" in row.detail
 
 
 def test_the_memory_plan_of_the_t4_config_from_config_json(tmp_path):

@@ -16,6 +16,7 @@ from models.system import CragSystem
 from tests.conftest import SAMPLE, to_batch
 from tests.fakes import HashEmbedder, ScriptedLLM
 from utils.answers import IDK
+from utils.model_folders import weights_hash
 
 TRUE_THRESHOLD = -0.9  # answers whose line's mean log-probability is above this are right, the rest wrong
 
@@ -258,6 +259,24 @@ def test_a_gate_of_another_setup_is_refused_before_anything_loads(cpu_config, tm
     with pytest.raises(ConfigError, match="answer.gate: .*missing.json: not a readable gate file"):
         CragSystem(cpu_config)
     assert built == []
+
+
+def test_a_gate_fit_on_the_base_is_refused_for_its_fine_tuned_folder(cpu_config, tmp_path):
+    """Served under the same name, a tuned model differs only in its weights: the gate names them by content."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"base")
+    cpu_config.answer.gate = str(tmp_path / "gate.json")
+    cpu_config.llm.hf.model = str(folder)
+    number_gate(cpu_config, tmp_path / "gate.json")
+    assert Gate.load(tmp_path / "gate.json").fit_on["setup"]["llm"]["weights"] == weights_hash(folder)
+    (folder / "model.safetensors").write_bytes(b"tuned")  # the same folder name, other weights
+    with pytest.raises(ConfigError, match=r"fit on another setup than this config's \(llm.weights\)"):
+        CragSystem(cpu_config, llm=ScriptedLLM(), embedder=HashEmbedder())
+    cpu_config.llm.hf.model = None  # the embedded model: nothing recorded beyond the served name
+    resolved = json.loads(json.dumps(dataclasses.asdict(cpu_config)))
+    assert "weights" not in signal_setup(resolved, {})["llm"]
 
 
 def test_the_ceiling_counts_the_most_a_ranking_could_answer_with_its_interval_above_zero():

@@ -1,6 +1,7 @@
 """VLLMBackend on a fake engine that follows vLLM's V1 engine (tests/vllm_fake.py): parameters, parallel sampling,
 the deadline's abort, prompt refusal and R2AG's prompt embeddings."""
 
+import json
 import sys
 
 import numpy as np
@@ -291,3 +292,34 @@ def test_a_stop_string_ends_the_sample_before_it(fake_vllm):
             last[(output.request_id, choice.index)] = (choice.text, choice.finish_reason, choice.stop_reason)
     assert last[("r", 0)] == (" out out out out out", "stop", None)  # "red" never said: it stops by itself
     assert last[("s", 1)] == (" ", "stop", "red")  # cut before the stop string, on its first token
+
+
+def test_a_lora_adapter_goes_with_every_request_at_the_engine_s_rank(fake_vllm, tmp_path):
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 12, "lora_alpha": 24}))
+    llm = create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model="/w/llama", lora=str(adapter))))
+    assert fake_vllm["init"]["enable_lora"] is True and fake_vllm["init"]["max_lora_rank"] == 16  # 12 rounded up
+    llm.generate([HI, HELLO], GenParams(max_tokens=2))
+    loras = fake_vllm["engine"].loras
+    assert len(loras) == 2 and {(r.lora_name, r.lora_int_id, r.lora_path) for r in loras} == {
+        ("adapter", 1, str(adapter))}
+
+
+def test_a_lora_folder_without_its_config_fails_before_the_engine_starts(fake_vllm, tmp_path):
+    with pytest.raises(BackendUnavailable, match="no readable adapter_config.json"):
+        create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model="/w/llama", lora=str(tmp_path))))
+    assert "init" not in fake_vllm
+
+
+def test_the_fake_engine_refuses_a_lora_request_unless_lora_is_enabled():
+    """The release's check (input_processor.py _validate_lora), so a backend that forgot enable_lora fails here."""
+    from tests.vllm_fake import LoRARequest
+
+    engine = FakeLLMEngine()
+    engine.engine_args = {"model": "/w/llama"}
+    with pytest.raises(ValueError, match="LoRA is not enabled"):
+        engine.add_request("r", {"prompt_token_ids": [1, 2]}, SamplingParams(max_tokens=1),
+                           lora_request=LoRARequest("a", 1, "/a"))
+    with pytest.raises(ValueError, match="id must be > 0"):
+        LoRARequest("a", 0, "/a")

@@ -1,0 +1,209 @@
+"""Fine-tuning benchmark: does a model trained on its own judged runs answer more right and fewer wrong, measured
+cross-fit (DESIGN.md section 14)?
+
+The base is the embedded default as `make eval` serves it (benchmarks/gate.py's setup: configs/cpu.yaml with
+configs/overlays/vllm-cpu.yaml, gate off) over the gate sets (data/gate_dev.jsonl, 128 questions with pages, and
+benchmarks/kg_reach/questions.jsonl, 68 KG questions), answered in this run with every conversation recorded and
+judged by the rules and a person's verdicts (data/gate_dev/verdicts.jsonl). `tools/finetune.py data` turns those
+records into training data, split into folds by a hash of interaction_id. For each fold, a model trained on the
+other folds only answers that fold's questions: every question is answered by a model that never trained on it.
+
+Both the base's and the tuned model's answers are then labelled the same way, by the rules first and the
+containment judge (`--judge contains`) for sentence answers. Printed, per fold and pooled: answered, right, wrong,
+the CRAG score, the paired interval of tuned minus base, the over-refusal (the share of the base's right answers
+the tuned model declines), right answers on gate_dev against the organisers' RAG baseline's 31 (measured outside
+this repository with the same weights), and training time and tokens/s. Untrained rows (`--untrained KEY=VALUE`,
+repeatable) answer the same questions with a setting changed: what a token budget or a prompt does alone.
+
+Targets (issue "Answers the model learned"): pooled wrong answers at most half the base's, right answers no
+fewer than the base's, and at least 31 right on gate_dev. It reports and never gates (exit 0).
+
+    .venv/bin/python -m benchmarks.finetune                              # base, data, SFT with LoRA, 2 folds
+    .venv/bin/python -m benchmarks.finetune --runs runs/finetune --reuse  # keep and reuse what is done
+    .venv/bin/python -m benchmarks.finetune --base runs/gate --variant sft --variant sft-noraft \\
+        --untrained reasoning.summariser_max_tokens=64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from evaluation.gate_sets import PERSON, SETS, answer_set
+from evaluation.judge import CORRECT, MISS, UNJUDGED, WRONG
+from evaluation.metrics import paired_difference
+from evaluation.runner import load_predictions
+from models.llm.hf import converted_folder, embedded_gguf
+from training.finetune import ADAPTER, TrainSettings, merge, train
+from training.finetune import MANIFEST as TRAINING_MANIFEST
+from training.judged_data import SFT_FILE, build, fold_of, read_rows, write
+from utils.cli import command
+
+BASELINE_RIGHT = 31  # the organisers' rag_llama_baseline.py on gate_dev with the same weights (issue's figure)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A training recipe: its settings, whether the RAFT variants are trained on, and the prompts whose
+    conversations it trains on (the reasoning prompt answers first; the summariser only where its output does not
+    parse)."""
+
+    settings: TrainSettings
+    raft: bool = True
+    prompts: tuple[str, ...] = ("reasoning",)
+
+    def keeps(self, row: dict) -> bool:
+        return row["prompt_name"] in self.prompts and (self.raft or not row["kind"].startswith("raft"))
+
+
+VARIANTS = {
+    "sft": Variant(TrainSettings(lora_rank=16, learning_rate=3e-4, epochs=2.0)),
+    "sft-noraft": Variant(TrainSettings(lora_rank=16, learning_rate=3e-4, epochs=2.0), raft=False),
+    "sft-both-prompts": Variant(TrainSettings(lora_rank=16, learning_rate=3e-4, epochs=2.0),
+                                prompts=("reasoning", "summariser")),
+    "sft-full": Variant(TrainSettings(lora_rank=0, learning_rate=2e-5, epochs=2.0)),
+}
+
+
+def verdicts_of(folder: Path) -> dict[str, tuple[str, str]]:
+    """(verdict, prediction) by interaction_id of a judged run folder."""
+    return {iid: (r.get("verdict") or UNJUDGED, r.get("prediction") or "")
+            for iid, r in load_predictions(folder / "predictions.jsonl").items()}
+
+
+def fold_file(data: Path, fold: int, folds: int, out: Path) -> Path:
+    """The examples of `data` in `fold`, as a .jsonl in `out`."""
+    lines = [line for line in data.read_text(encoding="utf-8").splitlines()
+             if line.strip() and fold_of(json.loads(line)["interaction_id"], folds) == fold]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    return out
+
+
+def row(label: str, base: dict[str, str], tuned: dict[str, str], right_dev: int | None = None) -> str:
+    """A table line: the tuned verdicts against the base's on the same questions."""
+    ids = sorted(base)
+    a, b = [base[i] for i in ids], [tuned.get(i, UNJUDGED) for i in ids]
+    found = paired_difference(a, b)
+    ci = found["ci95"]
+    base_right = [i for i in ids if base[i] == CORRECT]
+    declined = sum(tuned.get(i) == MISS for i in base_right)
+    answered = sum(v in (CORRECT, WRONG) for v in b)
+    line = (f"| {label} | {len(ids)} | {answered} | {b.count(CORRECT)} | {b.count(WRONG)} | "
+            f"{found['score_b']:+.3f} | {found['difference']:+.3f}"
+            + (f" [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else "") + " | "
+            + (f"{declined}/{len(base_right)}" if base_right else "-") + " | "
+            + ("-" if right_dev is None else str(right_dev)) + " |")
+    return line
+
+
+HEADER = ("| rows | questions | answered | right | wrong | score | minus base [95%] | base's right declined | "
+          "right on gate_dev |\n|---|---|---|---|---|---|---|---|---|")
+
+
+def contains_copy(folder: Path, data: Path, out: Path) -> Path:
+    """A copy of a run folder judged again by the rules and the containment judge."""
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(folder, out)
+    answer_set(data, out, judge="contains", answer=False)
+    return out
+
+
+def labelled(folders: dict[str, Path]) -> tuple[dict[str, str], int]:
+    """Verdicts by interaction_id over the sets' folders, and how many are right on gate_dev."""
+    found, dev = {}, 0
+    for name, folder in folders.items():
+        verdicts = {i: v for i, (v, _) in verdicts_of(folder).items()}
+        found.update(verdicts)
+        dev += sum(v == CORRECT for v in verdicts.values()) if name == "gate-dev" else 0
+    return found, dev
+
+
+@command
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=Path, default=None, help="keep everything here (default: a temp folder)")
+    parser.add_argument("--base", type=Path, default=None, help="a folder holding the base's gate-dev and gate-kg "
+                        "run folders made with --record-prompts (`benchmarks.gate --record-prompts --runs`); "
+                        "default: answer them here")
+    parser.add_argument("--reuse", action="store_true", help="keep what --runs already holds (runs, models)")
+    parser.add_argument("--folds", type=int, default=2)
+    parser.add_argument("--variant", action="append", choices=sorted(VARIANTS), default=None,
+                        help="a training recipe; repeat (default: sft)")
+    parser.add_argument("--untrained", action="append", default=[], metavar="KEY=VALUE",
+                        help="an untrained row: the base with this config setting; repeat")
+    parser.add_argument("--max-steps", type=int, default=None, help="cap each training run (a quick look)")
+    args = parser.parse_args(argv)
+    if args.reuse and args.runs is None:
+        print("error: --reuse needs --runs, the folder that holds the runs", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="finetune-bench-") as scratch:
+        root = args.runs or Path(scratch)
+        base_root = args.base or root / "base"
+        base = {name: base_root / name for name in SETS}
+        for name, data in SETS.items():
+            if not (args.reuse or args.base) or not (base[name] / "predictions.jsonl").is_file():
+                seconds = answer_set(data, base[name], judge=PERSON, record_prompts=True)
+                print(f"base: {name} answered in {seconds:.0f} s into {base[name]}")
+        built, sources = build(list(base.values()), args.folds)
+        manifest = write(built, sources, root / "data", args.folds, True, 0)
+        print(f"data: {manifest['files'][SFT_FILE]['rows']} examples of {manifest['questions']} questions "
+              f"{manifest['kinds']}; skipped {manifest['skipped'] or 'none'}")
+        labels = {name: contains_copy(base[name], SETS[name], root / "base-contains" / name) for name in SETS}
+        base_verdicts, base_dev = labelled(labels)
+        lines = [HEADER, row("base (untrained)", base_verdicts, base_verdicts, base_dev)]
+        model = converted_folder(embedded_gguf(), None)  # what --serve-llm serves with llm.hf.model null
+        for setting in args.untrained:
+            folders = {name: root / "untrained" / setting.replace("=", "_") / name for name in SETS}
+            for name, data in SETS.items():
+                if not (args.reuse and (folders[name] / "predictions.jsonl").is_file()):
+                    answer_set(data, folders[name], judge="contains", sets=(setting,))
+            verdicts, dev = labelled(folders)
+            lines.append(row(f"untrained, {setting}", base_verdicts, verdicts, dev))
+        for name in args.variant or ["sft"]:
+            variant = VARIANTS[name]
+            settings = variant.settings if args.max_steps is None else replace(variant.settings,
+                                                                               max_steps=args.max_steps)
+            pooled: dict[str, str] = {}
+            pooled_dev, seconds, tokens = 0, 0.0, 0.0
+            for fold in range(args.folds):
+                out = root / name / f"fold{fold}"
+                merged = out / ("merged" if settings.lora_rank else "model")  # full fine-tuning saves model/
+                if not (args.reuse and (merged / "config.json").is_file()):
+                    rows = [r for r in read_rows(root / "data" / SFT_FILE, set(range(args.folds)) - {fold})
+                            if variant.keeps(r)]
+                    train(model, rows, out, settings, resume=args.reuse, data_manifest={
+                        "path": str(root / "data"), "manifest": manifest, "excluded_fold": fold, "raft": variant.raft})
+                    if settings.lora_rank:
+                        merge(model, out / ADAPTER, merged)
+                found = json.loads((out / TRAINING_MANIFEST).read_text(encoding="utf-8"))
+                seconds += found["seconds"]
+                tokens += found["tokens_per_epoch"] * found["epochs"]
+                folders = {}
+                for set_name, data in SETS.items():
+                    folders[set_name] = out / set_name
+                    if not (args.reuse and (folders[set_name] / "predictions.jsonl").is_file()):
+                        subset = fold_file(data, fold, args.folds, root / "sets" / f"{set_name}-fold{fold}.jsonl")
+                        answer_set(subset, folders[set_name], judge="contains", sets=(f"llm.hf.model={merged}",))
+                verdicts, dev = labelled(folders)
+                pooled.update(verdicts)
+                pooled_dev += dev
+                fold_base = {i: v for i, v in base_verdicts.items() if i in verdicts}
+                lines.append(row(f"{name}, fold {fold} (trained on the others)", fold_base, verdicts, dev))
+            lines.append(row(f"{name}, pooled", base_verdicts, pooled, pooled_dev))
+            lines.append(f"\n{name}: trained {seconds:.0f} s over {args.folds} folds, "
+                         f"{tokens / seconds if seconds else 0:.0f} tokens/s\n")
+        print("\n".join(lines))
+        print(f"targets: right on gate_dev at least {BASELINE_RIGHT} (the organisers' RAG baseline, same weights); "
+              "pooled wrong at most half the base's; right no fewer than the base's")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
