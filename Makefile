@@ -99,7 +99,7 @@ test-vllm: $(STAMP) $(QSTAMP) $(VSTAMP)
 	$(QPY) tools/quantize.py rtn --model $(VLLM_RUNS)/smollm2 --group-size 64 --dtype bfloat16 --device cpu \
 		--out $(VLLM_RUNS)/smollm2-w4a16 --force
 	rm -rf $(VLLM_RUNS)/smollm2-tuned
-	$(PY) tools/finetune.py train --data tests/vllm/finetune_data --model $(VLLM_RUNS)/smollm2 --max-steps 2 \
+	$(PY) tools/train_llm.py train --data tests/vllm/finetune_data --model $(VLLM_RUNS)/smollm2 --max-steps 2 \
 		--batch-size 2 --learning-rate 1e-3 --no-bf16 --max-length 256 --out $(VLLM_RUNS)/smollm2-tuned
 	cd tests/vllm && VLLM_CPU_KVCACHE_SPACE=1 ../../$(VPY) -m pytest
 

@@ -4,7 +4,7 @@ cross-fit (DESIGN.md section 14)?
 The base is the embedded default as `make eval` serves it (benchmarks/gate.py's setup: configs/cpu.yaml with
 configs/overlays/vllm-cpu.yaml, gate off) over the gate sets (data/gate_dev.jsonl, 128 questions with pages, and
 benchmarks/kg_reach/questions.jsonl, 68 KG questions), answered in this run with every conversation recorded and
-judged by the rules and a person's verdicts (data/gate_dev/verdicts.jsonl). `tools/finetune.py data` turns those
+judged by the rules and a person's verdicts (data/gate_dev/verdicts.jsonl). `tools/train_llm.py data` turns those
 records into training data, split into folds by a hash of interaction_id. For each fold, a model trained on the
 other folds only answers that fold's questions: every question is answered by a model that never trained on it.
 
@@ -39,9 +39,9 @@ from evaluation.judge import CORRECT, MISS, UNJUDGED, WRONG
 from evaluation.metrics import paired_difference
 from evaluation.runner import load_predictions
 from models.llm.hf import converted_folder, embedded_gguf
-from training.finetune import ADAPTER, TrainSettings, merge, train
-from training.finetune import MANIFEST as TRAINING_MANIFEST
-from training.judged_data import SFT_FILE, build, fold_of, read_rows, write
+from training.judged_data import PAIRS_FILE, SFT_FILE, build, fold_of, read_rows, write
+from training.llm_training import ADAPTER, TrainSettings, merge, train
+from training.llm_training import MANIFEST as TRAINING_MANIFEST
 from utils.cli import command
 
 BASELINE_RIGHT = 31  # the organisers' rag_llama_baseline.py on gate_dev with the same weights (issue's figure)
@@ -56,17 +56,24 @@ class Variant:
     settings: TrainSettings
     raft: bool = True
     prompts: tuple[str, ...] = ("reasoning",)
+    after: str | None = None  # a variant whose fold models this one starts from (DPO after SFT)
+    drop: tuple[str, ...] = ()  # target kinds left out
 
     def keeps(self, row: dict) -> bool:
-        return row["prompt_name"] in self.prompts and (self.raft or not row["kind"].startswith("raft"))
+        return (row["prompt_name"] in self.prompts and (self.raft or not row["kind"].startswith("raft"))
+                and row["kind"] not in self.drop)
 
 
 VARIANTS = {
-    "sft": Variant(TrainSettings(lora_rank=16, learning_rate=3e-4, epochs=2.0)),
-    "sft-noraft": Variant(TrainSettings(lora_rank=16, learning_rate=3e-4, epochs=2.0), raft=False),
-    "sft-both-prompts": Variant(TrainSettings(lora_rank=16, learning_rate=3e-4, epochs=2.0),
+    "sft": Variant(TrainSettings(lora_rank=16, learning_rate=3e-4, epochs=1.0)),
+    "sft-noraft": Variant(TrainSettings(lora_rank=16, learning_rate=3e-4, epochs=1.0), raft=False),
+    "sft-both-prompts": Variant(TrainSettings(lora_rank=16, learning_rate=3e-4, epochs=1.0),
                                 prompts=("reasoning", "summariser")),
-    "sft-full": Variant(TrainSettings(lora_rank=0, learning_rate=2e-5, epochs=2.0)),
+    # fewer "i don't know" targets (the RAFT removals), twice over: the first recipe answered "i don't know" to all
+    "sft-2ep-noremoved": Variant(TrainSettings(lora_rank=16, learning_rate=3e-4, epochs=2.0), drop=("raft-removed",)),
+    "sft-full": Variant(TrainSettings(lora_rank=0, learning_rate=2e-5, epochs=1.0)),
+    "sft-dpo": Variant(TrainSettings(method="dpo", lora_rank=16, learning_rate=5e-5, epochs=1.0, beta=0.1),
+                       after="sft"),
 }
 
 
@@ -104,6 +111,28 @@ def row(label: str, base: dict[str, str], tuned: dict[str, str], right_dev: int 
 
 HEADER = ("| rows | questions | answered | right | wrong | score | minus base [95%] | base's right declined | "
           "right on gate_dev |\n|---|---|---|---|---|---|---|---|---|")
+
+
+def gated(folders: list[Path]) -> dict[str, str] | str:
+    """Each question's verdict through a gate fit and cross-validated on these runs' labelled answers (as
+    `local_evaluation.py gate fit` fits one; an answer the gate withholds under cross-validation is a miss), or why
+    no gate could be fit."""
+    from evaluation.gate_command import run_records
+    from evaluation.gate_fit import TooFewLabels, cross_validate, label_records
+
+    records = [r for folder in folders for r in run_records(folder)[0]]
+    labelled = label_records(records)
+    try:
+        cv = cross_validate(labelled)
+    except TooFewLabels as err:
+        return str(err)
+    decided = {q: (CORRECT if y else WRONG) if a else MISS
+               for q, y, a in zip(labelled.questions, cv.y, cv.answered)}
+    found = {}
+    for record in records:
+        iid, verdict = record["interaction_id"], record.get("verdict") or UNJUDGED
+        found[iid] = decided.get(iid, MISS if verdict == MISS else UNJUDGED)
+    return found
 
 
 def contains_copy(folder: Path, data: Path, out: Path) -> Path:
@@ -158,6 +187,11 @@ def main(argv: list[str] | None = None) -> int:
         labels = {name: contains_copy(base[name], SETS[name], root / "base-contains" / name) for name in SETS}
         base_verdicts, base_dev = labelled(labels)
         lines = [HEADER, row("base (untrained)", base_verdicts, base_verdicts, base_dev)]
+        base_gated = gated(list(labels.values()))
+        if isinstance(base_gated, str):
+            lines.append(f"| base, gated | no gate: {base_gated} |")
+        else:
+            lines.append(row("base, gated (cross-validated)", base_verdicts, base_gated))
         model = converted_folder(embedded_gguf(), None)  # what --serve-llm serves with llm.hf.model null
         for setting in args.untrained:
             folders = {name: root / "untrained" / setting.replace("=", "_") / name for name in SETS}
@@ -175,13 +209,18 @@ def main(argv: list[str] | None = None) -> int:
             for fold in range(args.folds):
                 out = root / name / f"fold{fold}"
                 merged = out / ("merged" if settings.lora_rank else "model")  # full fine-tuning saves model/
+                start = model
+                if variant.after is not None:
+                    start = root / variant.after / f"fold{fold}" / "merged"
+                    if not (start / "config.json").is_file():
+                        raise SystemExit(f"error: {name} starts from {start}: run --variant {variant.after} first")
                 if not (args.reuse and (merged / "config.json").is_file()):
-                    rows = [r for r in read_rows(root / "data" / SFT_FILE, set(range(args.folds)) - {fold})
-                            if variant.keeps(r)]
-                    train(model, rows, out, settings, resume=args.reuse, data_manifest={
-                        "path": str(root / "data"), "manifest": manifest, "excluded_fold": fold, "raft": variant.raft})
+                    data = root / "data" / (SFT_FILE if settings.method == "sft" else PAIRS_FILE)
+                    rows = [r for r in read_rows(data, set(range(args.folds)) - {fold}) if variant.keeps(r)]
+                    train(start, rows, out, settings, resume=args.reuse, data_manifest={
+                        "path": str(data), "manifest": manifest, "excluded_fold": fold, "raft": variant.raft})
                     if settings.lora_rank:
-                        merge(model, out / ADAPTER, merged)
+                        merge(start, out / ADAPTER, merged)
                 found = json.loads((out / TRAINING_MANIFEST).read_text(encoding="utf-8"))
                 seconds += found["seconds"]
                 tokens += found["tokens_per_epoch"] * found["epochs"]
@@ -197,6 +236,15 @@ def main(argv: list[str] | None = None) -> int:
                 fold_base = {i: v for i, v in base_verdicts.items() if i in verdicts}
                 lines.append(row(f"{name}, fold {fold} (trained on the others)", fold_base, verdicts, dev))
             lines.append(row(f"{name}, pooled", base_verdicts, pooled, pooled_dev))
+            tuned_gated = gated([root / name / f"fold{fold}" / set_name for fold in range(args.folds)
+                                 for set_name in SETS])
+            if isinstance(tuned_gated, str) or isinstance(base_gated, str):
+                why = tuned_gated if isinstance(tuned_gated, str) else base_gated
+                lines.append(f"| {name}, gated | no gate: {why} |")
+            else:
+                lines.append(row(f"{name}, gated, against the base gated", base_gated, tuned_gated))
+                lines.append(row(f"{name}, gated, against always i don't know", {i: MISS for i in base_gated},
+                                 tuned_gated))
             lines.append(f"\n{name}: trained {seconds:.0f} s over {args.folds} folds, "
                          f"{tokens / seconds if seconds else 0:.0f} tokens/s\n")
         print("\n".join(lines))

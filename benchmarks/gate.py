@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reuse", action="store_true", help="judge again (the verdicts file may have grown) and fit "
                         "on the run folders already in --runs")
     parser.add_argument("--record-prompts", action="store_true", help="the runs keep every conversation the stages "
-                        "sent (training data for tools/finetune.py data; keep them with --runs)")
+                        "sent (training data for tools/train_llm.py data; keep them with --runs)")
     parser.add_argument("--ceiling", action="store_true", help="also print each signal's AUROC and the most a gate "
                         "ranking by it, or by an in-sample fit, could answer with its interval above 0")
     args = parser.parse_args(argv)

@@ -118,8 +118,28 @@ def verdicts(correct: np.ndarray, answered: np.ndarray) -> list[str]:
     return [(CORRECT if c else WRONG) if a else MISS for c, a in zip(correct, answered)]
 
 
-def fit_gate(labelled: Labelled, seed: int = 0) -> Gate:
-    """The gate fit on `labelled` (TooFewLabels where it cannot be), with its cross-validated figures."""
+@dataclass
+class CrossValidated:
+    """A gate's cross-validation on labelled records: the design, the chosen C, each record's out-of-fold
+    P(correct) and the threshold that maximises the score over them."""
+
+    columns: list
+    x: np.ndarray
+    mean: list[float]
+    scale: list[float]
+    y: np.ndarray
+    folds: int
+    c: float
+    oof: np.ndarray
+    threshold: float
+
+    @property
+    def answered(self) -> np.ndarray:
+        return self.oof >= self.threshold
+
+
+def cross_validate(labelled: Labelled, seed: int = 0) -> CrossValidated:
+    """The cross-validation `fit_gate` reports (TooFewLabels where it cannot be done): folds grouped by question."""
     y = np.array(labelled.correct, dtype=int)
     classes = Counter(labelled.correct)
     questions = len(set(labelled.questions))
@@ -135,9 +155,17 @@ def fit_gate(labelled: Labelled, seed: int = 0) -> Gate:
                                   scoring="neg_log_loss").mean() for c in C_GRID}
     c = min(losses, key=losses.get)  # the first of equals: the strongest regularisation
     oof = cross_val_predict(LogisticRegression(C=c, max_iter=2000), x, y, cv=splits, method="predict_proba")[:, 1]
-    threshold = best_threshold(oof, y)
+    return CrossValidated(columns, x, mean, scale, y, folds, c, oof, best_threshold(oof, y))
+
+
+def fit_gate(labelled: Labelled, seed: int = 0) -> Gate:
+    """The gate fit on `labelled` (TooFewLabels where it cannot be), with its cross-validated figures."""
+    cv = cross_validate(labelled, seed)
+    columns, x, mean, scale, y, folds, c, oof, threshold = (cv.columns, cv.x, cv.mean, cv.scale, cv.y, cv.folds,
+                                                            cv.c, cv.oof, cv.threshold)
+    questions = len(set(labelled.questions))
     model = LogisticRegression(C=c, max_iter=2000).fit(x, y)
-    answered = oof >= threshold
+    answered = cv.answered
     ungated, gated = verdicts(y, np.ones(len(y), bool)), verdicts(y, answered)
     abstaining = [MISS] * len(y)
     figures = {

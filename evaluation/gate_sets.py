@@ -47,6 +47,6 @@ def answer_set(data: Path, out: Path, judge: str = PERSON, answer: bool = True, 
                sets: tuple[str, ...] = ()) -> float:
     """Seconds of one ungated run of `data` into `out` with `sets` on top, or of its rejudging by `judge` when not
     `answer`. Every answer is kept, judged or not. `record_prompts`: the records keep every conversation (what
-    `tools/finetune.py data` builds training data from)."""
+    `tools/train_llm.py data` builds training data from)."""
     folder = RunFolder(data, ungated(*sets), out, judge=JudgeChoice(judge), max_unjudged=10 ** 9)
     return quiet_run(folder, replace(ANSWERING, record_prompts=record_prompts) if answer else None)

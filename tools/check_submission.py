@@ -425,7 +425,7 @@ def check_prompt_embeds(repo: Path, config: Any) -> Check | None:
 
 
 def check_finetuned(repo: Path, config: Any) -> Check | None:
-    """What tools/finetune.py wrote, where the config names it: a LoRA adapter (llm.vllm.lora) with its
+    """What tools/train_llm.py wrote, where the config names it: a LoRA adapter (llm.vllm.lora) with its
     adapter_config.json and weights, on an unquantized base; a merged folder (merged_from.json), by the base and
     adapter it was merged from (vllm backend only)."""
     if config.llm.backend != "vllm":
@@ -438,7 +438,7 @@ def check_finetuned(repo: Path, config: Any) -> Check | None:
             rank = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))["r"]
         except (OSError, ValueError, KeyError, TypeError):
             return Check("fine-tuned", False, f"llm.vllm.lora {settings.lora}: no adapter_config.json with a rank; "
-                                              "give the adapter/ folder of `tools/finetune.py train`")
+                                              "give the adapter/ folder of `tools/train_llm.py train`")
         if not any(adapter.glob("adapter_model.*")):
             return Check("fine-tuned", False, f"llm.vllm.lora {settings.lora}: no adapter_model.safetensors")
         method = folder_quantization(model_config(_resolve(repo, settings.model)) or {})["method"]

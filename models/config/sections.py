@@ -108,7 +108,7 @@ class VLLMConfig:
     hidden x 2 bytes) and runs embeddings outside the CUDA graphs: only with r2ag.enabled and r2ag.mode prompt
     (docs/decisions/r2ag-vllm-prompt-embeds.md)."""
     lora: str | None = None
-    """A LoRA adapter folder (`tools/finetune.py train` writes one: adapter/) applied to every request; the engine
+    """A LoRA adapter folder (`tools/train_llm.py train` writes one: adapter/) applied to every request; the engine
     starts with LoRA enabled at the adapter's rank. null: none. On a quantized base under tensor parallelism, merge
     and quantize instead (docs/how-to/fine-tune.md)."""
 

@@ -86,7 +86,7 @@ def lora_rank(adapter: str | Path) -> int:
         rank = int(json.loads(path.read_text(encoding="utf-8"))["r"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise BackendUnavailable(f"llm.vllm.lora {adapter}: no readable adapter_config.json with a rank `r` ({err}); "
-                                 "give the adapter/ folder tools/finetune.py train writes") from None
+                                 "give the adapter/ folder tools/train_llm.py train writes") from None
     fitting = [r for r in LORA_RANKS if r >= rank]
     if not fitting:
         raise BackendUnavailable(f"llm.vllm.lora {adapter}: rank {rank} is over the engine's {LORA_RANKS[-1]}")

@@ -92,11 +92,11 @@ CASES = {
     "check: no such repository": ("tools.check_submission", lambda t: ["--repo", str(t / "none"), "--cpu"],
                                   "no such folder"),
     "budget: required flags missing": ("tools.budget_plan", lambda t: [], "required: --prefill-tps"),
-    "finetune: a folder that is no run": ("tools.finetune", lambda t: [
+    "finetune: a folder that is no run": ("tools.train_llm", lambda t: [
         "data", "--run", str(t), "--out", str(t / "d")], "no predictions.jsonl; give a run folder"),
-    "finetune: no data built": ("tools.finetune", lambda t: ["train", "--data", str(t), "--out", str(t / "o")],
-                                "no sft.jsonl; build it with `python tools/finetune.py data`"),
-    "finetune: an adapter folder without an adapter": ("tools.finetune", lambda t: [
+    "finetune: no data built": ("tools.train_llm", lambda t: ["train", "--data", str(t), "--out", str(t / "o")],
+                                "no sft.jsonl; build it with `python tools/train_llm.py data`"),
+    "finetune: an adapter folder without an adapter": ("tools.train_llm", lambda t: [
         "merge", "--adapter", str(t), "--out", str(t / "m")], "no adapter_config.json"),
     "kg server: port out of range": ("tools.kg_server", lambda t: ["--port", "70000"], "--port 70000"),
     "kg server: not its parent": ("tools.kg_server", lambda t: ["--parent-pid", "1"], "not this server's parent"),

@@ -163,7 +163,7 @@ def test_a_run_without_recorded_prompts_says_so(tmp_path):
 
 
 def test_the_command_writes_the_data_and_its_manifest(folder, tmp_path, capsys):
-    from tools.finetune import main
+    from tools.train_llm import main
 
     assert main(["data", "--run", str(folder), "--out", str(tmp_path / "data"), "--folds", "2"]) == 0
     manifest = json.loads((tmp_path / "data" / judged_data.MANIFEST_FILE).read_text())

@@ -1,4 +1,4 @@
-"""What `tools/finetune.py train` writes, loaded where the submission loads models: the merged folder in the image's
+"""What `tools/train_llm.py train` writes, loaded where the submission loads models: the merged folder in the image's
 transformers 4.x and in the pinned vLLM, and the adapter through vLLM's LoRA support (llm.vllm.lora) on its CPU
 build. The Makefile trains SmolLM2 on tests/vllm/finetune_data for two steps (.venv) before this suite runs."""
 

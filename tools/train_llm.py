@@ -2,13 +2,15 @@
 merge the adapter into a model folder any config can name (`llm.hf.model`).
 
     # training data from run folders made with --record-prompts and judged (a person's verdicts win)
-    python tools/finetune.py data --run runs/gate/gate-dev --run runs/gate/gate-kg --out runs/ft/data --folds 2
+    python tools/train_llm.py data --run runs/gate/gate-dev --run runs/gate/gate-kg --out runs/ft/data --folds 2
     # SFT with LoRA on every fold but 0 (the cross-fit: fold 0 is answered by a model that never saw it)
-    python tools/finetune.py train --data runs/ft/data --exclude-fold 0 --out runs/ft/fold0
+    python tools/train_llm.py train --data runs/ft/data --exclude-fold 0 --out runs/ft/fold0
     # DPO on the preference pairs, from the merged SFT model
-    python tools/finetune.py train --method dpo --data runs/ft/data --model runs/ft/fold0/merged --out runs/ft/dpo0
+    python tools/train_llm.py train --method dpo --data runs/ft/data --model runs/ft/fold0/merged --out runs/ft/dpo0
     # the adapter merged into a plain folder (transformers 4.x and vLLM load it)
-    python tools/finetune.py merge --adapter runs/ft/fold0/adapter --out runs/ft/fold0/merged
+    python tools/train_llm.py merge --adapter runs/ft/fold0/adapter --out runs/ft/fold0/merged
+    # a quick look: fold 0's rows answered by the model that never saw them, counted by target kind
+    python tools/train_llm.py probe --data runs/ft/data --fold 0 --model runs/ft/fold0/merged
 
 --model defaults to the embedded SmolLM2 (the packaged GGUF converted once). A run that stops can be continued
 with the same command and --resume.
@@ -22,8 +24,8 @@ import sys
 from pathlib import Path
 
 from models.config import ConfigError
-from training.finetune import ADAPTER, METHODS, TrainSettings, merge, train
 from training.judged_data import MANIFEST_FILE, PAIRS_FILE, SFT_FILE, build, read_rows, write
+from training.llm_training import ADAPTER, METHODS, TrainSettings, merge, probe, train
 from utils.cli import check_out, command
 
 
@@ -61,7 +63,7 @@ def run_train(args: argparse.Namespace) -> int:
     name = SFT_FILE if args.method == "sft" else PAIRS_FILE
     data = args.data / name
     if not data.is_file():
-        raise ConfigError(f"--data {args.data}: no {name}; build it with `python tools/finetune.py data`")
+        raise ConfigError(f"--data {args.data}: no {name}; build it with `python tools/train_llm.py data`")
     data_manifest = json.loads((args.data / MANIFEST_FILE).read_text(encoding="utf-8"))
     folds = data_manifest["folds"]
     if args.exclude_fold is not None and not 0 <= args.exclude_fold < folds:
@@ -96,6 +98,20 @@ def run_merge(args: argparse.Namespace) -> int:
     if not (args.adapter / "adapter_config.json").is_file():
         raise ConfigError(f"--adapter {args.adapter}: no adapter_config.json; give the adapter/ folder of a run")
     print(f"merged into {merge(model_folder(args.model), args.adapter, args.out)}")
+    return 0
+
+
+def run_probe(args: argparse.Namespace) -> int:
+    data = args.data / SFT_FILE
+    if not data.is_file():
+        raise ConfigError(f"--data {args.data}: no {SFT_FILE}; build it with `python tools/train_llm.py data`")
+    rows = [r for r in read_rows(data, {args.fold}) if r["prompt_name"] in args.prompt]
+    if args.limit:
+        rows = rows[:args.limit]
+    found = probe(model_folder(args.model), rows)
+    for kind, counts in sorted(found.items()):
+        total = sum(counts.values())
+        print(f"{kind}: {total} rows: target {counts['target']}, declined {counts['idk']}, other {counts['other']}")
     return 0
 
 
@@ -138,7 +154,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     join.add_argument("--out", type=Path, required=True)
     join.add_argument("--model", type=Path, default=None, help="the adapter's base (default: the embedded SmolLM2)")
     join.set_defaults(func=run_merge)
-    return parser.parse_args(argv)
+    look = sub.add_parser("probe", help="answer one fold's rows greedily and count, by kind, how many hit their target")
+    look.add_argument("--data", type=Path, required=True, help="a folder `data` wrote")
+    look.add_argument("--fold", type=int, required=True, help="a fold the model did not train on")
+    look.add_argument("--model", type=Path, default=None, help="a model folder (default: the embedded SmolLM2)")
+    look.add_argument("--prompt", action="append", default=None, help="rows of this prompt (default: reasoning)")
+    look.add_argument("--limit", type=int, default=None, help="the first N rows")
+    look.set_defaults(func=run_probe)
+    args = parser.parse_args(argv)
+    if getattr(args, "prompt", "unset") is None:
+        args.prompt = ["reasoning"]
+    return args
 
 
 @command

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import shutil
 import time
+from collections import Counter
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -50,6 +51,7 @@ class TrainSettings:
     bf16: bool | None = None      # None: bfloat16 autocast where the device supports it
     save_steps: int = 50
     beta: float = 0.1             # DPO's KL strength
+    group_by_length: bool = True  # SFT: batches of rows of like lengths
 
     def check(self) -> None:
         if self.method not in METHODS:
@@ -129,7 +131,10 @@ def train(model_dir: Path, rows: list[dict[str, Any]], out: Path, settings: Trai
                   report_to=[], max_length=settings.max_length, dataloader_num_workers=0)
     dataset = Dataset.from_list(kept)
     if settings.method == "sft":
-        trainer = SFTTrainer(model=model, args=SFTConfig(**common, completion_only_loss=True), train_dataset=dataset,
+        # Batches of like lengths: prompts run from 200 to 2,000 tokens, and padding to the longest wastes the rest.
+        sampling = "group_by_length" if settings.group_by_length else "random"
+        trainer = SFTTrainer(model=model, args=SFTConfig(**common, completion_only_loss=True,
+                                                         train_sampling_strategy=sampling), train_dataset=dataset,
                              processing_class=tokenizer, peft_config=peft_config, callbacks=callbacks)
     else:
         trainer = DPOTrainer(model=model, args=DPOConfig(**common, beta=settings.beta), train_dataset=dataset,
@@ -180,3 +185,36 @@ def merge(base: Path, adapter: Path, out: Path, dtype: str = "float32") -> Path:
         shutil.rmtree(out)
     staging.rename(out)
     return out
+
+
+def probe(model_dir: Path, rows: list[dict[str, Any]], max_new_tokens: int = 48) -> dict[str, Counter]:
+    """A quick look before a cross-fit: each SFT row's prompt answered greedily by the model folder (transformers,
+    float32), its answer read as the serving stage reads it, and counted by the row's kind as `target` (the
+    target's answer, or "i don't know" where that was the target), `idk` (declined where an answer was due),
+    `other`. Rows of held-out folds only: a trained row says nothing."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from models.stages.reasoning import first_line, parse_structured
+    from utils.answers import is_idk, normalize_text
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    found: dict[str, Counter] = {}
+    for row in rows:
+        ids = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, return_tensors="pt",
+                                            return_dict=False)
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
+        text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        wanted = row["completion"][0]["content"]
+        if row["prompt_name"] == "reasoning":
+            got, wanted = parse_structured(text), parse_structured(wanted)
+            got, wanted = (got.answer if got else ""), (wanted.answer if wanted else "")
+        else:
+            got = first_line(text)
+        same = (is_idk(got) and is_idk(wanted)) or (
+            bool(got) and not is_idk(wanted) and normalize_text(wanted) in normalize_text(got))
+        outcome = "target" if same else "idk" if is_idk(got) else "other"
+        found.setdefault(row["kind"], Counter())[outcome] += 1
+    return found

@@ -1,4 +1,4 @@
-"""training/finetune.py on a tiny Llama initialised at random from a config (SmolLM2's tokenizer, from the packaged
+"""training/llm_training.py on a tiny Llama initialised at random from a config (SmolLM2's tokenizer, from the packaged
 GGUF; nothing from a hub): SFT's loss on the completion only, a resumed run equal to an uninterrupted one, DPO, and
 the merged folder equal to base plus adapter."""
 
@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, TrainerCallback
 
 from models.llm.hf import converted_folder, embedded_gguf
-from training.finetune import ADAPTER, MANIFEST, TrainSettings, fitting_rows, merge, train
+from training.llm_training import ADAPTER, MANIFEST, TrainSettings, fitting_rows, merge, train
 from utils.model_folders import weights_hash
 
 SETTINGS = TrainSettings(lora_rank=4, lora_alpha=8, max_steps=4, batch_size=2, save_steps=2, bf16=False,
@@ -123,3 +123,21 @@ def test_rows_longer_than_max_length_are_dropped_not_cut(tiny):
     assert dropped == 1 and kept == [{"prompt": ROWS[0]["prompt"], "completion": ROWS[0]["completion"]}]
     with pytest.raises(ValueError, match="no training row fits"):
         train(tiny, [long], tiny.parent / "never", SETTINGS)
+
+
+def test_the_probe_reads_answers_as_the_serving_stage_does(tiny, monkeypatch):
+    """A model that writes the reasoning block's answer is scored by the answer inside it."""
+    from training import llm_training
+
+    block = "===START===\n## Answer: {}\n## False Premise: no\n===END==="
+    rows = [dict(row("capital of italy?", block.format("rome")), kind="extraction", prompt_name="reasoning"),
+            dict(row("who won in 1950?", block.format("i don't know")), kind="refusal", prompt_name="reasoning"),
+            dict(row("who directed it?", "francis ford coppola"), kind="own", prompt_name="summariser")]
+    replies = iter(["Thinking...\n" + block.format("Rome, Italy"), block.format("Uruguay"), "I don't know."])
+
+    def decoded(self, ids, skip_special_tokens=False):
+        return next(replies)
+
+    monkeypatch.setattr(type(AutoTokenizer.from_pretrained(tiny)), "decode", decoded)
+    found = llm_training.probe(tiny, rows, max_new_tokens=2)
+    assert found == {"extraction": {"target": 1}, "refusal": {"other": 1}, "own": {"idk": 1}}
