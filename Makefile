@@ -7,7 +7,8 @@
 # local run and a --ray run; quantize: GPTQ and round-to-nearest W4A16 of SmolLM2, time and held-out perplexity;
 # hf_cuda: the hf backend's deadline clock with an 8B-shaped model on a CUDA GPU, skipped without one; engine_cpu: vLLM's
 # CPU build against the hf backend, prompt-reading and generation rates on these cores; gate: the answer
-# gate's cross-validated score against no gate, always "i don't know" and an oracle).
+# gate's cross-validated score against no gate, always "i don't know" and an oracle; finetune: SmolLM2 trained on its own
+# judged runs (LoRA SFT), cross-fit over the gate sets, against the untrained model).
 # make gate: refit the answer gate configs/overlays/vllm-cpu.yaml ships (data/gates/cpu.json) on the served
 # SmolLM2's answers to data/gate_dev.jsonl and the KG questions of benchmarks/kg_reach, judged by the rules and a
 # person's verdicts (data/gate_dev/verdicts.jsonl); run it again whenever the reasoning prompts, settings or LLM change.
@@ -144,6 +145,7 @@ bench: $(STAMP) $(RAY_STAMP) $(QSTAMP) $(VSTAMP)
 	$(PY) -m benchmarks.hf_cuda
 	$(PY) -m benchmarks.engine_cpu
 	$(PY) -m benchmarks.gate
+	$(PY) -m benchmarks.finetune
 
 gate: $(STAMP) $(VSTAMP)
 	$(PY) -m benchmarks.gate --runs runs/gate --out data/gates/cpu.json

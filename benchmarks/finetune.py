@@ -58,6 +58,7 @@ class Variant:
     prompts: tuple[str, ...] = ("reasoning",)
     after: str | None = None  # a variant whose fold models this one starts from (DPO after SFT)
     drop: tuple[str, ...] = ()  # target kinds left out
+    targets: str = "short"  # training/judged_data.py's target form
 
     def keeps(self, row: dict) -> bool:
         return (row["prompt_name"] in self.prompts and (self.raft or not row["kind"].startswith("raft"))
@@ -71,10 +72,17 @@ VARIANTS = {
                                 prompts=("reasoning", "summariser")),
     # fewer "i don't know" targets (the RAFT removals), twice over: the first recipe answered "i don't know" to all
     "sft-2ep-noremoved": Variant(TrainSettings(lora_rank=16, learning_rate=3e-4, epochs=2.0), drop=("raft-removed",)),
+    # the references' answer-bearing sentence as the target: the short recipes' answers were made up
+    "sft-2ep-sentence": Variant(TrainSettings(lora_rank=16, learning_rate=3e-4, epochs=2.0), drop=("raft-removed",),
+                                targets="sentence"),
     "sft-full": Variant(TrainSettings(lora_rank=0, learning_rate=2e-5, epochs=1.0)),
     "sft-dpo": Variant(TrainSettings(method="dpo", lora_rank=16, learning_rate=5e-5, epochs=1.0, beta=0.1),
                        after="sft"),
 }
+
+
+def data_folder(root: Path, form: str) -> Path:
+    return root / ("data" if form == "short" else f"data-{form}")
 
 
 def verdicts_of(folder: Path) -> dict[str, tuple[str, str]]:
@@ -180,10 +188,13 @@ def main(argv: list[str] | None = None) -> int:
             if not (args.reuse or args.base) or not (base[name] / "predictions.jsonl").is_file():
                 seconds = answer_set(data, base[name], judge=PERSON, record_prompts=True)
                 print(f"base: {name} answered in {seconds:.0f} s into {base[name]}")
-        built, sources = build(list(base.values()), args.folds)
-        manifest = write(built, sources, root / "data", args.folds, True, 0)
-        print(f"data: {manifest['files'][SFT_FILE]['rows']} examples of {manifest['questions']} questions "
-              f"{manifest['kinds']}; skipped {manifest['skipped'] or 'none'}")
+        manifests = {}
+        for form in sorted({VARIANTS[name].targets for name in args.variant or ["sft"]}):
+            built, sources = build(list(base.values()), args.folds, form=form)
+            manifests[form] = write(built, sources, data_folder(root, form), args.folds, True, 0, form)
+            print(f"data ({form} targets): {manifests[form]['files'][SFT_FILE]['rows']} examples of "
+                  f"{manifests[form]['questions']} questions {manifests[form]['kinds']}; skipped "
+                  f"{manifests[form]['skipped'] or 'none'}")
         labels = {name: contains_copy(base[name], SETS[name], root / "base-contains" / name) for name in SETS}
         base_verdicts, base_dev = labelled(labels)
         lines = [HEADER, row("base (untrained)", base_verdicts, base_verdicts, base_dev)]
@@ -215,10 +226,11 @@ def main(argv: list[str] | None = None) -> int:
                     if not (start / "config.json").is_file():
                         raise SystemExit(f"error: {name} starts from {start}: run --variant {variant.after} first")
                 if not (args.reuse and (merged / "config.json").is_file()):
-                    data = root / "data" / (SFT_FILE if settings.method == "sft" else PAIRS_FILE)
+                    data = data_folder(root, variant.targets) / (SFT_FILE if settings.method == "sft" else PAIRS_FILE)
                     rows = [r for r in read_rows(data, set(range(args.folds)) - {fold}) if variant.keeps(r)]
                     train(start, rows, out, settings, resume=args.reuse, data_manifest={
-                        "path": str(data), "manifest": manifest, "excluded_fold": fold, "raft": variant.raft})
+                        "path": str(data), "manifest": manifests[variant.targets], "excluded_fold": fold,
+                        "raft": variant.raft})
                     if settings.lora_rank:
                         merge(start, out / ADAPTER, merged)
                 found = json.loads((out / TRAINING_MANIFEST).read_text(encoding="utf-8"))

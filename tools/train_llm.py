@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from models.config import ConfigError
-from training.judged_data import MANIFEST_FILE, PAIRS_FILE, SFT_FILE, build, read_rows, write
+from training.judged_data import FORMS_OF_TARGET, MANIFEST_FILE, PAIRS_FILE, SFT_FILE, build, read_rows, write
 from training.llm_training import ADAPTER, METHODS, TrainSettings, merge, probe, train
 from utils.cli import check_out, command
 
@@ -48,11 +48,11 @@ def run_data(args: argparse.Namespace) -> int:
         if not (folder / "predictions.jsonl").is_file():
             raise ConfigError(f"--run {folder}: no predictions.jsonl; give a run folder of local_evaluation.py")
     check_out(args.out)
-    built, sources = build(args.run, args.folds, raft=not args.no_raft, seed=args.seed)
+    built, sources = build(args.run, args.folds, raft=not args.no_raft, seed=args.seed, form=args.targets)
     if not built.sft:
         raise ConfigError(f"no training example in {', '.join(map(str, args.run))}: "
                           f"{dict(built.skipped) or 'no records'}")
-    manifest = write(built, sources, args.out, args.folds, not args.no_raft, args.seed)
+    manifest = write(built, sources, args.out, args.folds, not args.no_raft, args.seed, args.targets)
     print(f"wrote {args.out}: {manifest['files'][SFT_FILE]['rows']} SFT examples of {manifest['questions']} "
           f"questions {manifest['kinds']}, {manifest['files'][PAIRS_FILE]['rows']} preference pairs; skipped "
           f"{manifest['skipped'] or 'none'}")
@@ -124,6 +124,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     data.add_argument("--folds", type=int, default=2, help="folds by a hash of interaction_id (default 2)")
     data.add_argument("--no-raft", action="store_true", help="leave out the RAFT variants")
     data.add_argument("--seed", type=int, default=0)
+    data.add_argument("--targets", choices=FORMS_OF_TARGET, default="short", help="short: the gold answer (default); "
+                      "sentence: the references' sentence that holds it, and a right answer in full")
     data.set_defaults(func=run_data)
     fit = sub.add_parser("train", help="LoRA (or full) SFT or DPO with TRL")
     fit.add_argument("--data", type=Path, required=True, help="a folder `data` wrote")

@@ -44,6 +44,7 @@ from utils.answers import IDK, INVALID, contains_answer, is_idk, is_invalid
 
 ANSWERING_STAGE = "reasoning"
 FORMS = {"reasoning": answer_block, "summariser": lambda answer: answer}
+FORMS_OF_TARGET = ("short", "sentence")
 KINDS = ("own", "extraction", "refusal", "invalid", "raft-removed", "raft-distractors")
 # A right answer longer than this many words, and longer than twice the gold's, is replaced by the gold: the target
 # teaches short answers.
@@ -85,8 +86,24 @@ def short_answer(prediction: str, gold: str) -> str:
     return prediction if words <= max(SHORT_WORDS, 2 * len(gold.split())) else gold
 
 
-def target(record: Record, messages: list[dict[str, str]]) -> tuple[str, str] | None:
-    """(kind, answer) the conversation should have ended with, or None where its verdict does not say."""
+def answer_sentence(text: str, golds: list[str], query: str) -> str | None:
+    """The shortest prose sentence of `text` (blingfire's, of four words or more, the question left out) that holds a
+    gold answer as whole words, or None."""
+    from blingfire import text_to_sentences
+
+    lines = [line for line in text.splitlines() if line.strip() and (not query.strip()
+                                                                      or query.strip().lower() not in line.lower())]
+    # prose only: reference headers ("[n] page (updated ...)"), page names and table rows are not answers
+    prose = [line for line in lines if not line.lstrip().startswith(("[", "|", "Page name:", "#", "- "))]
+    found = [s.strip() for line in prose for s in text_to_sentences(line).splitlines()
+             if len(s.split()) >= 4 and contains_answer(s, golds)]
+    return min(found, key=len) if found else None
+
+
+def target(record: Record, messages: list[dict[str, str]], form: str = "short") -> tuple[str, str] | None:
+    """(kind, answer) the conversation should have ended with, or None where its verdict does not say. `form`
+    "sentence": an extraction's answer is the sentence of the references that holds the gold (what a small model
+    can copy), and a right answer is the model's own in full."""
     golds = golds_of(record)
     if not golds:
         return None
@@ -95,11 +112,13 @@ def target(record: Record, messages: list[dict[str, str]]) -> tuple[str, str] | 
     prediction = record.prediction if isinstance(record.prediction, str) else ""
     declined = is_idk(prediction) or record.verdict == MISS
     if record.verdict == CORRECT and not declined:
-        return "own", short_answer(" ".join(prediction.split()), golds[0])
+        own = " ".join(prediction.split())
+        return "own", own if form == "sentence" else short_answer(own, golds[0])
     if record.verdict not in (WRONG, MISS) and not declined:
         return None  # unjudged: nobody knows whether the answer was right
     if contains_answer(user_text(messages), golds):
-        return "extraction", golds[0]
+        sentence = answer_sentence(user_text(messages), golds, record.query or "") if form == "sentence" else None
+        return "extraction", sentence or golds[0]
     return "refusal", IDK
 
 
@@ -192,7 +211,8 @@ def example(record: Record, fold: int, prompt: str, messages: list[dict[str, str
 
 
 def raft_variants(source: Source, record: Record, conversation: dict[str, Any], kind: str, answer: str,
-                  others: list[Record], rng: random.Random) -> tuple[list[tuple[str, list[dict], str]], str | None]:
+                  others: list[Record], rng: random.Random
+                  ) -> tuple[list[tuple[str, list[dict], str]], str | None]:
     """([(kind, messages, answer)], why none) for the RAFT variants of an answer-bearing conversation."""
     if source.max_reference_chars is None:
         return [], "raft: the run folder's manifest names no reasoning.max_reference_chars"
@@ -221,9 +241,11 @@ def raft_variants(source: Source, record: Record, conversation: dict[str, Any], 
 
 
 def build(folders: Iterable[Path], folds: int, raft: bool = True, seed: int = 0,
-          held_out: Path = HELD_OUT) -> tuple[Built, list[dict[str, Any]]]:
+          held_out: Path = HELD_OUT, form: str = "short") -> tuple[Built, list[dict[str, Any]]]:
     """The examples and pairs of the judged run folders, and a source entry per folder for the manifest. A record
-    of a question in `held_out` is an error: that file never enters training."""
+    of a question in `held_out` is an error: that file never enters training. `form`: `target`'s."""
+    if form not in FORMS_OF_TARGET:
+        raise ConfigError(f"target form {form!r}: choose one of {', '.join(FORMS_OF_TARGET)}")
     held_ids, held_queries = held_out_questions(held_out) if held_out.is_file() else (set(), set())
     built, sources = Built(), []
     for folder in folders:
@@ -247,7 +269,7 @@ def build(folders: Iterable[Path], folds: int, raft: bool = True, seed: int = 0,
             prediction = record.prediction if isinstance(record.prediction, str) else ""
             for conversation in conversations:
                 prompt, messages = conversation["prompt"], conversation["messages"]
-                found = target(record, messages)
+                found = target(record, messages, form)
                 if found is None:
                     built.skipped["unjudged answer"] += 1
                     continue
@@ -273,7 +295,8 @@ def build(folders: Iterable[Path], folds: int, raft: bool = True, seed: int = 0,
     return built, sources
 
 
-def write(built: Built, sources: list[dict[str, Any]], out: Path, folds: int, raft: bool, seed: int) -> dict:
+def write(built: Built, sources: list[dict[str, Any]], out: Path, folds: int, raft: bool, seed: int,
+          form: str = "short") -> dict:
     """sft.jsonl, preferences.jsonl and data_manifest.json in `out`; returns the manifest."""
     out.mkdir(parents=True, exist_ok=True)
     files = {}
@@ -285,7 +308,7 @@ def write(built: Built, sources: list[dict[str, Any]], out: Path, folds: int, ra
     for row in built.sft:
         by_fold.setdefault(str(row["fold"]), Counter())[row["kind"]] += 1
     manifest = {"sources": sources, "folds": folds, "fold_of": "sha256(interaction_id) mod folds", "raft": raft,
-                "seed": seed, "files": files,
+                "seed": seed, "target_form": form, "files": files,
                 "kinds": dict(sorted(Counter(row["kind"] for row in built.sft).items())),
                 "kinds_by_fold": {f: dict(sorted(c.items())) for f, c in sorted(by_fold.items())},
                 "pairs_by_kind": dict(sorted(Counter(row["kind"] for row in built.pairs).items())),

@@ -172,3 +172,22 @@ def test_the_command_writes_the_data_and_its_manifest(folder, tmp_path, capsys):
     assert manifest["sources"][0]["folder"] == str(folder)
     assert f"{len(rows)} SFT examples" in capsys.readouterr().out
     assert {r["fold"] for r in judged_data.read_rows(tmp_path / "data" / judged_data.SFT_FILE, {1})} <= {1}
+
+
+def test_sentence_targets_copy_the_references_sentence_and_keep_a_right_answer_whole(folder, tmp_path):
+    built, _ = build([folder], folds=2, raft=False, held_out=tmp_path / "none.jsonl", form="sentence")
+    rows = {iid: [r["completion"][0]["content"] for r in found] for iid, found in by_id(built.sft).items()}
+    assert rows["missed"] == [answer_block("Rome is the capital of Italy.")]
+    assert rows["long"] == ["The Godfather of 1972 was directed by the American film maker Francis Ford Coppola"]
+    assert rows["absent"] == [answer_block(IDK)]  # refusals and false premises as before
+    assert rows["premise"] == [answer_block(INVALID)]
+
+
+def test_a_sentence_target_is_prose_never_the_question_or_a_reference_header():
+    text = ("### References\n[1] Rome | Wiki (updated 2024-01-01)\n\nRome is the capital of Italy.\n"
+            "| capital | Rome |\n### Question\nwhat is the capital of italy, rome or milan?")
+    assert judged_data.answer_sentence(text, ["rome"], "what is the capital of italy, rome or milan?") == (
+        "Rome is the capital of Italy.")
+    assert judged_data.answer_sentence(text, ["milan"], "what is the capital of italy, rome or milan?") is None
+    with pytest.raises(ConfigError, match="target form 'long'"):
+        build([], folds=2, form="long")
