@@ -161,18 +161,15 @@ def cross_validate(labelled: Labelled, seed: int = 0) -> CrossValidated:
 def fit_gate(labelled: Labelled, seed: int = 0) -> Gate:
     """The gate fit on `labelled` (TooFewLabels where it cannot be), with its cross-validated figures."""
     cv = cross_validate(labelled, seed)
-    columns, x, mean, scale, y, folds, c, oof, threshold = (cv.columns, cv.x, cv.mean, cv.scale, cv.y, cv.folds,
-                                                            cv.c, cv.oof, cv.threshold)
-    questions = len(set(labelled.questions))
-    model = LogisticRegression(C=c, max_iter=2000).fit(x, y)
-    answered = cv.answered
+    y, answered = cv.y, cv.answered
+    model = LogisticRegression(C=cv.c, max_iter=2000).fit(cv.x, y)
     ungated, gated = verdicts(y, np.ones(len(y), bool)), verdicts(y, answered)
     abstaining = [MISS] * len(y)
     figures = {
-        "records": len(y), "questions": questions, "correct": int(y.sum()), "wrong": int(len(y) - y.sum()),
-        "folds": folds, "C": c, "threshold": threshold,
+        "records": len(y), "questions": len(set(labelled.questions)), "correct": int(y.sum()),
+        "wrong": int(len(y) - y.sum()), "folds": cv.folds, "C": cv.c, "threshold": cv.threshold,
         "coverage": float(answered.mean()), "accuracy_answered": float(y[answered].mean()) if answered.any() else None,
-        "cv_score": {"no gate": crag_score(oof, y, 0.0), "gate": crag_score(oof, y, threshold),
+        "cv_score": {"no gate": crag_score(cv.oof, y, 0.0), "gate": crag_score(cv.oof, y, cv.threshold),
                      "always i don't know": 0.0, "oracle": float(y.mean())},
         "gate_minus_no_gate": paired_difference(ungated, gated, seed),
         "gate_minus_always_idk": paired_difference(abstaining, gated, seed),
@@ -181,6 +178,6 @@ def fit_gate(labelled: Labelled, seed: int = 0) -> Gate:
     weights = [float(w) for w in model.coef_[0]]
     figures["weights"] = {
         f"{c.signal}{'=' + c.value if c.value else ''}{' (missing)' if c.kind == 'missing' else ''}": w
-        for c, w in zip(columns, weights)
+        for c, w in zip(cv.columns, weights)
     }
-    return Gate(columns, mean, scale, weights, float(model.intercept_[0]), threshold, figures=figures)
+    return Gate(cv.columns, cv.mean, cv.scale, weights, float(model.intercept_[0]), cv.threshold, figures=figures)
