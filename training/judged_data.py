@@ -102,8 +102,8 @@ def answer_sentence(text: str, golds: list[str], query: str) -> str | None:
 
 def target(record: Record, messages: list[dict[str, str]], form: str = "short") -> tuple[str, str] | None:
     """(kind, answer) the conversation should have ended with, or None where its verdict does not say. `form`
-    "sentence": an extraction's answer is the sentence of the references that holds the gold (what a small model
-    can copy), and a right answer is the model's own in full."""
+    "sentence": an extraction's answer is the sentence of the references that holds the gold (the form of the base
+    model's right answers), and a right answer is the model's own in full."""
     golds = golds_of(record)
     if not golds:
         return None
