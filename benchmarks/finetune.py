@@ -86,10 +86,9 @@ def data_folder(root: Path, form: str) -> Path:
     return root / ("data" if form == "short" else f"data-{form}")
 
 
-def verdicts_of(folder: Path) -> dict[str, tuple[str, str]]:
-    """(verdict, prediction) by interaction_id of a judged run folder."""
-    return {iid: (r.get("verdict") or UNJUDGED, r.get("prediction") or "")
-            for iid, r in load_predictions(folder / "predictions.jsonl").items()}
+def verdicts_of(folder: Path) -> dict[str, str]:
+    """The verdict by interaction_id of a judged run folder."""
+    return {iid: r.get("verdict") or UNJUDGED for iid, r in load_predictions(folder / "predictions.jsonl").items()}
 
 
 def fold_file(data: Path, fold: int, folds: int, out: Path) -> Path:
@@ -157,7 +156,7 @@ def labelled(folders: dict[str, Path]) -> tuple[dict[str, str], int]:
     """Verdicts by interaction_id over the sets' folders, and how many are right on gate_dev."""
     found, dev = {}, 0
     for name, folder in folders.items():
-        verdicts = {i: v for i, (v, _) in verdicts_of(folder).items()}
+        verdicts = verdicts_of(folder)
         found.update(verdicts)
         dev += sum(v == CORRECT for v in verdicts.values()) if name == "gate-dev" else 0
     return found, dev

@@ -81,8 +81,9 @@ def _content_hash(name: str) -> str:
     path = resolve_path(name)
     if path.is_dir():
         return weights_hash(path)
-    if path.is_file():  # a .gguf file
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+    if path.is_file():  # a .gguf file, read in blocks
+        with path.open("rb") as handle:
+            return hashlib.file_digest(handle, "sha256").hexdigest()
     return f"missing: {name}"
 
 
