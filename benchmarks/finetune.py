@@ -22,6 +22,9 @@ fewer than the base's, and at least 31 right on gate_dev. It reports and never g
     .venv/bin/python -m benchmarks.finetune --runs runs/finetune --reuse  # keep and reuse what is done
     .venv/bin/python -m benchmarks.finetune --base runs/gate --variant sft --variant sft-noraft \\
         --untrained reasoning.summariser_max_tokens=64
+    # train on a GPU machine, then answer here: copy --runs back and run the same command with --reuse
+    .venv/bin/python -m benchmarks.finetune --runs runs/finetune --base runs/gate --variant sft-2ep-sentence-both \
+        --train-only
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from training.llm_training import ADAPTER, TrainSettings, merge, train
 from training.llm_training import MANIFEST as TRAINING_MANIFEST
 from utils.cli import command
 
-DEFAULT_VARIANT = "sft-2ep-sentence"
+DEFAULT_VARIANT = "sft-2ep-sentence-both"
 BASELINE_RIGHT = 31  # the organisers' rag_llama_baseline.py on gate_dev with the same weights (issue's figure)
 
 
@@ -76,9 +79,16 @@ VARIANTS = {
     # the references' answer-bearing sentence as the target: the short recipes' answers were made up
     "sft-2ep-sentence": Variant(TrainSettings(lora_rank=16, learning_rate=3e-4, epochs=2.0), drop=("raft-removed",),
                                 targets="sentence"),
+    # the summariser's conversations too: it gives most of the base's answers (benchmarks/README.md "Answer gate")
+    "sft-2ep-sentence-both": Variant(TrainSettings(lora_rank=16, learning_rate=3e-4, epochs=2.0),
+                                     drop=("raft-removed",), targets="sentence", prompts=("reasoning", "summariser")),
+    "sft-2ep-sentence-noraft": Variant(TrainSettings(lora_rank=16, learning_rate=3e-4, epochs=2.0), raft=False,
+                                       targets="sentence"),
     "sft-full": Variant(TrainSettings(lora_rank=0, learning_rate=2e-5, epochs=1.0)),
     "sft-dpo": Variant(TrainSettings(method="dpo", lora_rank=16, learning_rate=5e-5, epochs=1.0, beta=0.1),
                        after="sft"),
+    "sft-2ep-sentence-dpo": Variant(TrainSettings(method="dpo", lora_rank=16, learning_rate=5e-5, epochs=1.0,
+                                                  beta=0.1), after="sft-2ep-sentence", targets="sentence"),
 }
 
 
@@ -143,6 +153,14 @@ def gated(folders: list[Path]) -> dict[str, str] | str:
     return found
 
 
+def gated_rows(label: str, base_gated: dict[str, str] | str, tuned_gated: dict[str, str] | str) -> list[str]:
+    """The gated rows of a model's runs: against the base gated and against always "i don't know"."""
+    if isinstance(tuned_gated, str) or isinstance(base_gated, str):
+        return [f"| {label}, gated | no gate: {tuned_gated if isinstance(tuned_gated, str) else base_gated} |"]
+    return [row(f"{label}, gated, against the base gated", base_gated, tuned_gated),
+            row(f"{label}, gated, against always i don't know", {i: MISS for i in base_gated}, tuned_gated)]
+
+
 def contains_copy(folder: Path, data: Path, out: Path) -> Path:
     """A copy of a run folder judged again by the rules and the containment judge."""
     if out.exists():
@@ -162,6 +180,29 @@ def labelled(folders: dict[str, Path]) -> tuple[dict[str, str], int]:
     return found, dev
 
 
+def fold_model(root: Path, name: str, fold: int, args: argparse.Namespace, model: Path,
+               manifests: dict[str, dict]) -> tuple[Path, Path]:
+    """(the run folder, the model folder) of recipe `name` trained on every fold but `fold`; trained and merged
+    here unless --reuse finds the model folder already there."""
+    variant = VARIANTS[name]
+    settings = variant.settings if args.max_steps is None else replace(variant.settings, max_steps=args.max_steps)
+    out = root / name / f"fold{fold}"
+    merged = out / ("merged" if settings.lora_rank else "model")  # full fine-tuning saves model/
+    start = model
+    if variant.after is not None:
+        start = root / variant.after / f"fold{fold}" / "merged"
+        if not (start / "config.json").is_file():
+            raise SystemExit(f"error: {name} starts from {start}: run --variant {variant.after} first")
+    if not (args.reuse and (merged / "config.json").is_file()):
+        data = data_folder(root, variant.targets) / (SFT_FILE if settings.method == "sft" else PAIRS_FILE)
+        rows = [r for r in read_rows(data, set(range(args.folds)) - {fold}) if variant.keeps(r)]
+        train(start, rows, out, settings, resume=args.reuse, data_manifest={
+            "path": str(data), "manifest": manifests[variant.targets], "excluded_fold": fold, "raft": variant.raft})
+        if settings.lora_rank:
+            merge(start, out / ADAPTER, merged)
+    return out, merged
+
+
 @command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -176,10 +217,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--untrained", action="append", default=[], metavar="KEY=VALUE",
                         help="an untrained row: the base with this config setting; repeat")
     parser.add_argument("--max-steps", type=int, default=None, help="cap each training run (a quick look)")
+    parser.add_argument("--train-only", action="store_true", help="train the recipes' fold models and stop (on a "
+                        "GPU machine; copy --runs back and answer them here with --reuse)")
     args = parser.parse_args(argv)
-    if args.reuse and args.runs is None:
-        print("error: --reuse needs --runs, the folder that holds the runs", file=sys.stderr)
-        return 2
+    for flag, given in (("--reuse", args.reuse), ("--train-only", args.train_only)):
+        if given and args.runs is None:
+            print(f"error: {flag} needs --runs, the folder that holds the runs", file=sys.stderr)
+            return 2
     with tempfile.TemporaryDirectory(prefix="finetune-bench-") as scratch:
         root = args.runs or Path(scratch)
         base_root = args.base or root / "base"
@@ -195,6 +239,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"data ({form} targets): {manifests[form]['files'][SFT_FILE]['rows']} examples of "
                   f"{manifests[form]['questions']} questions {manifests[form]['kinds']}; skipped "
                   f"{manifests[form]['skipped'] or 'none'}")
+        model = converted_folder(embedded_gguf(), None)  # what --serve-llm serves with llm.hf.model null
+        if args.train_only:
+            for name in args.variant or [DEFAULT_VARIANT]:
+                for fold in range(args.folds):
+                    out, merged = fold_model(root, name, fold, args, model, manifests)
+                    print(f"{name}, fold {fold}: {merged}")
+            return 0
         labels = {name: contains_copy(base[name], SETS[name], root / "base-contains" / name) for name in SETS}
         base_verdicts, base_dev = labelled(labels)
         lines = [HEADER, row("base (untrained)", base_verdicts, base_verdicts, base_dev)]
@@ -203,7 +254,6 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"| base, gated | no gate: {base_gated} |")
         else:
             lines.append(row("base, gated (cross-validated)", base_verdicts, base_gated))
-        model = converted_folder(embedded_gguf(), None)  # what --serve-llm serves with llm.hf.model null
         for setting in args.untrained:
             folders = {name: root / "untrained" / setting.replace("=", "_") / name for name in SETS}
             for name, data in SETS.items():
@@ -211,31 +261,16 @@ def main(argv: list[str] | None = None) -> int:
                     answer_set(data, folders[name], judge="contains", sets=(setting,))
             verdicts, dev = labelled(folders)
             lines.append(row(f"untrained, {setting}", base_verdicts, verdicts, dev))
+            lines += gated_rows(f"untrained, {setting}", base_gated, gated(list(folders.values())))
         for name in args.variant or [DEFAULT_VARIANT]:
-            variant = VARIANTS[name]
-            settings = variant.settings if args.max_steps is None else replace(variant.settings,
-                                                                               max_steps=args.max_steps)
             pooled: dict[str, str] = {}
-            pooled_dev, seconds, tokens = 0, 0.0, 0.0
+            pooled_dev, seconds, tokens, devices = 0, 0.0, 0.0, set()
             for fold in range(args.folds):
-                out = root / name / f"fold{fold}"
-                merged = out / ("merged" if settings.lora_rank else "model")  # full fine-tuning saves model/
-                start = model
-                if variant.after is not None:
-                    start = root / variant.after / f"fold{fold}" / "merged"
-                    if not (start / "config.json").is_file():
-                        raise SystemExit(f"error: {name} starts from {start}: run --variant {variant.after} first")
-                if not (args.reuse and (merged / "config.json").is_file()):
-                    data = data_folder(root, variant.targets) / (SFT_FILE if settings.method == "sft" else PAIRS_FILE)
-                    rows = [r for r in read_rows(data, set(range(args.folds)) - {fold}) if variant.keeps(r)]
-                    train(start, rows, out, settings, resume=args.reuse, data_manifest={
-                        "path": str(data), "manifest": manifests[variant.targets], "excluded_fold": fold,
-                        "raft": variant.raft})
-                    if settings.lora_rank:
-                        merge(start, out / ADAPTER, merged)
+                out, merged = fold_model(root, name, fold, args, model, manifests)
                 found = json.loads((out / TRAINING_MANIFEST).read_text(encoding="utf-8"))
                 seconds += found["seconds"]
                 tokens += found["tokens_per_epoch"] * found["epochs"]
+                devices.add(found["device"])
                 folders = {}
                 for set_name, data in SETS.items():
                     folders[set_name] = out / set_name
@@ -248,16 +283,9 @@ def main(argv: list[str] | None = None) -> int:
                 fold_base = {i: v for i, v in base_verdicts.items() if i in verdicts}
                 lines.append(row(f"{name}, fold {fold} (trained on the others)", fold_base, verdicts, dev))
             lines.append(row(f"{name}, pooled", base_verdicts, pooled, pooled_dev))
-            tuned_gated = gated([root / name / f"fold{fold}" / set_name for fold in range(args.folds)
-                                 for set_name in SETS])
-            if isinstance(tuned_gated, str) or isinstance(base_gated, str):
-                why = tuned_gated if isinstance(tuned_gated, str) else base_gated
-                lines.append(f"| {name}, gated | no gate: {why} |")
-            else:
-                lines.append(row(f"{name}, gated, against the base gated", base_gated, tuned_gated))
-                lines.append(row(f"{name}, gated, against always i don't know", {i: MISS for i in base_gated},
-                                 tuned_gated))
-            lines.append(f"\n{name}: trained {seconds:.0f} s over {args.folds} folds, "
+            lines += gated_rows(name, base_gated, gated([root / name / f"fold{fold}" / set_name
+                                                         for fold in range(args.folds) for set_name in SETS]))
+            lines.append(f"\n{name}: trained {seconds:.0f} s over {args.folds} folds on {', '.join(sorted(devices))}, "
                          f"{tokens / seconds if seconds else 0:.0f} tokens/s\n")
         print("\n".join(lines))
         print(f"targets: right on gate_dev at least {BASELINE_RIGHT} (the organisers' RAG baseline, same weights); "

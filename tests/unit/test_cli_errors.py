@@ -98,6 +98,8 @@ CASES = {
                                 "no sft.jsonl; build it with `python tools/train_llm.py data`"),
     "finetune: an adapter folder without an adapter": ("tools.train_llm", lambda t: [
         "merge", "--adapter", str(t), "--out", str(t / "m")], "no adapter_config.json"),
+    "finetune bench: --train-only with nowhere to keep the models": (
+        "benchmarks.finetune", lambda t: ["--train-only"], "--train-only needs --runs"),
     "kg server: port out of range": ("tools.kg_server", lambda t: ["--port", "70000"], "--port 70000"),
     "kg server: not its parent": ("tools.kg_server", lambda t: ["--parent-pid", "1"], "not this server's parent"),
     "screenshot: zero width": ("tools.screenshot", lambda t: [str(SAMPLE), str(t / "p.png"), "--width", "0"],

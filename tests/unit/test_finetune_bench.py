@@ -36,3 +36,60 @@ def test_each_question_lands_in_one_fold_file(tmp_path):
         assert all(fold_of(r["interaction_id"], 2) == fold for r in rows)
         found += [r["interaction_id"] for r in rows]
     assert sorted(found) == sorted(ids)
+
+
+def test_a_variant_trained_after_another_starts_from_a_recipe_of_the_same_data():
+    from benchmarks.finetune import VARIANTS
+
+    for name, variant in VARIANTS.items():
+        if variant.after is not None:
+            first = VARIANTS[variant.after]  # a KeyError names a recipe that does not exist
+            assert first.after is None and first.settings.method == "sft" and variant.settings.method == "dpo", name
+            assert first.targets == variant.targets, name  # the pairs come from the data its start trained on
+
+
+def test_gated_rows_say_why_no_gate_was_fit_or_give_both_comparisons():
+    from benchmarks.finetune import gated_rows
+
+    assert gated_rows("t", {"a": CORRECT}, "too few labels") == ["| t, gated | no gate: too few labels |"]
+    assert gated_rows("t", "base had none", {"a": CORRECT}) == ["| t, gated | no gate: base had none |"]
+    base, tuned = {"a": CORRECT, "b": CORRECT}, {"a": CORRECT, "b": MISS}
+    against_base, against_idk = gated_rows("t", base, tuned)
+    assert against_base.startswith("| t, gated, against the base gated | 2 | 1 | 1 | 0 | +0.500 | -0.500")
+    assert "| 1/2 |" in against_base  # the base's right answer to b withheld
+    assert against_idk.startswith("| t, gated, against always i don't know | 2 | 1 | 1 | 0 | +0.500 | +0.500")
+
+
+def test_a_fold_model_trains_on_the_other_folds_rows_its_recipe_keeps(tmp_path, monkeypatch):
+    import argparse
+
+    import pytest
+
+    import benchmarks.finetune as bench
+
+    data = tmp_path / "data-sentence"
+    data.mkdir()
+    rows = [{"interaction_id": f"q{i}", "fold": i % 2, "kind": kind, "prompt_name": prompt, "prompt": [],
+             "completion": []}
+            for i, (kind, prompt) in enumerate([("extraction", "reasoning"), ("own", "reasoning"),
+                                                ("raft-removed", "reasoning"), ("raft-distractors", "reasoning"),
+                                                ("refusal", "summariser"), ("refusal", "reasoning")])]
+    (data / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    trained = []
+    monkeypatch.setattr(bench, "train", lambda start, rows, out, settings, **_: trained.append((start, rows, out)))
+    monkeypatch.setattr(bench, "merge", lambda start, adapter, merged: None)
+    args = argparse.Namespace(folds=2, reuse=False, max_steps=None)
+    out, merged = bench.fold_model(tmp_path, "sft-2ep-sentence-noraft", 0, args, tmp_path / "base", {"sentence": {}})
+    assert out == tmp_path / "sft-2ep-sentence-noraft" / "fold0" and merged == out / "merged"
+    start, kept, _ = trained[0]
+    assert start == tmp_path / "base"
+    # fold 1's rows only (odd ids), no RAFT variant, the reasoning prompt's conversations only
+    assert [r["interaction_id"] for r in kept] == ["q1", "q5"]
+    with pytest.raises(SystemExit, match="run --variant sft-2ep-sentence first"):
+        bench.fold_model(tmp_path, "sft-2ep-sentence-dpo", 0, args, tmp_path / "base", {"sentence": {}})
+    (tmp_path / "sft-2ep-sentence" / "fold1" / "merged").mkdir(parents=True)
+    (tmp_path / "sft-2ep-sentence" / "fold1" / "merged" / "config.json").write_text("{}")
+    reused = argparse.Namespace(folds=2, reuse=True, max_steps=None)
+    assert bench.fold_model(tmp_path, "sft-2ep-sentence", 1, reused, tmp_path / "base", {}) == (
+        tmp_path / "sft-2ep-sentence" / "fold1", tmp_path / "sft-2ep-sentence" / "fold1" / "merged")
+    assert len(trained) == 1  # --reuse found the model folder: nothing trained again

@@ -1,6 +1,6 @@
 import pytest
 
-from models.prompting import PromptError, PromptLibrary, load_prompt
+from models.prompting import PROMPT_DIR, PromptError, PromptLibrary, load_prompt
 from tests.conftest import write
 
 GOOD = "variables: [query]\nsystem: Be brief.\nuser: 'Q: {{ query }}'\n"
@@ -82,3 +82,18 @@ def test_reasoning_prompt_leaves_out_empty_sections():
 @pytest.mark.parametrize("name", ["reasoning", "summariser", "knowledge", "calculator", "attributes"])
 def test_every_shipped_prompt_loads(name):
     assert PromptLibrary().get(name).variables
+
+
+@pytest.mark.parametrize("path", sorted((PROMPT_DIR / "variants").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_variant_fits_the_prompt_it_replaces(path):
+    # a variant named <prompt>_<what> is rendered by <prompt>'s stage: the same variables, no more, no fewer
+    name = next(stem for stem in sorted(p.stem for p in PROMPT_DIR.glob("*.yaml")) if path.stem.startswith(f"{stem}_"))
+    assert load_prompt(path, name).variables == PromptLibrary().get(name).variables
+
+
+def test_the_one_line_variants_reply_is_read_by_the_reasoning_stage():
+    from models.stages.reasoning import parse_structured
+
+    system = load_prompt(PROMPT_DIR / "variants" / "reasoning_one_line.yaml", "reasoning").system.render()
+    assert "Answer: " in system  # the label the stage's parser reads, when no ===START=== block comes
+    assert parse_structured("Answer: 1989").answer == "1989"
