@@ -8,7 +8,10 @@ Task-3 query), or on data/ when that folder is absent; the cache is off, so ever
 Figures are the median of --repeat interleaved runs, with each run shown.
 
 Embedding: the candidates of the real questions embedded in batches cut in the order they come (mixed lengths)
-and in batches of similar length (Embedder.encode's deadline path), texts per second.
+and in batches of similar length (Embedder.encode's deadline path), texts per second. Then each
+`embedder.precision` the device runs natively against float32 (interleaved, the median of --repeat): texts per
+second, the least cosine of a vector to its float32 one, and on every set the top-10 overlap (the mean over
+questions of |top-10 & float32's top-10| / 10, candidates ranked by cosine to the query).
 
 Answer recall: the share of questions whose gold answer (or an alternative) occurs, as whole words, in the
 references the references stage selects (same stage, MiniLM embedder, top-k and table budget), with pages
@@ -60,6 +63,7 @@ from models.stages.stage import run_alone
 from models.state import QueryState
 from utils.chunking import seed_chunks, split_sentences
 from utils.cli import command
+from utils.hardware import bf16_supported
 from utils.time_budget import Deadline
 from utils.web_pages import EXTRACTORS, PageProcessor, PageSettings, ProcessedPage, process_html
 
@@ -67,6 +71,8 @@ SHARED = REPO_ROOT.parent / "shared" / "crag_sample" / "crag_public_sample_5.jso
 DATA = REPO_ROOT / "data" / "crag_sample.jsonl"
 GATE_DEV = REPO_ROOT / "data" / "gate_dev.jsonl"
 TASK3_PAGES = 50
+TOP_K = 10  # the rankings' agreement is read over the best ten candidates of each question
+PRECISIONS = ("float32", "bfloat16")
 
 
 def seed_tables(html: str, page_name: str) -> list[str]:
@@ -172,14 +178,21 @@ def extraction(unique: list[tuple[str, str]], settings: PageSettings, workers: i
     return medians
 
 
-def embedding(examples: list[dict[str, Any]], config: Any, embedder: Embedder) -> None:
-    """Texts per second with batches cut in arrival order against Embedder.encode's batches of similar length."""
+def question_candidates(examples: list[dict[str, Any]], config: Any) -> list[tuple[str, list[str]]]:
+    """Per question, its query and the candidate texts the references stage embeds for it."""
     settings = PageSettings.from_config(config.references)
-    texts = []
+    found = []
     for example in examples:
         pages = example["search_results"]
         processed = [process_html(p.get("page_result"), str(p.get("page_name")), settings) for p in pages]
-        texts += [ref.embedded_as() for ref in candidates(pages, processed, config.references.use_snippets)]
+        found.append((example["query"], [ref.embedded_as() for ref in candidates(pages, processed,
+                                                                                config.references.use_snippets)]))
+    return found
+
+
+def embedding(examples: list[dict[str, Any]], config: Any, embedder: Embedder) -> None:
+    """Texts per second with batches cut in arrival order against Embedder.encode's batches of similar length."""
+    texts = [text for _, texts in question_candidates(examples, config) for text in texts]
     size = config.embedder.batch_size
     embedder.encode(texts[:size])  # warm-up
     started = time.perf_counter()
@@ -191,6 +204,59 @@ def embedding(examples: list[dict[str, Any]], config: Any, embedder: Embedder) -
     sorted_rate = len(texts) / (time.perf_counter() - started)
     print(f"embedding: {len(texts)} candidates, batches of {size}: in arrival order {arrival:.0f} texts/s, "
           f"of similar length {sorted_rate:.0f} texts/s ({sorted_rate / arrival:.2f}x)")
+
+
+def top_overlap(reference: tuple[np.ndarray, list[np.ndarray]], other: tuple[np.ndarray, list[np.ndarray]],
+                k: int = TOP_K) -> float:
+    """The mean over questions of |top-k of `other` & top-k of `reference`| / k, each question's candidates ranked by
+    cosine to its query (queries as rows, candidates as one matrix per question); k shrinks to the candidates."""
+    shares = []
+    for query_a, cands_a, query_b, cands_b in zip(reference[0], reference[1], other[0], other[1]):
+        n = min(k, len(cands_a))
+        if n:
+            top_a = set(np.argsort(-(cands_a @ query_a), kind="stable")[:n].tolist())
+            top_b = set(np.argsort(-(cands_b @ query_b), kind="stable")[:n].tolist())
+            shares.append(len(top_a & top_b) / n)
+    return float(np.mean(shares)) if shares else 1.0
+
+
+def precisions(sets: dict[str, list[dict[str, Any]]], speed_set: str, config: Any, rounds: int) -> None:
+    """Each `embedder.precision` the device runs natively against float32 in one run: texts/s on the speed set's
+    candidates (the stage's path, `rounds` interleaved runs, the median), the least cosine of a vector to its float32
+    one, and the top-10 overlap of each set's rankings with float32's."""
+    encoders = {name: Embedder(replace(config.embedder, precision=name)) for name in PRECISIONS
+                if name == "float32" or bf16_supported(config.embedder.device)}
+    if len(encoders) == 1:
+        print(f"embedding precision: {config.embedder.device} has no native bfloat16; float32 only")
+        return
+    questions = {name: question_candidates(examples, config) for name, examples in sets.items()}
+    texts = [text for _, candidates_ in questions[speed_set] for text in candidates_]
+    times: dict[str, list[float]] = {name: [] for name in encoders}
+    for encoder in encoders.values():
+        encoder.encode(texts[:config.embedder.batch_size])  # warm-up
+    for _ in range(rounds):
+        for name, encoder in encoders.items():
+            started = time.perf_counter()
+            encoder.encode(texts, deadline=Deadline(float("inf")))
+            times[name].append(time.perf_counter() - started)
+    vectors = {name: {set_name: embedded(encoder, found) for set_name, found in questions.items()}
+               for name, encoder in encoders.items()}
+    base = statistics.median(times["float32"])
+    for name in encoders:
+        rate = len(texts) / statistics.median(times[name])
+        cosine = min(float(np.min(np.sum(np.vstack(a[1] + [a[0]]) * np.vstack(b[1] + [b[0]]), axis=1)))
+                     for a, b in zip(vectors["float32"].values(), vectors[name].values()))
+        overlaps = ", ".join(f"{set_name} {top_overlap(vectors['float32'][set_name], vectors[name][set_name]):.1%}"
+                             for set_name in questions)
+        print(f"embedding precision {name}: {rate:.0f} texts/s ({base / statistics.median(times[name]):.2f}x "
+              f"float32, {_fmt([len(texts) / t for t in times[name]])}); least cosine to float32 {cosine:.5f}; "
+              f"top-{TOP_K} overlap with float32: {overlaps}")
+
+
+def embedded(encoder: Embedder, questions: list[tuple[str, list[str]]]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The queries' vectors as rows, and each question's candidates' vectors."""
+    queries = encoder.encode([query for query, _ in questions])
+    return queries, [encoder.encode(texts) for _, texts in questions]
 
 
 def stage_seconds(examples: list[dict[str, Any]], config: Any, embedder: Embedder,
@@ -267,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
 
     embedder = Embedder(config.embedder)
     embedding(sets[speed_set], config, embedder)
+    precisions(sets, speed_set, config, args.repeat)
 
     found: dict[str, int] = {}
     total = 0

@@ -24,6 +24,7 @@ from typing import Any
 
 from loguru import logger
 
+from utils.hardware import bf16_supported
 from utils.model_folders import portable_tokenizer, weights_hash
 
 METHODS = ("sft", "dpo")
@@ -58,19 +59,6 @@ class TrainSettings:
             raise ValueError(f"method {self.method!r}: choose one of {', '.join(METHODS)}")
         if self.lora_rank < 0 or self.batch_size < 1 or self.grad_accum < 1 or self.max_length < 16:
             raise ValueError("lora_rank >= 0, batch_size >= 1, grad_accum >= 1 and max_length >= 16")
-
-
-def bf16_supported(device: str) -> bool:
-    """Whether bfloat16 autocast runs natively: a CUDA device that supports it, or a CPU with AMX or AVX512-BF16."""
-    import torch
-
-    if device == "cuda":
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    try:
-        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8")
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
 def fitting_rows(rows: list[dict[str, Any]], tokenizer: Any, method: str, max_length: int

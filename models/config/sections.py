@@ -139,6 +139,10 @@ class EmbedderConfig:
     """Texts per encoding batch."""
     max_seq_length: int | None = field(default=None, metadata=at_least(1))
     """Tokens of a text that are read, the rest cut; null: the model folder's own limit (MiniLM's 256)."""
+    precision: Literal["float32", "bfloat16"] = "float32"
+    """bfloat16: the encoder's matrix products under bfloat16 autocast, where the device has it natively (a CPU with
+    AMX or AVX512-BF16, a CUDA GPU with bf16; refused elsewhere); the weights and the vectors stay float32. Speed
+    and agreement with float32: benchmarks/pages.py's embedding line."""
 
 
 @dataclass

@@ -10,8 +10,9 @@ from typing import TypeVar
 import numpy as np
 from loguru import logger
 
-from models.config import EmbedderConfig
+from models.config import ConfigError, EmbedderConfig
 from models.llm.backend import BackendUnavailable
+from utils.hardware import bf16_supported
 from utils.time_budget import Deadline
 
 T = TypeVar("T")
@@ -45,6 +46,10 @@ class Embedder:
     def __init__(self, config: EmbedderConfig) -> None:
         from sentence_transformers import SentenceTransformer
 
+        if config.precision == "bfloat16" and not bf16_supported(config.device):
+            raise ConfigError(f"embedder.precision bfloat16: {config.device} has no native bfloat16 (a CPU with AMX "
+                              "or AVX512-BF16, or a CUDA GPU with bf16), where it runs slower than float32; set "
+                              "embedder.precision: float32")
         path = Path(config.model).expanduser() if config.model else packaged_minilm()
         self.config = config
         self.name = path.name if config.model else PACKAGED_NAME
@@ -81,8 +86,17 @@ class Embedder:
         return self._prefix(rows)
 
     def _encode(self, texts: list[str]) -> np.ndarray:
-        return self.model.encode(texts, batch_size=self.config.batch_size, normalize_embeddings=True,
-                                 convert_to_numpy=True, show_progress_bar=False).astype(np.float32, copy=False)
+        if self.config.precision == "float32":
+            return self.model.encode(texts, batch_size=self.config.batch_size, normalize_embeddings=True,
+                                     convert_to_numpy=True, show_progress_bar=False).astype(np.float32, copy=False)
+        import torch
+
+        device_type = "cuda" if self.config.device.startswith("cuda") else "cpu"
+        with torch.autocast(device_type, dtype=torch.bfloat16):
+            vectors = self.model.encode(texts, batch_size=self.config.batch_size, convert_to_tensor=True,
+                                        show_progress_bar=False)
+        # unit length in float32, whatever precision the model's own last module ran in
+        return torch.nn.functional.normalize(vectors.float(), dim=-1).cpu().numpy()
 
     def _prefix(self, rows: list[np.ndarray | None]) -> np.ndarray:
         """The rows before the first text left unembedded (a window cut short embeds some later texts too)."""

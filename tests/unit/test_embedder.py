@@ -1,10 +1,12 @@
-"""The embedder's deadline path: batches of similar length, rows in the texts' order, a prefix when cut short."""
+"""The embedder's deadline path (batches of similar length, rows in the texts' order, a prefix when cut short) and
+its bfloat16 precision."""
 
 import numpy as np
 import pytest
 
 from models.config import EmbedderConfig
 from models.retrieval.embedder import WINDOW_BATCHES, Embedder
+from utils.hardware import bf16_supported
 from utils.time_budget import Deadline
 
 
@@ -53,3 +55,32 @@ def test_a_deadline_passed_half_way_leaves_the_rows_of_the_first_texts_only(embe
 
 def test_an_expired_deadline_embeds_nothing(embedder):
     assert embedder.encode(TEXTS, deadline=Deadline(0)).shape == (0, embedder.dimension)
+
+
+def test_bfloat16_is_refused_where_the_device_lacks_it(monkeypatch):
+    import models.retrieval.embedder as module
+    from models.config import ConfigError
+
+    monkeypatch.setattr(module, "bf16_supported", lambda device: False)
+    with pytest.raises(ConfigError, match="set embedder.precision: float32"):
+        Embedder(EmbedderConfig(precision="bfloat16"))
+
+
+QUERY = "who directed the godfather"
+PASSAGES = ["The Godfather is a 1972 American crime film directed by Francis Ford Coppola.",
+            "Casablanca is a 1942 romantic drama directed by Michael Curtiz.",
+            "The 1989 album was released by Taylor Swift on October 27, 2014.",
+            ("word " * 200).strip()]
+
+
+@pytest.mark.skipif(not bf16_supported("cpu"), reason="this CPU has neither AMX nor AVX512-BF16")
+def test_bfloat16_vectors_are_float32_unit_vectors_that_rank_as_float32_does(embedder):
+    half = Embedder(EmbedderConfig(batch_size=4, precision="bfloat16"))
+    texts = [QUERY, *PASSAGES]
+    exact, fast = embedder.encode(texts), half.encode(texts)
+    assert fast.dtype == np.float32 and np.allclose(np.linalg.norm(fast, axis=1), 1.0, atol=1e-5)
+    assert np.all((exact * fast).sum(axis=1) > 0.999)
+    assert not np.array_equal(exact, fast)  # the autocast really ran: bfloat16 products round differently
+    assert np.argsort(-(exact[1:] @ exact[0])).tolist() == np.argsort(-(fast[1:] @ fast[0])).tolist()
+    # the deadline path gives the same vectors in bfloat16 too
+    assert np.allclose(half.encode(texts, deadline=Deadline(float("inf"))), fast, atol=1e-6)
