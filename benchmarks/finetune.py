@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             lines.append(row("base, gated (cross-validated)", base_verdicts, base_gated))
         for setting in args.untrained:
-            folders = {name: root / "untrained" / setting.replace("=", "_") / name for name in SETS}
+            folders = {name: root / "untrained" / setting.replace("=", "_").replace("/", "_") / name for name in SETS}
             for name, data in SETS.items():
                 if not (args.reuse and (folders[name] / "predictions.jsonl").is_file()):
                     answer_set(data, folders[name], judge="contains", sets=(setting,))

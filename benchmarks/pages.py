@@ -190,9 +190,9 @@ def question_candidates(examples: list[dict[str, Any]], config: Any) -> list[tup
     return found
 
 
-def embedding(examples: list[dict[str, Any]], config: Any, embedder: Embedder) -> None:
+def embedding(questions: list[tuple[str, list[str]]], config: Any, embedder: Embedder) -> None:
     """Texts per second with batches cut in arrival order against Embedder.encode's batches of similar length."""
-    texts = [text for _, texts in question_candidates(examples, config) for text in texts]
+    texts = [text for _, texts in questions for text in texts]
     size = config.embedder.batch_size
     embedder.encode(texts[:size])  # warm-up
     started = time.perf_counter()
@@ -220,7 +220,7 @@ def top_overlap(reference: tuple[np.ndarray, list[np.ndarray]], other: tuple[np.
     return float(np.mean(shares)) if shares else 1.0
 
 
-def precisions(sets: dict[str, list[dict[str, Any]]], speed_set: str, config: Any, rounds: int) -> None:
+def precisions(questions: dict[str, list[tuple[str, list[str]]]], speed_set: str, config: Any, rounds: int) -> None:
     """Each `embedder.precision` the device runs natively against float32 in one run: texts/s on the speed set's
     candidates (the stage's path, `rounds` interleaved runs, the median), the least cosine of a vector to its float32
     one, and the top-10 overlap of each set's rankings with float32's."""
@@ -229,7 +229,6 @@ def precisions(sets: dict[str, list[dict[str, Any]]], speed_set: str, config: An
     if len(encoders) == 1:
         print(f"embedding precision: {config.embedder.device} has no native bfloat16; float32 only")
         return
-    questions = {name: question_candidates(examples, config) for name, examples in sets.items()}
     texts = [text for _, candidates_ in questions[speed_set] for text in candidates_]
     times: dict[str, list[float]] = {name: [] for name in encoders}
     for encoder in encoders.values():
@@ -332,8 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     ms = extraction(unique, settings, args.workers, args.repeat)
 
     embedder = Embedder(config.embedder)
-    embedding(sets[speed_set], config, embedder)
-    precisions(sets, speed_set, config, args.repeat)
+    questions = {name: question_candidates(examples, config) for name, examples in sets.items()}
+    embedding(questions[speed_set], config, embedder)
+    precisions(questions, speed_set, config, args.repeat)
 
     found: dict[str, int] = {}
     total = 0
