@@ -8,10 +8,11 @@ Task-3 query), or on data/ when that folder is absent; the cache is off, so ever
 Figures are the median of --repeat interleaved runs, with each run shown.
 
 Embedding: the candidates of the real questions embedded in batches cut in the order they come (mixed lengths)
-and in batches of similar length (Embedder.encode's deadline path), texts per second. Then each
-`embedder.precision` the device runs natively against float32 (interleaved, the median of --repeat): texts per
-second, the least cosine of a vector to its float32 one, and on every set the top-10 overlap (the mean over
-questions of |top-10 & float32's top-10| / 10, candidates ranked by cosine to the query).
+and in batches of similar length (Embedder.encode's deadline path), texts per second. Then each encoder the
+device runs (`embedder.backend` torch or openvino, `embedder.precision` float32 or, where native, bfloat16) against
+torch/float32 (interleaved, the median of --repeat): texts per second, the least cosine of a vector to its float32
+one, and on every set the top-10 overlap (the mean over questions of |top-10 & float32's top-10| / 10, candidates
+ranked by cosine to the query). The attributes SVM's predictions over every set's queries with each encoder.
 
 Answer recall: the share of questions whose gold answer (or an alternative) occurs, as whole words, in the
 references the references stage selects (same stage, MiniLM embedder, top-k and table budget), with pages
@@ -19,18 +20,22 @@ processed the seed's way or ours, on the real questions, data/ and data/gate_dev
 are not counted. The token recall beside it is the mean share of the answer's words found.
 
 Stage time: the references stage's wall seconds per real 5-page question (pages, candidates, embedding, ranking;
-the page pool of configs/cpu.yaml, no cache), the median over the real questions.
+the page pool of configs/cpu.yaml, no cache), the median over the real questions, with the shipped encoder
+(configs/cpu.yaml's) and torch/float32 in turn.
 
 Task 3: each question keeps its own pages and is padded to 50 with pages of the other questions (the real pages
 and data/gate_dev/pages), in a seeded random order; --task3-questions of them (the real ones first). Each
-`references.max_pages` k is run: the query's pages ranked by title and snippet, the best k parsed; 0 parses all.
-Recall and the median seconds per query, one query at a time.
+`references.max_pages` k is run with the shipped encoder: the query's pages ranked by title and snippet, the best k
+parsed; 0 parses all. Recall and the median seconds per query, one query at a time. Then, at configs/cpu.yaml's
+max_pages, every encoder in turn, question by question.
 
 The last lines are:
 pages: seed X ms/page, ours Y ms/page (resiliparse), trafilatura T ms/page, speedup Z.ZZx, pool W.WWx, recall ours
 R/N trafilatura Q/N seed S/N
-references: M.MM s per real 5-page question (median of K)
-task3: all 50 pages A.AA s/query recall R/N; max_pages k: B.BB s/query recall R/N; ...
+encoders: B/P shipped (backend/precision); recall ours torch/float32 R/N, ...
+references (B/P shipped): torch/float32 F.FF s, B/P M.MM s (0.NNx torch/float32) per real 5-page question ...
+task3 by encoder, max_pages 20: torch/float32 F.FF s, ..., B/P A.AA s (0.NNx torch/float32); recall ...
+task3 (B/P): all 50 pages A.AA s/query recall R/N; max_pages k: B.BB s/query recall R/N; ...
 """
 
 from __future__ import annotations
@@ -56,8 +61,9 @@ import trafilatura
 from bs4 import BeautifulSoup
 
 from evaluation.recall import answer_found, recall, token_recall
-from models.config import REPO_ROOT, load_config
+from models.config import REPO_ROOT, load_config, resolve_path
 from models.retrieval.embedder import Embedder
+from models.stages.attributes import SVMAttributes
 from models.stages.references import ReferencesStage, candidates
 from models.stages.stage import run_alone
 from models.state import QueryState
@@ -72,7 +78,9 @@ DATA = REPO_ROOT / "data" / "crag_sample.jsonl"
 GATE_DEV = REPO_ROOT / "data" / "gate_dev.jsonl"
 TASK3_PAGES = 50
 TOP_K = 10  # the rankings' agreement is read over the best ten candidates of each question
+BACKENDS = ("torch", "openvino")
 PRECISIONS = ("float32", "bfloat16")
+BASELINE = "torch/float32"
 
 
 def seed_tables(html: str, page_name: str) -> list[str]:
@@ -220,36 +228,63 @@ def top_overlap(reference: tuple[np.ndarray, list[np.ndarray]], other: tuple[np.
     return float(np.mean(shares)) if shares else 1.0
 
 
-def precisions(questions: dict[str, list[tuple[str, list[str]]]], speed_set: str, config: Any, rounds: int) -> None:
-    """Each `embedder.precision` the device runs natively against float32 in one run: texts/s on the speed set's
-    candidates (the stage's path, `rounds` interleaved runs, the median), the least cosine of a vector to its float32
-    one, and the top-10 overlap of each set's rankings with float32's."""
-    encoders = {name: Embedder(replace(config.embedder, precision=name)) for name in PRECISIONS
-                if name == "float32" or bf16_supported(config.embedder.device)}
-    if len(encoders) == 1:
-        print(f"embedding precision: {config.embedder.device} has no native bfloat16; float32 only")
-        return
+def encoder_settings(config: Any) -> dict[str, Any]:
+    """Each `embedder.backend`/`embedder.precision` pair the device runs (bfloat16 only where it is native, OpenVINO
+    only on the CPU), by label, torch/float32 first: the baseline every other is compared with."""
+    native = bf16_supported(config.embedder.device)
+    return {f"{backend}/{precision}": replace(config.embedder, backend=backend, precision=precision)
+            for backend in BACKENDS for precision in PRECISIONS
+            if (precision == "float32" or native) and (backend == "torch" or config.embedder.device == "cpu")}
+
+
+def label_of(settings: Any) -> str:
+    return f"{settings.backend}/{settings.effective_precision()}"
+
+
+def encoders(questions: dict[str, list[tuple[str, list[str]]]], speed_set: str, encoders_: dict[str, Embedder],
+             rounds: int) -> None:
+    """Each encoder against torch/float32 in one run: texts/s on the speed set's candidates (the stage's path,
+    `rounds` interleaved runs, the median), the least cosine of a vector to its float32 one, and the top-10 overlap
+    of each set's rankings with float32's."""
     texts = [text for _, candidates_ in questions[speed_set] for text in candidates_]
-    times: dict[str, list[float]] = {name: [] for name in encoders}
-    for encoder in encoders.values():
-        encoder.encode(texts[:config.embedder.batch_size])  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in encoders_}
+    for encoder in encoders_.values():
+        encoder.encode(texts[:encoder.config.batch_size])  # warm-up
     for _ in range(rounds):
-        for name, encoder in encoders.items():
+        for name, encoder in encoders_.items():
             started = time.perf_counter()
             encoder.encode(texts, deadline=Deadline(float("inf")))
             times[name].append(time.perf_counter() - started)
     vectors = {name: {set_name: embedded(encoder, found) for set_name, found in questions.items()}
-               for name, encoder in encoders.items()}
-    base = statistics.median(times["float32"])
-    for name in encoders:
+               for name, encoder in encoders_.items()}
+    base = statistics.median(times[BASELINE])
+    for name in encoders_:
         rate = len(texts) / statistics.median(times[name])
         cosine = min(float(np.min(np.sum(np.vstack(a[1] + [a[0]]) * np.vstack(b[1] + [b[0]]), axis=1)))
-                     for a, b in zip(vectors["float32"].values(), vectors[name].values()))
-        overlaps = ", ".join(f"{set_name} {top_overlap(vectors['float32'][set_name], vectors[name][set_name]):.1%}"
+                     for a, b in zip(vectors[BASELINE].values(), vectors[name].values()))
+        overlaps = ", ".join(f"{set_name} {top_overlap(vectors[BASELINE][set_name], vectors[name][set_name]):.1%}"
                              for set_name in questions)
-        print(f"embedding precision {name}: {rate:.0f} texts/s ({base / statistics.median(times[name]):.2f}x "
-              f"float32, {_fmt([len(texts) / t for t in times[name]])}); least cosine to float32 {cosine:.5f}; "
-              f"top-{TOP_K} overlap with float32: {overlaps}")
+        print(f"embedding {name}: {rate:.0f} texts/s ({base / statistics.median(times[name]):.2f}x {BASELINE}, "
+              f"{_fmt([len(texts) / t for t in times[name]])}); least cosine to {BASELINE} {cosine:.5f}; "
+              f"top-{TOP_K} overlap with {BASELINE}: {overlaps}")
+
+
+def attribute_predictions(sets: dict[str, list[dict[str, Any]]], encoders_: dict[str, Embedder],
+                          config: Any) -> None:
+    """The attributes SVM (trained on torch float32 vectors) over every set's queries with each encoder: domains and
+    dynamism right against the sets' labels, and the questions whose prediction differs from torch/float32's."""
+    svm = SVMAttributes.load(resolve_path(config.attributes.svm_model))
+    examples = [example for examples in sets.values() for example in examples]
+    queries = [example["query"] for example in examples]
+    predicted = {label: svm.predict(encoder.encode(queries)) for label, encoder in encoders_.items()}
+    parts = []
+    for label, pairs in predicted.items():
+        domains = sum(domain == e["domain"] for (domain, _), e in zip(pairs, examples))
+        dynamism = sum(kind == e["static_or_dynamic"] for (_, kind), e in zip(pairs, examples))
+        differ = sum(pair != base for pair, base in zip(pairs, predicted[BASELINE]))
+        parts.append(f"{label} domain {domains}, dynamism {dynamism}, {differ} differ")
+    print(f"attributes SVM on {len(queries)} queries (right of {len(queries)}; predictions that differ from "
+          f"{BASELINE}'s): " + "; ".join(parts))
 
 
 def embedded(encoder: Embedder, questions: list[tuple[str, list[str]]]) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -275,6 +310,27 @@ def stage_seconds(examples: list[dict[str, Any]], config: Any, embedder: Embedde
         found.append(answer_found(example, texts))
         tokens.append(token_recall(example, texts))
     return seconds, found, tokens
+
+
+def interleaved(examples: list[dict[str, Any]], config: Any, embedders: dict[str, Embedder],
+                processor: PageProcessor) -> dict[str, tuple[list[float], list[bool]]]:
+    """stage_seconds under each embedder, question by question in turn (a busy spell slows them all alike): per
+    embedder, the seconds and whether the answer was found."""
+    timed: dict[str, tuple[list[float], list[bool]]] = {label: ([], []) for label in embedders}
+    for example in examples:
+        for label, embedder in embedders.items():
+            seconds, found, _ = stage_seconds([example], config, embedder, processor)
+            timed[label][0].extend(seconds)
+            timed[label][1].extend(found)
+    return timed
+
+
+def _against(timed: dict[str, tuple[list[float], list[bool]]]) -> str:
+    """"torch/float32 F s, other X s (0.NNx torch/float32), ...": each embedder's median seconds and its ratio."""
+    base = statistics.median(timed[BASELINE][0])
+    return ", ".join(f"{label} {statistics.median(seconds):.2f} s"
+                     + ("" if label == BASELINE else f" ({statistics.median(seconds) / base:.2f}x {BASELINE})")
+                     for label, (seconds, _) in timed.items())
 
 
 def profile(sets: dict[str, list[dict[str, Any]]], config: Any, workers: int) -> int:
@@ -330,10 +386,13 @@ def main(argv: list[str] | None = None) -> int:
         return profile(sets, config, args.workers)
     ms = extraction(unique, settings, args.workers, args.repeat)
 
-    embedder = Embedder(config.embedder)
+    encoders_ = {label: Embedder(settings_) for label, settings_ in encoder_settings(config).items()}
+    shipped = label_of(config.embedder)
+    embedder = encoders_[shipped]
     questions = {name: question_candidates(examples, config) for name, examples in sets.items()}
     embedding(questions[speed_set], config, embedder)
-    precisions(questions, speed_set, config, args.repeat)
+    encoders(questions, speed_set, encoders_, args.repeat)
+    attribute_predictions(sets, encoders_, config)
 
     found: dict[str, int] = {}
     total = 0
@@ -347,24 +406,34 @@ def main(argv: list[str] | None = None) -> int:
             hits, n, tokens = recall(examples, processor, config, embedder)
             found[label] = found.get(label, 0) + hits
             line.append(f"{label} {hits}/{n} (tokens {tokens:.2f})")
+        for label, encoder in encoders_.items():
+            if label != shipped:
+                hits, n, tokens = recall(examples, processors["ours"], config, encoder)
+                found[label] = found.get(label, 0) + hits
+                line.append(f"{label} {hits}/{n} (tokens {tokens:.2f})")
+        found[shipped] = found["ours"]
         total += n
         print(f"  recall on {name:8s}: " + ", ".join(line))
     print(f"pages: seed {ms['seed']:.0f} ms/page, ours {ms[settings.extractor]:.1f} ms/page ({settings.extractor}), "
           f"trafilatura {ms['trafilatura']:.1f} ms/page, speedup {ms['seed'] / ms[settings.extractor]:.2f}x, "
           f"pool {ms[settings.extractor] / ms['pool']:.2f}x, recall ours {found['ours']}/{total} trafilatura "
           f"{found['trafilatura']}/{total} seed {found['seed']}/{total}")
+    print(f"encoders: {shipped} shipped; recall ours " + ", ".join(f"{label} {found[label]}/{total}"
+                                                                     for label in encoders_))
 
+    compared = {label: encoders_[label] for label in dict.fromkeys((BASELINE, shipped))}
     processor = PageProcessor(settings, workers=args.workers, use_cache=False)
     try:
         five = sets[speed_set]
         stage_seconds(five[:1], config, embedder, processor)  # warm-up: the new pool's workers import lazily
-        seconds, _, _ = stage_seconds(five, config, embedder, processor)
-        print(f"references: {statistics.median(seconds):.2f} s per {speed_set} 5-page question (median of "
-              f"{len(seconds)}; each {_fmt(seconds)})")
+        timed = interleaved(five, config, compared, processor)
+        print(f"references ({shipped} shipped): {_against(timed)} per {speed_set} 5-page question (median of "
+              f"{len(five)}; each {_fmt(timed[shipped][0])})")
 
         pool = task3_pool(sets)
-        questions = [e for name in ("real", "gate_dev") for e in sets.get(name, [])][:args.task3_questions]
-        task3 = task3_set(questions, pool)
+        questions_ = [e for name in ("real", "gate_dev") for e in sets.get(name, [])][:args.task3_questions]
+        task3 = task3_set(questions_, pool)
+        configured = config.references.max_pages
         parts = []
         for k in [0, *ks]:
             config.references.max_pages = k
@@ -373,7 +442,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  task3 {label:13s}: {statistics.median(seconds):5.2f} s/query (median; max "
                   f"{max(seconds):.2f}), recall {sum(hits)}/{len(hits)}, token recall {np.mean(tokens):.2f}")
             parts.append(f"{label} {statistics.median(seconds):.2f} s/query recall {sum(hits)}/{len(hits)}")
-        print("task3: " + "; ".join(parts))
+        config.references.max_pages = configured
+        timed = interleaved(task3, config, encoders_, processor)
+        print(f"task3 by encoder, max_pages {configured}: {_against(timed)}; recall "
+              + ", ".join(f"{label} {sum(hits)}/{len(hits)}" for label, (_, hits) in timed.items()))
+        print(f"task3 ({shipped}): " + "; ".join(parts))
     finally:
         processor.close()
     return 0

@@ -29,9 +29,10 @@ from models.prompting import PromptLibrary
 
 MANIFEST = "manifest.json"
 # Config keys that change where files go, how work is spread or what is recorded, never an answer.
-VOLATILE = ("source", "references.cache_dir", "references.workers", "llm.hf.cache_dir", "record_prompts")
-PACKAGES = ("torch", "transformers", "tokenizers", "sentence-transformers", "vllm", "openai", "trafilatura",
-            "resiliparse", "lxml")
+VOLATILE = ("source", "references.cache_dir", "references.workers", "llm.hf.cache_dir", "embedder.cache_dir",
+            "record_prompts")
+PACKAGES = ("torch", "transformers", "tokenizers", "sentence-transformers", "openvino", "vllm", "openai",
+            "trafilatura", "resiliparse", "lxml")
 SERVED_KG = "fixture server over data/kg"
 SERVED_LLM = "served by --serve-llm (evaluation/llm_server.py)"
 
@@ -61,6 +62,8 @@ def answer_inputs(config: SystemConfig, data: Path, time_limit_s: float | None, 
         _drop(resolved, key)
     if served_kg:  # the port changes every run; what it serves does not
         resolved["kg"]["base_url"] = f"{SERVED_KG} ({_folder_hash(REPO_ROOT / 'data' / 'kg')[:16]})"
+    if config.embedder.precision == "auto":  # resolved for this machine: a run resumed elsewhere may differ
+        resolved["embedder"]["precision"] = f"auto: {config.embedder.effective_precision()}"
     if served_llm:  # the served model is llm.hf's, already in the config; the port changes every run
         resolved["llm"]["openai"]["base_url"] = SERVED_LLM
     return {

@@ -139,10 +139,24 @@ class EmbedderConfig:
     """Texts per encoding batch."""
     max_seq_length: int | None = field(default=None, metadata=at_least(1))
     """Tokens of a text that are read, the rest cut; null: the model folder's own limit (MiniLM's 256)."""
-    precision: Literal["float32", "bfloat16"] = "float32"
-    """bfloat16: the encoder's matrix products under bfloat16 autocast, where the device has it natively (a CPU with
-    AMX or AVX512-BF16, a CUDA GPU with bf16; refused elsewhere); the weights and the vectors stay float32. Speed
-    and agreement with float32: benchmarks/pages.py's embedding line."""
+    backend: Literal["torch", "openvino"] = "torch"
+    """torch: sentence-transformers as it loads; openvino: its transformer converted once to OpenVINO (cached under
+    cache_dir) and run by OpenVINO's CPU plugin, the folder's own pooling after it (CPU only). Speed and agreement
+    with torch float32: benchmarks/pages.py's embedding line; the choice: docs/decisions/embedder-backend.md."""
+    precision: Literal["float32", "bfloat16", "auto"] = "float32"
+    """bfloat16: the encoder's matrix products in bfloat16 (torch autocast, or OpenVINO's inference precision),
+    where the device has it natively (a CPU with AMX or AVX512-BF16, a CUDA GPU with bf16; refused elsewhere); the
+    vectors stay float32. auto: bfloat16 where the device has it, else float32 (a run's manifest records which)."""
+    cache_dir: str | None = None
+    """Where the openvino backend keeps its converted model; null: $CRAG_CACHE_DIR, else ~/.cache/crag-harness."""
+
+    def effective_precision(self) -> str:
+        """The precision the encoder runs in: `precision`, with auto resolved for this device."""
+        if self.precision != "auto":
+            return self.precision
+        from utils.hardware import bf16_supported
+
+        return "bfloat16" if bf16_supported(self.device) else "float32"
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""sentence-transformers wrapper: local weights only, batched, unit-normalised float32 vectors."""
+"""sentence-transformers wrapper: local weights only, batched, unit-normalised float32 vectors, run by torch or by
+OpenVINO (models/retrieval/openvino_encoder.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from loguru import logger
 
 from models.config import ConfigError, EmbedderConfig
 from models.llm.backend import BackendUnavailable
+from models.retrieval.openvino_encoder import OpenVINOEncoder
 from utils.hardware import bf16_supported
 from utils.time_budget import Deadline
 
@@ -46,16 +48,23 @@ class Embedder:
     def __init__(self, config: EmbedderConfig) -> None:
         from sentence_transformers import SentenceTransformer
 
-        if config.precision == "bfloat16" and not bf16_supported(config.device):
+        self.precision = config.effective_precision()
+        if self.precision == "bfloat16" and not bf16_supported(config.device):
             raise ConfigError(f"embedder.precision bfloat16: {config.device} has no native bfloat16 (a CPU with AMX "
                               "or AVX512-BF16, or a CUDA GPU with bf16), where it runs slower than float32; set "
-                              "embedder.precision: float32")
+                              "embedder.precision: float32 or auto")
+        if config.backend == "openvino" and config.device != "cpu":
+            raise ConfigError(f"embedder.backend openvino runs on the CPU, but embedder.device is {config.device}; "
+                              "set embedder.backend: torch")
         path = Path(config.model).expanduser() if config.model else packaged_minilm()
         self.config = config
         self.name = path.name if config.model else PACKAGED_NAME
         self.model = load_local("embedder", path, SentenceTransformer, config.device)
         if config.max_seq_length is not None:
             self.model.max_seq_length = config.max_seq_length
+        self.openvino: OpenVINOEncoder | None = None
+        if config.backend == "openvino":
+            self.openvino = OpenVINOEncoder(self.model, path, self.name, self.precision, config.cache_dir)
         # sentence-transformers 5 renamed it; the submission's pin (requirements.txt) has only the old name.
         dimension = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
         self.dimension = int(dimension())
@@ -86,7 +95,9 @@ class Embedder:
         return self._prefix(rows)
 
     def _encode(self, texts: list[str]) -> np.ndarray:
-        if self.config.precision == "float32":
+        if self.openvino is not None:
+            return self.openvino(texts, self.config.batch_size)
+        if self.precision == "float32":
             return self.model.encode(texts, batch_size=self.config.batch_size, normalize_embeddings=True,
                                      convert_to_numpy=True, show_progress_bar=False).astype(np.float32, copy=False)
         import torch

@@ -84,3 +84,57 @@ def test_bfloat16_vectors_are_float32_unit_vectors_that_rank_as_float32_does(emb
     assert np.argsort(-(exact[1:] @ exact[0])).tolist() == np.argsort(-(fast[1:] @ fast[0])).tolist()
     # the deadline path gives the same vectors in bfloat16 too
     assert np.allclose(half.encode(texts, deadline=Deadline(float("inf"))), fast, atol=1e-6)
+
+
+def openvino_embedder(tmp_path, **settings) -> Embedder:
+    return Embedder(EmbedderConfig(batch_size=4, backend="openvino", cache_dir=str(tmp_path), **settings))
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_openvino_vectors_rank_as_torch_float32_does(embedder, tmp_path, precision):
+    if precision == "bfloat16" and not bf16_supported("cpu"):
+        pytest.skip("this CPU has neither AMX nor AVX512-BF16")
+    converted = openvino_embedder(tmp_path, precision=precision)
+    texts = [QUERY, *PASSAGES]
+    exact, vectors = embedder.encode(texts), converted.encode(texts)
+    assert vectors.dtype == np.float32 and np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    assert np.all((exact * vectors).sum(axis=1) > (0.99999 if precision == "float32" else 0.999))
+    assert np.argsort(-(exact[1:] @ exact[0])).tolist() == np.argsort(-(vectors[1:] @ vectors[0])).tolist()
+    # batched by length in any order, the rows come back in the texts' order, with or without a deadline
+    np.testing.assert_allclose(converted.encode(texts[::-1])[::-1], vectors, atol=1e-6)
+    np.testing.assert_allclose(converted.encode(texts, deadline=Deadline(1e9)), vectors, atol=1e-6)
+
+
+def test_openvino_converts_once_and_then_reads_its_cache(tmp_path, monkeypatch):
+    import openvino
+
+    first = openvino_embedder(tmp_path)
+    [converted] = (tmp_path / "openvino").iterdir()
+    assert converted.name.startswith(first.name) and (converted / "model.xml").is_file()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(openvino, "convert_model", refuse)
+    again = openvino_embedder(tmp_path)
+    np.testing.assert_array_equal(again.encode(PASSAGES), first.encode(PASSAGES))
+
+
+def test_openvino_is_refused_off_the_cpu_and_for_a_folder_without_a_transformer(tmp_path):
+    from models.config import ConfigError
+    from models.retrieval.openvino_encoder import transformer_folder
+
+    with pytest.raises(ConfigError, match="set embedder.backend: torch"):
+        Embedder(EmbedderConfig(backend="openvino", device="cuda"))
+    (tmp_path / "modules.json").write_text('[{"idx": 0, "path": "", "type": "sentence_transformers.models.CLIPModel"}]')
+    with pytest.raises(ConfigError, match="is not a sentence-transformers Transformer"):
+        transformer_folder(tmp_path)
+
+
+def test_auto_precision_is_bfloat16_where_the_device_has_it_and_float32_elsewhere(monkeypatch):
+    import utils.hardware
+
+    for native, expected in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(utils.hardware, "bf16_supported", lambda device, native=native: native)
+        assert EmbedderConfig(precision="auto").effective_precision() == expected
+    assert EmbedderConfig(precision="float32").effective_precision() == "float32"

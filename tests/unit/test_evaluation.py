@@ -457,6 +457,18 @@ def test_the_port_of_a_served_kg_is_not_part_of_what_changes_answers():
     assert differences(first, other) == ["config.kg.method ('rules' -> 'functions')"]
 
 
+def test_an_auto_embedder_precision_is_recorded_as_this_machine_resolved_it(monkeypatch):
+    import utils.hardware
+
+    config = load_config(REPO_ROOT / "configs" / "cpu.yaml")
+    config = replace(config, embedder=replace(config.embedder, precision="auto"))
+    answers = {}
+    for native in (True, False):
+        monkeypatch.setattr(utils.hardware, "bf16_supported", lambda device, native=native: native)
+        answers[native] = manifest.answer_inputs(config, SAMPLE, 30.0, False)
+    assert differences(answers[True], answers[False]) == [
+        "config.embedder.precision ('auto: bfloat16' -> 'auto: float32')"]
+
 def test_merge_refuses_shards_of_different_setups(tmp_path, capsys):
     config = load_config(REPO_ROOT / "configs" / "cpu.yaml")
     for i, setup in ((1, config), (2, replace(config, kg=replace(config.kg, method="functions")))):
