@@ -63,8 +63,8 @@ def summary_line(figures: dict, questions: int) -> str:
 def most_answered(ranking, correct, questions: int) -> str:
     """The largest top-k of `ranking` (best first) whose CRAG points against always abstaining have a paired 95%
     interval above 0, as "k answers (r right), d [lo, hi], s of all", or "none"."""
-    from evaluation.judge import CORRECT, MISS, WRONG
     from evaluation.metrics import paired_difference
+    from evaluation.verdicts import CORRECT, MISS, WRONG
 
     found = "none"
     for k in range(1, len(ranking) + 1):

@@ -27,8 +27,8 @@ from typing import Any
 from tqdm import tqdm
 
 from evaluation.data import read_examples
-from evaluation.judge import MISS, WRONG
 from evaluation.record import Record, as_record, records_of
+from evaluation.verdicts import MISS, WRONG
 from utils.answers import is_invalid
 from utils.cache import cache_root
 from utils.web_pages import PageProcessor, PageSettings

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from evaluation.data import DataError, alternative_answers
-from evaluation.judge import CORRECT, MISS, UNCERTAIN, UNJUDGED, VERDICTS, WRONG, Judge, judge_records
+from evaluation.judge import UNCERTAIN, Judge, judge_records
+from evaluation.verdicts import CORRECT, MISS, UNJUDGED, VERDICTS, WRONG
 from models.config import REPO_ROOT
 
 CALIBRATION_SET = REPO_ROOT / "data" / "judge" / "calibration.jsonl"

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evaluation.data import QUESTION_TYPES, Selection, parse_choices
-from evaluation.judge import CONTAINS
+from evaluation.verdicts import CONTAINS
 from models.config import (
     DOMAINS,
     DYNAMISM,

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from evaluation.html_report import compare_html, write_html
-from evaluation.judge import CORRECT, MISS, WRONG
 from evaluation.metrics import MIN_FOR_INTERVAL, paired_difference
 from evaluation.record import records_of
+from evaluation.verdicts import CORRECT, MISS, WRONG
 
 # How a question moved from run A to run B, by its two verdicts.
 FLIPS = {(CORRECT, WRONG): "correct -> wrong", (WRONG, CORRECT): "wrong -> correct",

@@ -8,10 +8,10 @@ from typing import Any
 
 from evaluation import manifest
 from evaluation.gate_fit import TooFewLabels, fit_gate, label_records
-from evaluation.judge import CORRECT, MISS, UNJUDGED, WRONG
 from evaluation.metrics import Scores, intervals, paired_difference, risk_coverage
 from evaluation.record import records_of
 from evaluation.runner import load_predictions
+from evaluation.verdicts import CORRECT, MISS, UNJUDGED, WRONG
 from models.gate.answer_gate import Gate, GateError, signal_setup
 from utils.cli import check_out_file
 from utils.trees import differences

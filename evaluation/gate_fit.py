@@ -16,9 +16,10 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedGroupKFold, cross_val_predict, cross_val_score
 
-from evaluation.judge import CONTAINS, CORRECT, MISS, WRONG, Item, judge_by_rules
+from evaluation.judge import judge_by_rules
 from evaluation.metrics import paired_difference
 from evaluation.record import records_of
+from evaluation.verdicts import CONTAINS, CORRECT, MISS, WRONG, Item
 from models.gate.answer_gate import Gate, columns_for, raw_row
 from utils.errors import HarnessError
 

@@ -2,12 +2,11 @@
 verdicts, `PersonJudge` in evaluation/person_judge.py, or the containment rules, `ContainsJudge`); and, beside
 ours, the organisers' rules, so a run shows the leaderboard's reading of the same predictions.
 
-Verdicts: correct (+1), miss (0, "i don't know"), wrong (-1), unjudged (the LLM judge failed: reported on
-its own, never counted as a hallucination). Where the judge's backend gives log-probabilities (vLLM, OpenAI, the
-local hf judge; not transformers serve), each LLM verdict carries the probability the judge gave it. Every
-prediction is cut as the grader cuts it (75 Llama-2 tokens, utils/grader_tokens.py) before either judge reads it.
-LLM judgements are cached by (question, gold answers, prediction, judge model, prompt), so re-judging a run costs
-nothing.
+The verdicts and the judges' names live in evaluation/verdicts.py. Where the judge's backend gives
+log-probabilities (vLLM, OpenAI, the local hf judge; not transformers serve), each LLM verdict carries the
+probability the judge gave it. Every prediction is cut as the grader cuts it (75 Llama-2 tokens,
+utils/grader_tokens.py) before either judge reads it. LLM judgements are cached by (question, gold answers,
+prediction, judge model, prompt), so re-judging a run costs nothing.
 
 Our rules differ from the organisers' on purpose: they accept the alternative answers (`alt_ans`), read the
 usual ways of saying "i don't know", and want "invalid question" as a prefix. The organisers' column
@@ -21,7 +20,6 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from loguru import logger
@@ -29,6 +27,7 @@ from tqdm import tqdm
 
 from evaluation.containment import contains_gold
 from evaluation.record import Record
+from evaluation.verdicts import CONTAINS, CORRECT, MISS, PERSON, UNJUDGED, WRONG, Item
 from models.config import ConfigError, HFConfig, OpenAIConfig
 from models.llm.backend import LLM, GenParams, Probed, TopLogprobs, as_sample
 from models.prompting import Prompt, PromptLibrary
@@ -38,19 +37,8 @@ from utils.cache import JsonCache, cache_root, content_key
 from utils.grader_tokens import grader_cut
 from utils.llm_json import parse_llm_json
 
-CORRECT, MISS, WRONG, UNJUDGED = "correct", "miss", "wrong", "unjudged"
-VERDICTS = (CORRECT, MISS, WRONG, UNJUDGED)
 TOP_LOGPROBS = 5  # alternatives asked for at each token of the judge's reply
 UNCERTAIN = 0.75  # an LLM verdict the judge gave a lower probability is counted as uncertain in the report
-CONTAINS = "contains"  # --judge contains (the default) and its verdicts' "judged_by": the containment rules
-
-
-@dataclass(frozen=True)
-class Item:
-    query: str
-    answer: str
-    alt_answers: tuple[str, ...]
-    prediction: str
 
 
 def judge_by_rules(item: Item) -> str | None:
@@ -386,9 +374,6 @@ def _judge(records: list[dict[str, Any]], llm_judge: Judge | None) -> None:
         if judged_by == "llm" and key in llm_judge.p_correct:
             p = llm_judge.p_correct[key]
             record[f"{prefix}judge_confidence"] = round(p if verdicts[key] == CORRECT else 1 - p, 4)
-
-
-PERSON = "person:"  # --judge person:FILE
 
 
 def contains_note(judged_by: dict[str, int]) -> str | None:

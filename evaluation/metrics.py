@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import bootstrap
 
-from evaluation.judge import CORRECT, MISS, UNJUDGED, WRONG
+from evaluation.verdicts import CORRECT, MISS, UNJUDGED, WRONG
 
 
 @dataclass

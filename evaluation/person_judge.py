@@ -9,7 +9,7 @@ from pathlib import Path
 
 from loguru import logger
 
-from evaluation.judge import CORRECT, MISS, PERSON, UNJUDGED, WRONG, Item
+from evaluation.verdicts import CORRECT, MISS, PERSON, UNJUDGED, WRONG, Item
 from models.config import ConfigError
 from utils.cache import content_key
 from utils.grader_tokens import grader_cut

@@ -10,9 +10,10 @@ from typing import Any
 from evaluation.attribution import CLASSES, attribution_table
 from evaluation.gate_command import format_gate, gate_summary
 from evaluation.html_report import report_html, write_html
-from evaluation.judge import MISS, UNCERTAIN, contains_note
+from evaluation.judge import UNCERTAIN, contains_note
 from evaluation.metrics import MIN_FOR_INTERVAL, RESAMPLES, Scores, intervals, latency
 from evaluation.record import Record, records_of
+from evaluation.verdicts import MISS
 
 BREAKDOWNS = ("domain", "question_type", "static_or_dynamic", "popularity")
 

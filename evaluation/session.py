@@ -18,9 +18,10 @@ from evaluation import manifest
 from evaluation.attribution import attribute_records, page_texts
 from evaluation.choices import Answering, RunFolder, check_answering, check_prompts
 from evaluation.data import ReadStats, Selection, check_data_file, parse_shard
-from evaluation.judge import CONTAINS, UNJUDGED, build_judge, check_judge, judge_records
+from evaluation.judge import build_judge, check_judge, judge_records
 from evaluation.report import format_table, score_records, write_report
 from evaluation.runner import EvaluationError, save_judgements
+from evaluation.verdicts import CONTAINS, UNJUDGED
 from models.config import SystemConfig
 from models.prompting import PromptLibrary
 from utils.cli import check_out

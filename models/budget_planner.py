@@ -17,18 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from models.config import MAX_BATCH_SIZE, SystemConfig
-from models.estimates import StagePlan
+from models.estimates import Speed, StagePlan
 from models.prompting import PromptLibrary
 from models.stages import pipeline_stages
 
 __all__ = ["Plan", "Speed", "StagePlan", "format_plan", "largest_fitting_batch", "llm_stages", "plan"]
-
-
-@dataclass(frozen=True)
-class Speed:
-    prefill_tps: float  # prompt tokens per second, over the whole batch
-    step_s: float       # seconds per decode step of a batch
-    pages_s: float      # page processing and embedding, per query
 
 
 def llm_stages(config: SystemConfig, prompts: PromptLibrary | None = None) -> list[StagePlan]:

@@ -7,15 +7,20 @@ A stage declares them in `Stage.estimate`; the planner adds them up in the strat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from models.prompting import PromptLibrary
 
-if TYPE_CHECKING:
-    from models.budget_planner import Speed
-
 CHARS_PER_TOKEN = 4
 QUERY_TOKENS = 40  # the question, its time and the section headers
+
+
+@dataclass(frozen=True)
+class Speed:
+    """What the planner assumes of the machine (tools/budget_plan.py measures or takes it)."""
+
+    prefill_tps: float  # prompt tokens per second, over the whole batch
+    step_s: float       # seconds per decode step of a batch
+    pages_s: float      # page processing and embedding, per query
 
 
 @dataclass(frozen=True)

@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evaluation.judge import CORRECT, MISS, WRONG
 from evaluation.manifest import file_hash
 from evaluation.manifest import load as load_manifest
 from evaluation.record import Record
 from evaluation.runner import load_predictions
+from evaluation.verdicts import CORRECT, MISS, WRONG
 from models.config import REPO_ROOT, ConfigError
 from models.prompting import PromptLibrary
 from models.stages.reasoning import prompt_evidence, reasoning_conversation

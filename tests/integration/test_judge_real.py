@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.judge import CORRECT, MISS, UNJUDGED, WRONG, Item, LLMJudge, build_judge, judge_records, parse_judgement
+from evaluation.judge import LLMJudge, build_judge, judge_records, parse_judgement
+from evaluation.verdicts import CORRECT, MISS, UNJUDGED, WRONG, Item
 from models.config import OpenAIConfig
 from models.llm.backend import BackendUnavailable, Conversation, GenParams
 from models.llm.openai import OpenAIBackend

@@ -18,18 +18,9 @@ from evaluation.calibration import (
 from evaluation.choices import JudgeChoice
 from evaluation.containment import canonical, contains_gold
 from evaluation.data import DataError
-from evaluation.judge import (
-    CORRECT,
-    MISS,
-    UNJUDGED,
-    WRONG,
-    ContainsJudge,
-    Item,
-    build_judge,
-    judge_by_containment,
-    judge_records,
-)
+from evaluation.judge import ContainsJudge, build_judge, judge_by_containment, judge_records
 from evaluation.report import format_table, score_records, write_report
+from evaluation.verdicts import CORRECT, MISS, UNJUDGED, WRONG, Item
 from tests.conftest import SAMPLE, write
 from tools import join_verdicts as join_tool
 from utils.answers import contains_answer

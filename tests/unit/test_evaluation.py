@@ -17,9 +17,10 @@ import pytest
 import local_evaluation
 from evaluation import manifest, run_command
 from evaluation.data import DataError, ReadStats, Selection, alternative_answers, read_examples
-from evaluation.judge import CORRECT, MISS, UNJUDGED, WRONG, Item, judge_by_rules
+from evaluation.judge import judge_by_rules
 from evaluation.metrics import Scores, latency
 from evaluation.runner import EvaluationError, call_with_limit, load_predictions, run_model, save_judgements
+from evaluation.verdicts import CORRECT, MISS, UNJUDGED, WRONG, Item
 from models.config import REPO_ROOT, ConfigError, load_config
 from tests.conftest import SAMPLE, running, write, write_config
 from utils.batch import make_batch

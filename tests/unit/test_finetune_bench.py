@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from benchmarks.finetune import fold_file, row
-from evaluation.judge import CORRECT, MISS, UNJUDGED, WRONG
+from evaluation.verdicts import CORRECT, MISS, UNJUDGED, WRONG
 from training.judged_data import fold_of
 
 

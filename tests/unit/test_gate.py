@@ -7,8 +7,9 @@ import random
 import pytest
 
 from evaluation.gate_fit import Labelled, TooFewLabels, fit_gate, label_records
-from evaluation.judge import CORRECT, MISS, WRONG, judge_records
+from evaluation.judge import judge_records
 from evaluation.metrics import Scores
+from evaluation.verdicts import CORRECT, MISS, WRONG
 from models.config import ConfigError
 from models.gate.answer_gate import Column, Gate, GateError, signal_setup
 from models.prompting import PromptLibrary

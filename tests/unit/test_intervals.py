@@ -4,9 +4,10 @@ import json
 
 import pytest
 
-from evaluation.judge import CORRECT, MISS, UNJUDGED, WRONG, judge_records
+from evaluation.judge import judge_records
 from evaluation.metrics import intervals
 from evaluation.report import format_markdown, format_table, score_records, write_report
+from evaluation.verdicts import CORRECT, MISS, UNJUDGED, WRONG
 
 VERDICTS = [CORRECT] * 9 + [WRONG] * 5 + [MISS] * 6  # score 0.2 on 20 questions
 

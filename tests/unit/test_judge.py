@@ -8,11 +8,6 @@ import pytest
 
 import local_evaluation
 from evaluation.judge import (
-    CORRECT,
-    MISS,
-    UNJUDGED,
-    WRONG,
-    Item,
     LLMJudge,
     judge_by_organisers_rules,
     judge_by_rules,
@@ -22,6 +17,7 @@ from evaluation.judge import (
 )
 from evaluation.person_judge import PersonJudge
 from evaluation.report import format_table, score_records, write_report
+from evaluation.verdicts import CORRECT, MISS, UNJUDGED, WRONG, Item
 from models.llm.backend import Sample
 from models.prompting import PromptLibrary
 from tests.conftest import SAMPLE, write

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.judge import CORRECT, MISS, WRONG
+from evaluation.verdicts import CORRECT, MISS, WRONG
 from models.config import ConfigError
 from models.prompting import PromptLibrary
 from models.stages.reasoning import prompt_evidence, reasoning_conversation

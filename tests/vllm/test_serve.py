@@ -113,7 +113,8 @@ def test_a_wrong_model_name_stops_the_run_at_start(server):
 def test_the_llm_judge_reads_the_server_s_verdicts(server):
     """Through the judge prompt, sentences the rules leave open get a verdict read from the server's replies
     (not the rules' fallback, not unjudged)."""
-    from evaluation.judge import CORRECT, WRONG, Item, LLMJudge
+    from evaluation.judge import LLMJudge
+    from evaluation.verdicts import CORRECT, WRONG, Item
     from models.prompting import PromptLibrary
 
     url, name, _ = server
