@@ -24,7 +24,7 @@ from models.config import (
     load_config,
 )
 from models.prompting import PROMPT_DIR, PromptLibrary, load_prompt
-from utils.names import closest
+from utils.names import did_you_mean
 
 DEFAULT_DATA = REPO_ROOT / "data" / "crag_sample.jsonl"
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")  # loguru's
@@ -210,10 +210,8 @@ def check_answering(folder: RunFolder, answering: Answering) -> None:
                               "requirements-ray.txt), or leave --ray out for a local run") from None
     level = answering.log_level.upper()
     if level not in LOG_LEVELS:
-        close = closest(level, LOG_LEVELS)
-        hint = f"did you mean {close}? " if close else ""
-        raise ConfigError(f"--log-level {answering.log_level!r} is not a log level: {hint}use one of "
-                          f"{', '.join(LOG_LEVELS)}")
+        raise ConfigError(f"--log-level {answering.log_level!r} is not a log level"
+                          f"{did_you_mean(level, LOG_LEVELS)}")
 
 
 def check_prompts(overrides: dict[str, str], source: str) -> None:
@@ -238,9 +236,7 @@ def check_prompt_name(name: str, label: str) -> None:
     declared = {prompt for stage in STAGES for prompt in STAGES.get(stage).prompts}
     known = sorted({path.stem for path in PROMPT_DIR.glob("*.yaml")} | declared)
     if name not in known:
-        close = closest(name, known)
-        hint = f"did you mean {close!r}?" if close else f"the names are {', '.join(known)}"
-        raise ConfigError(f"{label}: no prompt has that name; {hint}")
+        raise ConfigError(f"{label}: no prompt has that name{did_you_mean(name, known)}")
 
 
 def check_variant(name: str, path: Path, label: str) -> None:

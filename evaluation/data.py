@@ -18,7 +18,7 @@ from loguru import logger
 
 from utils.batch import BATCH_FIELDS
 from utils.errors import ConfigError, HarnessError
-from utils.names import closest
+from utils.names import did_you_mean
 
 
 class DataError(HarnessError, ValueError):
@@ -61,9 +61,7 @@ def parse_choices(flag: str, text: str, allowed: tuple[str, ...]) -> frozenset[s
     """The comma-separated values of `flag`; a ConfigError naming a value CRAG does not have, with the closest one."""
     values = frozenset(v.strip() for v in text.split(",") if v.strip())
     for value in sorted(values - set(allowed)):
-        close = closest(value, allowed)
-        hint = f"did you mean {close!r}?" if close else f"use one of {', '.join(allowed)}"
-        raise ConfigError(f"{flag} {value!r} is not a CRAG value: {hint}")
+        raise ConfigError(f"{flag} {value!r} is not a CRAG value{did_you_mean(value, allowed)}")
     return values
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 from utils.errors import HarnessError
-from utils.names import closest
+from utils.names import did_you_mean
 
 T = TypeVar("T")
 
@@ -50,7 +50,7 @@ class Registry(Generic[T]):
 
     def get(self, name: str) -> type[T]:
         if name not in self._entries:
-            raise RegistryError(f"unknown {self.kind} {name!r}{self.suggestion(name)}")
+            raise RegistryError(f"unknown {self.kind} {name!r}{did_you_mean(name, sorted(self._entries))}")
         entry = self._entries[name]
         if isinstance(entry, str):
             module, _, attribute = entry.partition(":")
@@ -59,11 +59,6 @@ class Registry(Generic[T]):
                 raise RegistryError(f"{self.kind} {name!r}: {entry} is not a subclass of {self.base.__name__}")
             self._entries[name] = entry = cls
         return entry
-
-    def suggestion(self, name: str) -> str:
-        """'; did you mean 'x'?' for the closest registered name, else the list of names."""
-        close = closest(name, self._entries)
-        return f"; did you mean {close!r}?" if close else f"; known: {', '.join(sorted(self._entries))}"
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries

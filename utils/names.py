@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import difflib
 import re
 import unicodedata
 from collections.abc import Iterable
 
-from rapidfuzz import fuzz
+from rapidfuzz import fuzz, process
 
 # At or above this score a stored name is taken for the written one: the same words, the written words inside a
 # longer name, or a spelling within about one edit in ten characters ("eifel tower").
@@ -51,7 +50,14 @@ def best_matches(wanted: str, names: Iterable[str], ignore: frozenset[str] = fro
 
 
 def closest(typed: str, choices: Iterable[str]) -> str | None:
-    """The choice a mistyped name most likely meant (difflib's ratio, at least 0.6), for "did you mean" hints;
-    None when none is close."""
-    found = difflib.get_close_matches(str(typed), [str(c) for c in choices], n=1)
+    """The choice a mistyped name most likely meant (rapidfuzz's ratio, at least 60 of 100), for "did you mean"
+    hints; None when none is close."""
+    found = process.extractOne(str(typed), [str(c) for c in choices], scorer=fuzz.ratio, score_cutoff=60)
     return found[0] if found else None
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """"; did you mean 'x'?" for the closest choice, else "; one of [...]": the hint every unknown name gets."""
+    choices = [str(c) for c in choices]
+    close = closest(name, choices)
+    return f"; did you mean {close!r}?" if close else f"; one of {choices}"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -28,7 +27,7 @@ from models.config.sections import (
     between,
 )
 from utils.errors import ConfigError
-from utils.names import closest
+from utils.names import did_you_mean
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 MAX_BATCH_SIZE = 16
@@ -154,13 +153,6 @@ def add_section(name: str, settings: type, owner: str) -> None:
     if taken is not None and taken[0] != owner:
         raise ConfigError(f"{owner}: config section {name!r} is already declared by {taken[0]}")
     STAGE_SECTIONS[name] = (owner, settings)
-
-
-def did_you_mean(name: str, choices: typing.Iterable[str]) -> str:
-    """"; did you mean 'x'?" for the closest choice, else "; one of [...]"."""
-    choices = [str(c) for c in choices]
-    close = closest(name, choices)
-    return f"; did you mean {close!r}?" if close else f"; one of {choices}"
 
 
 def resolve_path(path: str) -> Path:

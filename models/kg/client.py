@@ -40,6 +40,7 @@ import requests
 import urllib3
 from loguru import logger
 
+from utils.retry import backoff
 from utils.time_budget import Deadline
 
 KG_URL_ENV = "CRAG_MOCK_API_URL"
@@ -270,52 +271,64 @@ class KGClient:
 
     def _post(self, endpoint: Endpoint, body: dict[str, Any], deadline: Deadline | None) -> tuple[bool, Any]:
         """(True, result) for an answer of the server (None included: nothing found, and a reply refused for its
-        size), (False, None) otherwise."""
+        size), (False, None) otherwise. Retried while the server is up and the deadline affords the pause."""
         url = self.base_url + endpoint.path
+        retries = backoff(self.retries + 1, self.backoff_s, _Failed,
+                          lambda wait: not self.down and (deadline is None or deadline.can_afford(wait)))
+        failed: _Failed | None = None
         sent = 0
-        for attempt in range(self.retries + 1):
-            if attempt and self.down:  # marked down meanwhile, by this call's timeouts or another call's
-                break
-            time_left = self._time_left(deadline)
-            left = time_left()
-            if left <= 0:
-                self._log(endpoint.name, "deadline", "no time left for the call")
-                return False, None
-            connect_s, read_s = min(self.connect_timeout_s, left), min(self.read_timeout_s, left)
-            whole = connect_s >= self.connect_timeout_s and read_s >= self.read_timeout_s  # not cut by `deadline`
-            with self._lock:
-                self.requests_sent += 1
-            sent += 1
-            try:
-                reply = self._send(url, body, (connect_s, read_s))
-            except requests.RequestException as err:
-                failure = f"{type(err).__name__}: {err}"
-                kind = "timeout" if isinstance(err, requests.Timeout) else "connection"
-            else:
-                with reply:
-                    if reply.status_code in TRANSIENT_STATUS:
-                        self._answered()
-                        kind, failure = "server error", f"HTTP {reply.status_code}"
-                    else:
-                        content, kind, failure = self._content(reply, time_left, read_s)
-                        if content is not None:
-                            self._answered()
-                            return self._read(endpoint, reply.status_code, content)
-                        if kind == "too large":  # the same call would bring the same reply: no result, cached
-                            self._answered()
-                            self._log(endpoint.name, kind, failure)
-                            return True, None
-            if kind == "timeout" and whole:  # the server had its whole read timeout and did not answer
-                self._count_failure(kind)
-            if attempt < self.retries:
-                pause = self.backoff_s * 2 ** attempt
-                if deadline is not None and not deadline.can_afford(pause):
-                    break
-                time.sleep(pause)
-        self._log(endpoint.name, kind, f"{failure} after {sent} attempt(s) at {url}")
-        if kind == "connection":
-            self._count_failure(kind)
+        try:
+            for attempt in retries:
+                with attempt:
+                    if failed is not None and self.down:  # marked down by another call while this one waited
+                        raise failed
+                    sent += 1
+                    try:
+                        return self._attempt(endpoint, url, body, deadline)
+                    except _Failed as err:
+                        failed = err
+                        raise
+        except _Failed:
+            assert failed is not None
+        self._log(endpoint.name, failed.kind, f"{failed.failure} after {sent} attempt(s) at {url}")
+        if failed.kind == "connection":
+            self._count_failure(failed.kind)
         return False, None
+
+    def _attempt(self, endpoint: Endpoint, url: str, body: dict[str, Any],
+                 deadline: Deadline | None) -> tuple[bool, Any]:
+        """One request: what _post returns, or _Failed for a failure another attempt may not meet."""
+        time_left = self._time_left(deadline)
+        left = time_left()
+        if left <= 0:
+            self._log(endpoint.name, "deadline", "no time left for the call")
+            return False, None
+        connect_s, read_s = min(self.connect_timeout_s, left), min(self.read_timeout_s, left)
+        whole = connect_s >= self.connect_timeout_s and read_s >= self.read_timeout_s  # not cut by `deadline`
+        with self._lock:
+            self.requests_sent += 1
+        try:
+            reply = self._send(url, body, (connect_s, read_s))
+        except requests.RequestException as err:
+            failure = f"{type(err).__name__}: {err}"
+            kind = "timeout" if isinstance(err, requests.Timeout) else "connection"
+        else:
+            with reply:
+                if reply.status_code in TRANSIENT_STATUS:
+                    self._answered()
+                    kind, failure = "server error", f"HTTP {reply.status_code}"
+                else:
+                    content, kind, failure = self._content(reply, time_left, read_s)
+                    if content is not None:
+                        self._answered()
+                        return self._read(endpoint, reply.status_code, content)
+                    if kind == "too large":  # the same call would bring the same reply: no result, cached
+                        self._answered()
+                        self._log(endpoint.name, kind, failure)
+                        return True, None
+        if kind == "timeout" and whole:  # the server had its whole read timeout and did not answer
+            self._count_failure(kind)
+        raise _Failed(kind, failure)
 
     def _time_left(self, deadline: Deadline | None) -> Callable[[], float]:
         """The seconds left to an attempt starting now, as a function: `deadline`'s, or without one
@@ -414,6 +427,15 @@ class KGClient:
                 return
             self._logged.add((endpoint, kind))
         logger.warning("KG {} ({}): {}; answering without it", endpoint, kind, detail)
+
+
+class _Failed(Exception):
+    """An attempt that failed in a way another attempt may not: its kind (timeout, connection, server error) and
+    what happened."""
+
+    def __init__(self, kind: str, failure: str) -> None:
+        super().__init__(failure)
+        self.kind, self.failure = kind, failure
 
 
 def _text(content: bytes, limit: int) -> str:

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx2 as httpx  # the HTTP client of openai 3 (its fork of httpx)
 import openai
+import tenacity
 from loguru import logger
 
 from models.config import OpenAIConfig
@@ -24,6 +25,7 @@ from models.llm.backend import (
     TopLogprobs,
     cut_at_stop,
 )
+from utils.retry import backoff
 from utils.time_budget import Deadline
 
 # Worth another try: the server may come back or the limit may lift. Anything else (a bad request,
@@ -94,47 +96,58 @@ class OpenAIBackend:
     def _request(self, messages: Conversation, params: GenParams, n: int) -> list[str]:
         """The samples of one request, retried on transient errors while the deadline allows; NoReply saying
         why when there are none."""
-        for attempt in range(self.config.max_retries + 1):
-            timeout = self._timeout(params.deadline)
-            if timeout <= 0:
-                raise NoReply("the deadline passed before the request could be sent")
-            # Servers that offer log-probabilities (vLLM, OpenAI) return them; transformers serve ignores the
-            # fields; a server that refuses them (HTTP 400 or 422 naming them) is asked again without, and never again
-            # with them.
-            logprobs = ({"logprobs": True, **({"top_logprobs": params.top_logprobs} if params.top_logprobs else {})}
-                        if (params.logprobs or params.top_logprobs) and not self.logprobs_refused else {})
-            try:
-                reply = self._post(timeout, model=self.config.model, messages=messages, max_tokens=params.max_tokens,
-                                   temperature=params.temperature, n=n, stop=params.stop or None, seed=params.seed,
-                                   **logprobs)
-                if len(reply) < n and not self.n_ignored:  # transformers serve ignores n
-                    self.n_ignored = True
-                    logger.warning("{} returned {} of {} samples for one request: it ignores n; set "
-                                   "llm.openai.native_n: false", self.config.base_url, len(reply), n)
-                if logprobs and reply and not any(choice["tokens"] for choice in reply) and not self.logprobs_ignored:
-                    self.logprobs_ignored = True  # transformers serve ignores the fields
-                    logger.warning("{} gives no log-probabilities: the samples carry none", self.config.base_url)
-                return [Sample(cut_at_stop(choice["text"], params.stop).strip(), choice["finish_reason"],
-                               choice["top_logprobs"], choice["tokens"], choice["token_logprobs"]) for choice in reply]
-            except (openai.BadRequestError, openai.UnprocessableEntityError) as err:
-                if not logprobs or "logprob" not in str(err).lower():
-                    raise NoReply(f"refused ({type(err).__name__}: {_short(err)})") from None
-                logger.warning("{} refused log-probabilities ({}); asking without them from now on",
-                               self.config.base_url, _short(err))
-                self.logprobs_refused = True
-                return self._request(messages, params, n)
-            except _TRANSIENT as err:
-                wait = self.config.backoff_s * 2 ** attempt
-                logger.debug("request to {} failed ({}: {}), attempt {}/{}", self.config.base_url,
-                             type(err).__name__, err, attempt + 1, self.config.max_retries + 1)
-                if attempt == self.config.max_retries or self._timeout(params.deadline) <= wait:
-                    raise NoReply(f"{type(err).__name__}: {_short(err)} after {attempt + 1} attempts") from None
-                time.sleep(wait)
-            except openai.APIError as err:
-                raise NoReply(f"refused ({type(err).__name__}: {_short(err)})") from None
-            except ReplyRefused as err:
-                raise NoReply(f"reply not used: {err}") from None
+        retries = backoff(self.config.max_retries + 1, self.config.backoff_s, _TRANSIENT,
+                          lambda wait: self._timeout(params.deadline) > wait, after=self._failed)
+        try:
+            for attempt in retries:
+                with attempt:
+                    return self._attempt(messages, params, n)
+        except _TRANSIENT as err:
+            raise NoReply(f"{type(err).__name__}: {_short(err)} after {retries.statistics['attempt_number']} "
+                          "attempts") from None
         raise NoReply("no attempt made")
+
+    def _failed(self, state: tenacity.RetryCallState) -> None:
+        err = state.outcome.exception() if state.outcome else None
+        logger.debug("request to {} failed ({}: {}), attempt {}/{}", self.config.base_url, type(err).__name__, err,
+                     state.attempt_number, self.config.max_retries + 1)
+
+    def _attempt(self, messages: Conversation, params: GenParams, n: int) -> list[str]:
+        """One request: its samples, a transient error to retry, or NoReply."""
+        timeout = self._timeout(params.deadline)
+        if timeout <= 0:
+            raise NoReply("the deadline passed before the request could be sent")
+        # Servers that offer log-probabilities (vLLM, OpenAI) return them; transformers serve ignores the
+        # fields; a server that refuses them (HTTP 400 or 422 naming them) is asked again without, and never again
+        # with them.
+        logprobs = ({"logprobs": True, **({"top_logprobs": params.top_logprobs} if params.top_logprobs else {})}
+                    if (params.logprobs or params.top_logprobs) and not self.logprobs_refused else {})
+        try:
+            reply = self._post(timeout, model=self.config.model, messages=messages, max_tokens=params.max_tokens,
+                               temperature=params.temperature, n=n, stop=params.stop or None, seed=params.seed,
+                               **logprobs)
+        except (openai.BadRequestError, openai.UnprocessableEntityError) as err:
+            if not logprobs or "logprob" not in str(err).lower():
+                raise NoReply(f"refused ({type(err).__name__}: {_short(err)})") from None
+            logger.warning("{} refused log-probabilities ({}); asking without them from now on",
+                           self.config.base_url, _short(err))
+            self.logprobs_refused = True
+            return self._request(messages, params, n)
+        except _TRANSIENT:
+            raise
+        except openai.APIError as err:
+            raise NoReply(f"refused ({type(err).__name__}: {_short(err)})") from None
+        except ReplyRefused as err:
+            raise NoReply(f"reply not used: {err}") from None
+        if len(reply) < n and not self.n_ignored:  # transformers serve ignores n
+            self.n_ignored = True
+            logger.warning("{} returned {} of {} samples for one request: it ignores n; set "
+                           "llm.openai.native_n: false", self.config.base_url, len(reply), n)
+        if logprobs and reply and not any(choice["tokens"] for choice in reply) and not self.logprobs_ignored:
+            self.logprobs_ignored = True  # transformers serve ignores the fields
+            logger.warning("{} gives no log-probabilities: the samples carry none", self.config.base_url)
+        return [Sample(cut_at_stop(choice["text"], params.stop).strip(), choice["finish_reason"],
+                       choice["top_logprobs"], choice["tokens"], choice["token_logprobs"]) for choice in reply]
 
     def _post(self, seconds: float, **request) -> list[dict]:
         """The choices of one chat completion ({"text", "finish_reason", "top_logprobs"}), the request bounded as

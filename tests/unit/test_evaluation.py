@@ -479,7 +479,7 @@ def test_merge_refuses_shards_of_different_setups(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--domain", "fiance"], "--domain 'fiance' is not a CRAG value: did you mean 'finance'?"),
+    (["--domain", "fiance"], "--domain 'fiance' is not a CRAG value; did you mean 'finance'?"),
     (["--question-type", "multihop"], "did you mean 'multi-hop'?"),
     (["--static-or-dynamic", "realtime"], "did you mean 'real-time'?"),
     (["--domain", "finance", "--static-or-dynamic", "real-time"], "the selection keeps no question"),

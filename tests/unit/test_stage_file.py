@@ -7,10 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pytest
 import yaml
 
 from models.config import REPO_ROOT
 from tests.conftest import SAMPLE
+from tests.fakes import HashEmbedder
 
 STAGE = "answer_check"
 STAGE_FILE = REPO_ROOT / "tests" / "stages" / f"{STAGE}.py"
@@ -28,7 +31,8 @@ from tests.fakes import SEED_REPLY, HashEmbedder, ScriptedLLM, prompt_name
 
 config = load_config("configs/cpu.yaml", [sys.argv[1]])
 check_prompts(config.prompts, config.source)  # as local_evaluation.py checks a config before any model loads
-llm = ScriptedLLM(lambda c: sys.argv[3] if prompt_name(c) == "answer_check" else SEED_REPLY)
+REPLY = SEED_REPLY.replace("paris", "science fiction")  # words of the first question's best reference
+llm = ScriptedLLM(lambda c: sys.argv[3] if prompt_name(c) == "answer_check" else REPLY)
 system = CragSystem(config, llm=llm, embedder=HashEmbedder())
 examples = [json.loads(line) for line in open(sys.argv[2], encoding="utf-8")][:2]
 answers = system.batch_generate_answer(to_batch(examples))
@@ -71,16 +75,21 @@ def test_a_stage_file_named_by_the_config_runs_with_what_it_declares(tmp_path):
     assert found["answers"] == ["i don't know", "i don't know"]  # "no": withheld
     for record in found["records"]:
         assert record["support"] == "unsupported"  # the field, in the record form the stage declares
-        assert -1.0 <= record["signals"]["answer_check.similarity"] <= 1.0
+        # the signal is the cosine of the answer (the reasoning reply's) and the best reference
+        vectors = HashEmbedder().encode(["science fiction", record["references"][0]["text"]])
+        cosine = float(vectors[0] @ vectors[1] / (np.linalg.norm(vectors[0]) * np.linalg.norm(vectors[1])))
+        assert record["signals"]["answer_check.similarity"] == pytest.approx(cosine, abs=1e-6)
         assert record["reason"] == "answer_check: the references do not support the answer"
+    assert found["records"][0]["signals"]["answer_check.similarity"] > 0.1  # the answer's words are in the reference
 
 
 def test_a_supported_answer_stays_and_withhold_false_keeps_an_unsupported_one(tmp_path):
     supported = json.loads(run("-c", DRIVER, str(overlay(tmp_path)), str(SAMPLE), "yes").stdout)
-    assert supported["answers"] == ["paris", "paris"] and {r["support"] for r in supported["records"]} == {"supported"}
+    assert supported["answers"] == ["science fiction"] * 2
+    assert {r["support"] for r in supported["records"]} == {"supported"}
     assert supported["shown"] == [3, 3]  # the default
     kept = json.loads(run("-c", DRIVER, str(overlay(tmp_path, withhold=False)), str(SAMPLE), "no").stdout)
-    assert kept["answers"] == ["paris", "paris"] and {r["support"] for r in kept["records"]} == {"unsupported"}
+    assert kept["answers"] == ["science fiction"] * 2 and {r["support"] for r in kept["records"]} == {"unsupported"}
 
 
 def test_the_budget_plan_counts_the_stage_by_its_own_estimate(tmp_path):

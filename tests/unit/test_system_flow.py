@@ -211,7 +211,7 @@ def test_each_query_leaves_a_record_of_what_it_went_through(make_system, sample_
     assert record["prediction"] == "887" and trace["predicted"] == {"domain": "finance", "dynamism": "real-time"}
     assert [s["stage"] for s in trace["stages"]] == ["attributes", "kg", "references", "evidence", "calculator",
                                                      "reasoning", "answer"]  # dynamic_idk off: no precheck
-    assert all(s["status"] == "ok" and s["seconds"] >= 0 for s in trace["stages"])
+    assert all(s["status"] == "ok" for s in trace["stages"])
     calls = {(c["call"], c["args"].get("query") or c["args"].get("ticker_name"), c["answered"])
              for c in trace["kg_calls"]}
     assert ("finance_get_price_history", "NVDA", True) in calls
