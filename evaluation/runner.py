@@ -15,9 +15,8 @@ from typing import IO, Any, Protocol, runtime_checkable
 from loguru import logger
 from tqdm import tqdm
 
-from models.config import MAX_BATCH_SIZE
 from utils.answers import IDK
-from utils.batch import make_batch
+from utils.batch import batch_size_problem, make_batch
 from utils.errors import HarnessError
 from utils.time_budget import Deadline
 
@@ -74,8 +73,9 @@ def save_judgements(path: Path, judged: list[dict[str, Any]]) -> None:
 
 def check_batch_size(size: Any) -> int:
     """`size` if get_batch_size() may return it, else an EvaluationError (the grader's contract)."""
-    if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= MAX_BATCH_SIZE:
-        raise EvaluationError(f"get_batch_size() returned {size!r}; the grader accepts an int in 1..{MAX_BATCH_SIZE}")
+    problem = batch_size_problem(size)
+    if problem:
+        raise EvaluationError(problem)
     return size
 
 

@@ -26,11 +26,11 @@ from models.config.sections import (
     ReferencesConfig,
     between,
 )
+from utils.batch import MAX_BATCH_SIZE
 from utils.errors import ConfigError
 from utils.names import did_you_mean
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
-MAX_BATCH_SIZE = 16
 
 # Strategies: ordered lists of stage names (models/stages/). The stages every built-in strategy starts with
 # gather the evidence; a stage whose switch is off in the config (`knowledge.enabled: false`, `r2ag.enabled:

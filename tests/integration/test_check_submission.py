@@ -16,20 +16,18 @@ import pytest
 from packaging.markers import Marker
 from packaging.requirements import Requirement
 
-from models.config import REPO_ROOT, load_config
-from tests.conftest import write_config
-from tools.check_submission import (
-    VLLM_WHEEL_CUDA,
+from evaluation.submission import format_table
+from evaluation.submission.files import VLLM_WHEEL_CUDA, check_image, pinned
+from evaluation.submission.gpu import (
     check_finetuned,
     check_gpus,
-    check_image,
     check_memory,
     check_prompt_embeds,
     check_quantization,
-    check_rehearsal,
-    format_table,
-    pinned,
 )
+from evaluation.submission.run import check_rehearsal
+from models.config import REPO_ROOT, load_config
+from tests.conftest import write_config
 
 CHECKER = REPO_ROOT / "tools" / "check_submission.py"
 FAKE_MODEL = '''import time

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from models.kg.infobox import NO_FACT_KEYS, clean_value, is_fact_key, pair_rows
+from models.kg.infobox import NO_FACT_KEYS, is_fact_key, pair_rows
+from models.kg.wikitext import clean_value
 
 CLEAN_CASES = [
     # {{convert}}: real conversions for the common pairs, Wikipedia's default rounding, symbols.
@@ -286,3 +287,14 @@ def test_two_hundred_key_infobox_cleans() -> None:
 @pytest.mark.parametrize("raw", [None, 2737, "{{" * 500, "[[" * 500 + "x", "<ref>" * 100, "{{a|" * 300 + "b"])
 def test_never_raises(raw: object) -> None:
     assert isinstance(clean_value(raw), str)  # type: ignore[arg-type]
+
+
+def test_a_value_the_renderer_trips_on_is_logged_and_kept_as_its_text(monkeypatch, caplog_loguru):
+    import models.kg.wikitext as wikitext
+
+    def trip(code):
+        raise ValueError("a renderer bug")
+
+    monkeypatch.setattr(wikitext, "_render", trip)
+    assert clean_value("[[Paris]] &amp; Lyon") == "Paris & Lyon"  # entities decoded, leftover markup stripped
+    assert "infobox value kept unrendered (ValueError: a renderer bug)" in caplog_loguru.text

@@ -9,12 +9,7 @@ from models.config import REPO_ROOT
 MAX_LINES = 500
 # Modules over MAX_LINES, each with the one idea it holds. A module that grows past the limit joins this list with
 # its reason, or is split.
-LONG_MODULES = {
-    "models/kg/infobox.py": "an infobox value's wikitext as the text a reader sees: one walk over the parsed "
-                            "markup, with a case per MediaWiki template family (convert, dates, lists, links)",
-    "tools/check_submission.py": "the submission checker: one pass/fail table over what a grader run needs, each "
-                                 "check a function read in the order the table prints",
-}
+LONG_MODULES: dict[str, str] = {}
 
 
 def python_modules() -> list[str]:
