@@ -8,7 +8,6 @@ import argparse
 import dataclasses
 import importlib
 import os
-import sys
 import types
 import typing
 from collections.abc import Sequence
@@ -27,14 +26,15 @@ CONFIG_ENV = "CRAG_CONFIG"
 
 def import_stage_modules(modules: Sequence[str], source: str) -> None:
     """Import the config's `stage_modules`, so the stages, settings and fields they declare are registered. A module
-    is found on the import path or from the repository's root, as the config's other paths are."""
-    if modules and str(REPO_ROOT) not in sys.path:  # a script run by its path has its own folder there instead
-        sys.path.append(str(REPO_ROOT))
+    is imported as Python finds it: from an installed package, or from the working folder where the command runs
+    (the grader's is the repository's root)."""
     for module in modules:
         try:
             importlib.import_module(module)
         except ImportError as err:
-            raise ConfigError(f"{source}: stage_modules: cannot import {module!r}: {err}") from err
+            raise ConfigError(f"{source}: stage_modules: cannot import {module!r}: {err}; a stage module must be "
+                              "importable where the command runs: run it from the folder that holds the package, "
+                              "set PYTHONPATH to that folder, or install the package") from err
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:

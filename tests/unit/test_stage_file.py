@@ -93,7 +93,7 @@ def test_a_supported_answer_stays_and_withhold_false_keeps_an_unsupported_one(tm
 
 
 def test_the_budget_plan_counts_the_stage_by_its_own_estimate(tmp_path):
-    done = run("tools/budget_plan.py", "--overlay", str(overlay(tmp_path, references=2, max_tokens=7)),
+    done = run("-m", "tools.budget_plan", "--overlay", str(overlay(tmp_path, references=2, max_tokens=7)),
                "--prefill-tps", "2000", "--step-ms", "20")
     assert done.returncode == 0, done.stderr[-3000:]
     (row,) = [line.split() for line in done.stdout.splitlines() if line.startswith(STAGE)]
@@ -102,7 +102,7 @@ def test_the_budget_plan_counts_the_stage_by_its_own_estimate(tmp_path):
 
 
 def test_a_misspelt_key_of_the_stage_is_one_line_with_the_closest_name(tmp_path):
-    done = run("tools/budget_plan.py", "--overlay", str(overlay(tmp_path, referenes=2)), "--prefill-tps", "2000",
+    done = run("-m", "tools.budget_plan", "--overlay", str(overlay(tmp_path, referenes=2)), "--prefill-tps", "2000",
                "--step-ms", "20")
     assert done.returncode == 2
     assert "unknown key 'answer_check.referenes'; did you mean 'references'?" in done.stderr
