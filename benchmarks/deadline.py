@@ -83,10 +83,10 @@ def run(model: Any, rows: list[dict[str, Any]], per_query_s: float) -> list[tupl
         chunk = rows[at:at + size]
         batch = make_batch(chunk)
         started = time.perf_counter()
-        answers = model.batch_generate_answer(batch)
+        result = model.answer_batch(batch)
         seconds = time.perf_counter() - started
-        assert len(answers) == len(chunk)
-        stages = model.last_batch_trace[0]["stages"] if model.last_batch_trace else []
+        assert len(result.answers) == len(chunk)
+        stages = result.trace[0]["stages"] if result.trace else []
         spent = ", ".join(f"{r['stage']} {r['seconds']:.1f}" for r in stages if r["status"] != "skipped")
         results.append((len(chunk), seconds, len(chunk) * per_query_s, spent))
         at += size

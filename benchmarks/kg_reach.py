@@ -337,8 +337,9 @@ def run_variant(variant: Variant, questions: list[dict[str, Any]], base_url: str
             batch = {key: [q[key] for q in chunk] for key in ("interaction_id", "query", "query_time")}
             batch["search_results"] = [unrelated_pages(q, pool) if variant.pages else q["search_results"]
                                        for q in chunk]
-            answers = system.batch_generate_answer(batch)
-            reasons = {t["interaction_id"]: t["reason"] for t in system.last_batch_trace}
+            result = system.answer_batch(batch)
+            answers = result.answers
+            reasons = {t["interaction_id"]: t["reason"] for t in result.trace}
             for question, answer in zip(chunk, answers):
                 qid, prompt = question["interaction_id"], llm.reasoning.get(question["query"])
                 outcome.answers[qid] = answer

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 import os
@@ -33,11 +34,11 @@ from tqdm import tqdm
 
 from evaluation.judge import judge_records
 from evaluation.runner import EvaluationError, PredictionLog, call_with_limit, check_batch_size, checked_answers, take
-from evaluation.worker import WorkerError
+from evaluation.worker import WorkerError, reply
 from models.config import ConfigError, SystemConfig
 from models.llm.backend import BackendUnavailable
 from utils.answers import IDK
-from utils.batch import make_batch
+from utils.batch import BatchResult, make_batch
 
 ACTOR_PREFIX = "crag-replica"
 LOCAL = "local"  # --ray without an address: a Ray instance of this machine, started for the run
@@ -173,23 +174,20 @@ class Replica:
         be."""
         if self.error is not None:
             return "error", f"the model could not be built: {self.error}"
-        try:
-            return "ok", (self.model.get_batch_size(), self.load_seconds, ray.util.get_node_ip_address(), os.getpid())
-        except Exception as err:  # noqa: BLE001 - sent to the driver, which raises it
-            return "error", f"{type(err).__name__}: {err}"
+        return reply(lambda: (self.model.get_batch_size(), self.load_seconds, ray.util.get_node_ip_address(),
+                              os.getpid()))
 
     def answer(self, batch: dict[str, list[Any]], limit_s: float | None) -> tuple[str, Any]:
-        """("ok", (answers, trace, seconds, timed_out, next batch size)). Past `limit_s` it replies at once with
-        timed_out set, leaving the late call running: the driver then restarts this actor."""
-        try:
-            answers, seconds, timed_out = call_with_limit(self.model, batch, limit_s, wait_late=False,
-                                                          clock=self.clock)
-            if timed_out:
-                return "ok", (None, [], seconds, True, None)
-            trace = getattr(self.model, "last_batch_trace", []) or []
-            return "ok", (answers, trace, seconds, False, self.model.get_batch_size())
-        except Exception as err:  # noqa: BLE001 - sent to the driver, which raises it
-            return "error", f"{type(err).__name__}: {err}"
+        """("ok", (result, seconds, timed_out, next batch size)). Past `limit_s` it replies at once with timed_out
+        set and no result, leaving the late call running: the driver then restarts this actor."""
+        return reply(functools.partial(self._answer, batch, limit_s))
+
+    def _answer(self, batch: dict[str, list[Any]],
+                limit_s: float | None) -> tuple[BatchResult | None, float, bool, int | None]:
+        result, seconds, timed_out = call_with_limit(self.model, batch, limit_s, wait_late=False, clock=self.clock)
+        if timed_out:
+            return None, seconds, True, None
+        return result, seconds, False, self.model.get_batch_size()
 
 
 @dataclass
@@ -350,8 +348,9 @@ class Dispatcher:
             return
         if status == "error":
             raise WorkerError(value)
-        answers, trace, seconds, timed_out, size = value
-        self.log.add(job.examples, checked_answers(answers, len(job.examples), timed_out), seconds, timed_out, trace)
+        result, seconds, timed_out, size = value
+        answers = checked_answers(result.answers if result else None, len(job.examples), timed_out)
+        self.log.add(job.examples, answers, seconds, timed_out, result.trace if result else [])
         if timed_out:
             logger.warning("batch of {} exceeded its {:.0f} s limit on replica {}: the replica is restarted",
                            len(job.examples), len(job.examples) * (self.per_query_s or 0), actor.name)

@@ -16,7 +16,7 @@ from loguru import logger
 from tqdm import tqdm
 
 from utils.answers import IDK
-from utils.batch import batch_size_problem, make_batch
+from utils.batch import BatchResult, answer_batch, batch_size_problem, make_batch
 from utils.errors import HarnessError
 from utils.time_budget import Deadline
 
@@ -100,16 +100,18 @@ class StoppableModel(Protocol):
     """A model that runs each batch where it can be stopped at its time limit (evaluation.worker.ModelWorker: a
     child process)."""
 
-    def call_with_limit(self, batch: dict[str, list[Any]], limit_s: float | None) -> tuple[Any, float, bool]: ...
+    def call_with_limit(self, batch: dict[str, list[Any]],
+                        limit_s: float | None) -> tuple[BatchResult | None, float, bool]: ...
 
 
 def call_with_limit(model: Any, batch: dict[str, list[Any]], limit_s: float | None, wait_late: bool = True,
-                    clock: Callable[[], float] = time.monotonic) -> tuple[Any, float, bool]:
-    """(answers, seconds, timed_out) of model.batch_generate_answer(batch), run in a worker thread.
+                    clock: Callable[[], float] = time.monotonic) -> tuple[BatchResult | None, float, bool]:
+    """(result, seconds, timed_out) of the model's answers to `batch` (utils.batch.answer_batch: the answers and
+    the trace), run in a worker thread.
 
     Answers that come past `limit_s` by `clock` count as timed out, as the grader would count them. A thread cannot
     be stopped, so the call is still awaited before the next batch starts (the model is not safe to call twice at
-    once); with `wait_late` False it is not, and answers is None: the caller ends the process instead (a Ray
+    once); with `wait_late` False it is not, and the result is None: the caller ends the process instead (a Ray
     replica). An exception of the call, KeyboardInterrupt included, is raised here. A model that offers its own
     `call_with_limit` (evaluation.worker.ModelWorker: a child process it can stop) is asked to do it.
     """
@@ -120,13 +122,13 @@ def call_with_limit(model: Any, batch: dict[str, list[Any]], limit_s: float | No
 
     def call() -> None:
         try:
-            outcome["answers"] = model.batch_generate_answer(batch)
+            outcome["result"] = answer_batch(model, batch)
         except BaseException as err:  # re-raised in the caller's thread below
             outcome["error"] = err
         outcome["late"] = deadline is not None and deadline.expired()  # when the answers came, not when looked at
 
     started = clock()
-    worker = threading.Thread(target=call, name="batch_generate_answer", daemon=True)
+    worker = threading.Thread(target=call, name="answer_batch", daemon=True)
     worker.start()
     if deadline is None:
         worker.join()
@@ -142,7 +144,7 @@ def call_with_limit(model: Any, batch: dict[str, list[Any]], limit_s: float | No
         worker.join()
     if "error" in outcome:
         raise outcome["error"]
-    return outcome.get("answers"), clock() - started, timed_out
+    return outcome.get("result"), clock() - started, timed_out
 
 
 class PredictionLog:
@@ -188,7 +190,7 @@ class PredictionLog:
 
     def add(self, batch: list[dict[str, Any]], answers: list[str], seconds: float, timed_out: bool,
             traces: Iterable[dict[str, Any]] | None) -> None:
-        """Append the records of one answered batch (`traces`: the model's last_batch_trace, by interaction_id)."""
+        """Append the records of one answered batch (`traces`: the model's trace records, by interaction_id)."""
         assert self._out is not None and self.bar is not None, "add() belongs inside appending()"
         by_id = {t.get("interaction_id"): t for t in traces or []}
         for example, answer in zip(batch, answers, strict=True):
@@ -223,9 +225,9 @@ def run_model(model: Any, examples: Iterable[dict[str, Any]], predictions_path: 
     with log.appending(total, count):
         while batch := take(queue, check_batch_size(model.get_batch_size())):
             limit = len(batch) * per_query_s if per_query_s else None
-            answers, seconds, timed_out = call_with_limit(model, make_batch(batch), limit, clock=clock)
-            log.add(batch, checked_answers(answers, len(batch), timed_out), seconds, timed_out,
-                    getattr(model, "last_batch_trace", []))
+            result, seconds, timed_out = call_with_limit(model, make_batch(batch), limit, clock=clock)
+            answers = checked_answers(result.answers if result else None, len(batch), timed_out)
+            log.add(batch, answers, seconds, timed_out, result.trace if result else [])
     return log.records()
 
 

@@ -6,6 +6,7 @@ child is killed at the limit and the next batch starts a fresh one (the model is
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -13,13 +14,16 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from loguru import logger
 
 from models.llm.backend import BackendUnavailable
+from utils.batch import BatchResult, answer_batch
 from utils.errors import HarnessError
 from utils.processes import die_with_parent
+
+T = TypeVar("T")
 
 
 class WorkerError(HarnessError, RuntimeError):
@@ -32,10 +36,9 @@ def _serve(factory: Callable[[], Any], connection: multiprocessing.connection.Co
     # workers it starts end with the evaluation, even when it is killed with kill -9.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent(parent_pid, forked_by_main_thread)
-    try:
-        model = factory()
-    except Exception as err:  # sent to the parent, which raises it as a one-line error
-        connection.send(("error", f"{type(err).__name__}: {err}"))
+    status, model = reply(factory)
+    if status == "error":  # the parent raises it as a one-line error
+        connection.send((status, model))
         return
     connection.send(("ready", None))
     while True:
@@ -43,14 +46,19 @@ def _serve(factory: Callable[[], Any], connection: multiprocessing.connection.Co
             request, payload = connection.recv()
         except EOFError:
             return
-        try:
-            if request == "batch_size":
-                connection.send(("ok", model.get_batch_size()))
-            else:
-                answers = model.batch_generate_answer(payload)
-                connection.send(("ok", (answers, getattr(model, "last_batch_trace", []))))
-        except Exception as err:  # the parent raises it; the child stays up for the next request
-            connection.send(("error", f"{type(err).__name__}: {err}"))
+        if request == "batch_size":
+            connection.send(reply(model.get_batch_size))
+        else:
+            connection.send(reply(functools.partial(answer_batch, model, payload)))
+
+
+def reply(call: Callable[[], T]) -> tuple[str, T | str]:
+    """("ok", call()), or ("error", "Type: message") where it raised: what a model's process (this module's child, a
+    Ray replica) sends back, so that the caller raises the error as one line and the process stays up."""
+    try:
+        return "ok", call()
+    except Exception as err:  # noqa: BLE001 - sent to the caller, which raises it
+        return "error", f"{type(err).__name__}: {err}"
 
 
 class ModelWorker:
@@ -58,7 +66,6 @@ class ModelWorker:
 
     def __init__(self, factory: Callable[[], Any]) -> None:
         self.factory = factory
-        self.last_batch_trace: list[dict[str, Any]] = []
         self.load_seconds = 0.0
         self._process: multiprocessing.Process | None = None
         self._connection: multiprocessing.connection.Connection | None = None
@@ -107,17 +114,16 @@ class ModelWorker:
     def get_batch_size(self) -> int:
         return self._ask("batch_size", None, None)
 
-    def call_with_limit(self, batch: dict[str, list[Any]], limit_s: float | None) -> tuple[Any, float, bool]:
-        """(answers, seconds, timed_out); past the limit the child is killed and answers is None."""
+    def call_with_limit(self, batch: dict[str, list[Any]],
+                        limit_s: float | None) -> tuple[BatchResult | None, float, bool]:
+        """(result, seconds, timed_out); past the limit the child is killed and the result is None."""
         started = time.perf_counter()
         try:
-            answers, self.last_batch_trace = self._ask("batch", batch, limit_s)
-            return answers, time.perf_counter() - started, False
+            return self._ask("batch", batch, limit_s), time.perf_counter() - started, False
         except TimeoutError:
             logger.warning("batch of {} exceeded its {:.0f} s limit: the model process is stopped and reloaded",
                            len(batch.get("query", [])), limit_s)
             self.close()
-            self.last_batch_trace = []
             return None, time.perf_counter() - started, True
 
     def close(self) -> None:

@@ -19,7 +19,7 @@ from models.stages.answer import AnswerStage
 from models.stages.stage import Batch, run_stage
 from models.state import QueryState
 from utils.answers import IDK
-from utils.batch import BATCH_FIELDS
+from utils.batch import BATCH_FIELDS, BatchResult
 
 
 class CragSystem:
@@ -47,7 +47,7 @@ class CragSystem:
             stage.setup(self.config, {name: self.resources.get(name) for name in stage.needs})
         self.answer_stage = AnswerStage()
         self.gate_stage = GateStage() if GateStage in closing else None
-        self.last_batch_trace: list[dict[str, Any]] = []
+        self.last_batch_trace: list[dict[str, Any]] = []  # the last batch's records, for tests and notebooks
         logger.info("strategy {}: {}", self.config.strategy, " -> ".join(s.name for s in self.pipeline))
         if self.gate is not None:
             logger.info("answer gate {}: an answer with P(correct) under {:.3f} becomes \"i don't know\"",
@@ -77,7 +77,11 @@ class CragSystem:
         return self.config.batch_size
 
     def batch_generate_answer(self, batch: Mapping[str, Any]) -> list[str]:
-        """One answer per query, in input order; a query that fails answers "i don't know"."""
+        """One answer per query, in input order; a query that fails answers "i don't know" (the grader's call)."""
+        return self.answer_batch(batch).answers
+
+    def answer_batch(self, batch: Mapping[str, Any]) -> BatchResult:
+        """The answers of batch_generate_answer with each query's trace record (what the harness reads)."""
         states = unpack_batch(batch)
         shared = self.batch(len(states))
         try:
@@ -95,7 +99,7 @@ class CragSystem:
         for state in states:
             if state.done_reason:
                 logger.info("{} answered '{}': {}", state.interaction_id, state.answer, state.done_reason)
-        return [state.answer or IDK for state in states]
+        return BatchResult([state.answer or IDK for state in states], self.last_batch_trace)
 
 
 def unpack_batch(batch: Any) -> list[QueryState]:

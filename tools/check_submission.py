@@ -35,7 +35,7 @@ from evaluation.submission.files import (
 from evaluation.submission.gpu import gpu_checks
 from evaluation.submission.run import budget_check, check_rehearsal, model_checks, run_probe
 from models.config import REPO_ROOT, ConfigError
-from utils.batch import batch_size_problem
+from utils.batch import answer_batch, batch_size_problem
 from utils.cli import CommandParser, command, interrupted
 
 CPU_CONFIG = "configs/cpu.yaml"
@@ -68,9 +68,9 @@ def probe(args: argparse.Namespace) -> int:
             # submission's own packages, so that it imports as the grader imports it
             batch = {key: [e[key] for e in part] for key in ("interaction_id", "query", "search_results", "query_time")}
             started = time.perf_counter()
-            answers = model.batch_generate_answer(batch)
-            seconds = time.perf_counter() - started
-            trace = getattr(model, "last_batch_trace", None) or []  # a CragSystem's: seconds of each stage
+            result = answer_batch(model, batch)
+            answers, seconds = result.answers, time.perf_counter() - started
+            trace = result.trace  # a CragSystem's: seconds of each stage
             pages = max((s["seconds"] for t in trace for s in t["stages"] if s["stage"] == "references"), default=None)
             batches.append({"size": len(part), "seconds": seconds, "pages_s": pages,
                             "answers": answers if isinstance(answers, list) else repr(answers)})

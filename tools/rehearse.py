@@ -38,6 +38,7 @@ if str(REPO) not in sys.path:  # the grader runs from the repository root withou
 
 from evaluation.data import DataError  # noqa: E402 - after the sys.path line
 from utils.answers import IDK  # noqa: E402 - after the sys.path line
+from utils.batch import answer_batch  # noqa: E402 - after the sys.path line
 from utils.cli import CommandParser, check_out, command  # noqa: E402 - after the sys.path line
 from utils.errors import ConfigError  # noqa: E402 - after the sys.path line
 
@@ -117,14 +118,14 @@ def rehearse(data: Path, out: Path) -> dict[str, Any]:
             truths = batch.pop("answer")
             sizes.append(len(truths))
             began = time.perf_counter()
-            answers = model.batch_generate_answer(batch)
-            seconds = time.perf_counter() - began
+            result = answer_batch(model, batch)
+            answers, seconds = result.answers, time.perf_counter() - began
             if seconds > PER_QUERY_S * len(truths):
                 problems.append(f"batch {len(sizes)} took {seconds:.1f} s, over {PER_QUERY_S * len(truths):.0f} s")
             if not isinstance(answers, list) or len(answers) != len(truths):
                 problems.append(f"batch {len(sizes)}: {len(truths)} questions, answers {answers!r:.200}")
                 continue
-            trace = getattr(model, "last_batch_trace", [{}] * len(answers))
+            trace = result.trace or [{}] * len(answers)
             for query, answer, truth, record in zip(batch["query"], answers, truths, trace):
                 if not isinstance(answer, str):
                     problems.append(f"{query!r}: answer {answer!r} is not a string")

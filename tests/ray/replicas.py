@@ -11,6 +11,7 @@ from typing import Any
 from models.config import SystemConfig
 from models.system import CragSystem
 from tests.fakes import HashEmbedder, ScriptedLLM
+from utils.batch import BatchResult
 
 _stalled = threading.Event()  # set in the process of the replica that hangs
 
@@ -36,14 +37,13 @@ class Stalling:
         with marker.with_name(marker.name + ".built").open("a") as built:  # a line per model built, with its pid
             built.write(f"{os.getpid()}\n")
 
-    @property
-    def last_batch_trace(self) -> list[dict[str, Any]]:
-        return self.model.last_batch_trace
-
     def get_batch_size(self) -> int:
         return self.model.get_batch_size()
 
     def batch_generate_answer(self, batch: dict[str, list[Any]]) -> list[str]:
+        return self.answer_batch(batch).answers
+
+    def answer_batch(self, batch: dict[str, list[Any]]) -> BatchResult:
         if self.stall_on in batch["interaction_id"]:
             try:
                 with self.marker.open("x") as flag:  # only the first replica to get it
@@ -55,7 +55,7 @@ class Stalling:
             else:
                 _stalled.set()
                 time.sleep(600)
-        return self.model.batch_generate_answer(batch)
+        return self.model.answer_batch(batch)
 
 
 def stalling_model(marker: Path, stall_on: str, config: SystemConfig) -> Stalling:

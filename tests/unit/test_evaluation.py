@@ -23,7 +23,7 @@ from evaluation.runner import EvaluationError, call_with_limit, load_predictions
 from evaluation.verdicts import CORRECT, MISS, UNJUDGED, WRONG, Item
 from models.config import REPO_ROOT, ConfigError, load_config
 from tests.conftest import SAMPLE, running, write, write_config
-from utils.batch import make_batch
+from utils.batch import BatchResult, make_batch
 from utils.trees import differences
 
 
@@ -378,8 +378,8 @@ def test_model_worker_stops_a_late_batch_and_starts_afresh():
         assert (late[0], late[2]) == (None, True)
         assert not running(first_pid)  # the late child was killed...
         # ...and a fresh one answers the next batch (a limit it cannot miss; None would hang a broken tree)
-        answers, _, timed_out = worker.call_with_limit(make_batch([_example(2), _example(3)]), 300.0)
-        assert (answers, timed_out) == (["a2", "a3"], False) and worker._process.pid != first_pid
+        result, _, timed_out = worker.call_with_limit(make_batch([_example(2), _example(3)]), 300.0)
+        assert (result, timed_out) == (BatchResult(["a2", "a3"]), False) and worker._process.pid != first_pid
     finally:
         worker.close()
 
