@@ -47,7 +47,6 @@ class CragSystem:
             stage.setup(self.config, {name: self.resources.get(name) for name in stage.needs})
         self.answer_stage = AnswerStage()
         self.gate_stage = GateStage() if GateStage in closing else None
-        self.last_batch_trace: list[dict[str, Any]] = []  # the last batch's records, for tests and notebooks
         logger.info("strategy {}: {}", self.config.strategy, " -> ".join(s.name for s in self.pipeline))
         if self.gate is not None:
             logger.info("answer gate {}: an answer with P(correct) under {:.3f} becomes \"i don't know\"",
@@ -95,11 +94,10 @@ class CragSystem:
         run_stage(self.answer_stage, states, shared, always=True)
         if self.gate_stage is not None:
             run_stage(self.gate_stage, states, shared, always=True)
-        self.last_batch_trace = [state.record() for state in states]
         for state in states:
             if state.done_reason:
                 logger.info("{} answered '{}': {}", state.interaction_id, state.answer, state.done_reason)
-        return BatchResult([state.answer or IDK for state in states], self.last_batch_trace)
+        return BatchResult([state.answer or IDK for state in states], [state.record() for state in states])
 
 
 def unpack_batch(batch: Any) -> list[QueryState]:

@@ -87,11 +87,12 @@ def test_pairs_file_and_the_pipeline_retriever(tmp_path, capsys, sample_examples
     config.answer.gate = None  # fit on the shipped reasoning settings, which this changes
     system = CragSystem(config, llm=hf_llm, embedder=embedder)
     try:
-        answers = system.batch_generate_answer(to_batch(sample_examples[:2]))
+        result = system.answer_batch(to_batch(sample_examples[:2]))
+        answers = result.answers
     finally:
         system.close()
     assert len(answers) == 2 and all(isinstance(a, str) and a for a in answers)
-    for trace in system.last_batch_trace:
+    for trace in result.trace:
         stages = {r["stage"]: r["status"] for r in trace["stages"]}
         assert stages["references"] == "ok" and stages["reasoning"] == "ok"
         # the PGCC prompt lists the hash index's propositions, then the references they came from

@@ -151,8 +151,9 @@ def test_a_kg_only_question_is_answered_from_the_kg(kg_server, make_system, cpu_
     cpu_config.task = 2
     cpu_config.kg.base_url = kg_server
     system = make_system(llm)
-    assert system.batch_generate_answer(to_batch([example])) == [example["answer"]]
-    assert [r["status"] for r in system.last_batch_trace[0]["stages"] if r["stage"] == "kg"] == ["ok"]
+    result = system.answer_batch(to_batch([example]))
+    assert result.answers == [example["answer"]]
+    assert [r["status"] for r in result.trace[0]["stages"] if r["stage"] == "kg"] == ["ok"]
 
 
 def test_the_kg_server_refuses_a_missing_fixture_folder(tmp_path):
@@ -192,11 +193,11 @@ def test_the_real_embedded_llm_s_names_are_checked_before_any_call(kg_server, cp
     cpu_config.record_prompts, cpu_config.budget.per_query_s = True, 3600.0
     system = CragSystem(cpu_config, llm=hf_llm, embedder=HashEmbedder())
     try:
-        system.batch_generate_answer(to_batch(sample_examples[:2]))
+        result = system.answer_batch(to_batch(sample_examples[:2]))
     finally:
         system.close()
     server = KGClient(kg_server)
-    for example, record in zip(sample_examples[:2], system.last_batch_trace):
+    for example, record in zip(sample_examples[:2], result.trace):
         assert [s["status"] for s in record["stages"] if s["stage"] == "kg"] == ["ok"], record["stages"]
         assert [p["replies"] != [] for p in record["prompts"] if p["prompt"] == "kg_entities"] == [True]
         given = {found for call in record["kg_calls"] if call["call"] in SEARCHES

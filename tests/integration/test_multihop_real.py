@@ -13,10 +13,11 @@ def test_multi_hop_strategies_answer_every_query(strategy, cpu_config, sample_ex
     cpu_config.dualrag.max_iter, cpu_config.dualrag.max_tokens, cpu_config.hanrag.max_steps = 2, 48, 2
     system = CragSystem(cpu_config, llm=hf_llm, embedder=embedder)
     try:
-        answers = system.batch_generate_answer(to_batch(sample_examples[4:6]))  # multi-hop and post-processing
+        result = system.answer_batch(to_batch(sample_examples[4:6]))
+        answers = result.answers  # multi-hop and post-processing
     finally:
         system.close()
     assert len(answers) == 2 and all(isinstance(a, str) and a for a in answers)
-    for trace in system.last_batch_trace:
+    for trace in result.trace:
         assert trace["route"] and trace["steps"] >= 1
         assert [r["status"] for r in trace["stages"] if r["stage"] == strategy] == ["ok"]

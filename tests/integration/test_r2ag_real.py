@@ -120,11 +120,12 @@ def test_qdm_training_on_crag_data_serves_relevance_mode(tmp_path, capsys, sampl
     assert checkpoint.embedder == "all-MiniLM-L6-v2" and not checkpoint.trained_with_lm
     system = system_for(out, "relevance", tmp_path, llm, embedder)
     try:
-        answers = system.batch_generate_answer(to_batch(sample_examples[:2]))
+        result = system.answer_batch(to_batch(sample_examples[:2]))
+        answers = result.answers
     finally:
         system.close()
     assert len(answers) == 2 and all(isinstance(a, str) and a for a in answers)
-    assert [r["status"] for r in system.last_batch_trace[0]["stages"] if r["stage"] == "r2ag"] == ["ok"]
+    assert [r["status"] for r in result.trace[0]["stages"] if r["stage"] == "r2ag"] == ["ok"]
 
 
 def test_lm_training_serves_retrieval_aware_prompting(tmp_path, capsys, sample_examples, llm, embedder, monkeypatch,

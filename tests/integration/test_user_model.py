@@ -53,13 +53,14 @@ def test_answers_a_batch_from_data(user_model, sample_examples):
     """Per query, the stages the shipped config runs, each "ok", and an answer the grader reads whole. Two questions
     (what is asserted holds per query); at least one must reach the LLM stages."""
     examples = sample_examples[:2]
-    answers = user_model.batch_generate_answer(to_batch(examples))
+    result = user_model.answer_batch(to_batch(examples))
+    answers = result.answers
     assert len(answers) == len(examples) and all(isinstance(a, str) and a for a in answers)
     assert all(grader_cut(a) == a for a in answers)  # the grader's 75-token cut changes nothing
     gathered = ["attributes", "kg", "precheck", "references", "evidence"]  # the pre-check after the KG (task 2)
     closing = ["answer"]  # configs/cpu.yaml has no answer gate (configs/overlays/vllm-cpu.yaml has)
     reached_the_llm = 0
-    for trace in user_model.last_batch_trace:
+    for trace in result.trace:
         stages = [r["stage"] for r in trace["stages"]]
         assert all(r["status"] == "ok" for r in trace["stages"])
         if trace["reason"].startswith(("predicted", "no usable text")):  # answered "i don't know" before the LLM

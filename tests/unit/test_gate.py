@@ -170,12 +170,13 @@ def gated_run(cpu_config, tmp_path) -> tuple[Gate, list[dict]]:
     examples = [json.loads(line) for line in SAMPLE.read_text().splitlines()]
     system = CragSystem(cpu_config, llm=ScriptedLLM(gold_or_paris), embedder=HashEmbedder())
     try:
-        predictions = system.batch_generate_answer(to_batch(examples))
+        result = system.answer_batch(to_batch(examples))
+        predictions = result.answers
     finally:
         system.close()
     records = [{"interaction_id": e["interaction_id"], "query": e["query"], "answer": e["answer"],
                 "alt_answers": e["alternative_answers"], "prediction": p, "trace": trace}
-               for e, p, trace in zip(examples, predictions, system.last_batch_trace)]
+               for e, p, trace in zip(examples, predictions, result.trace)]
     judge_records(records, None)
     return gate, records
 

@@ -398,10 +398,10 @@ def test_llm_propositions_are_recorded_on_the_query_of_their_chunk(make_system, 
     llm = ScriptedLLM(by_prompt(propositions="- Inception is a 2010 film."))
     system = make_system(llm)
     batch = to_batch(sample_examples[:2])
-    system.batch_generate_answer(batch)
+    result = system.answer_batch(batch)
     (sent, _), *_ = llm.calls
     recorded = []
-    for trace, pages in zip(system.last_batch_trace, batch["search_results"]):
+    for trace, pages in zip(result.trace, batch["search_results"]):
         mine = [p for p in trace["prompts"] if p["prompt"] == "propositions"]
         assert len(mine) == 2 and all(p["stage"] == "references" for p in mine)
         names = {page["page_name"] for page in pages}

@@ -37,9 +37,10 @@ def test_a_reply_that_breaks_the_parser_costs_its_query_only(make_system, sample
     bad = batch["query"][2]
     llm = ScriptedLLM(lambda conv: "BOOM" if question(conv) == bad else echo(conv))
     system = make_system(llm)
-    answers = system.batch_generate_answer(batch)
+    result = system.answer_batch(batch)
+    answers = result.answers
     assert answers == [q if q != bad else "i don't know" for q in batch["query"]]
-    trace = system.last_batch_trace
+    trace = result.trace
     assert trace[2]["reason"].startswith("reasoning failed: ValueError: unexpected reply shape")
     statuses = [{s["stage"]: s["status"] for s in record["stages"]}["reasoning"] for record in trace]
     assert statuses == ["ok", "ok", "failed", "ok"]
@@ -62,9 +63,10 @@ def test_a_stage_that_fails_half_way_leaves_no_half_written_state(make_system, s
     monkeypatch.setattr(stage_cls, "run", run_then_fail)
     system = make_system(ScriptedLLM(echo))
     batch = to_batch(sample_examples[:2])  # the first question is about inception
-    answers = system.batch_generate_answer(batch)
+    result = system.answer_batch(batch)
+    answers = result.answers
     assert answers == ["i don't know", batch["query"][1]]
-    assert system.last_batch_trace[0]["reason"].startswith("reasoning failed: RuntimeError: late failure")
+    assert result.trace[0]["reason"].startswith("reasoning failed: RuntimeError: late failure")
 
 
 def test_a_backend_returning_the_wrong_shape_costs_the_missing_queries_only(make_system, sample_examples,

@@ -269,9 +269,9 @@ def test_a_200_key_infobox_fits_the_budget_with_one_embedding_call_per_batch(cpu
     system = CragSystem(cpu_config, llm=llm, embedder=embedder, kg=kg)
     try:
         questions = ["how tall is the big tower?", "how tall is the small tower?"]
-        system.batch_generate_answer(to_batch([dict(sample_examples[4], interaction_id=q, query=q)
+        result = system.answer_batch(to_batch([dict(sample_examples[4], interaction_id=q, query=q)
                                                for q in questions]))
-        big, small = (trace["kg_results"] for trace in system.last_batch_trace)
+        big, small = (trace["kg_results"] for trace in result.trace)
     finally:
         system.close()
     assert 0 < sum(map(len, big)) <= cpu_config.kg.max_chars and not any("{{" in line for line in big)

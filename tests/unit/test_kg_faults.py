@@ -321,9 +321,9 @@ def test_the_calls_of_a_batch_are_in_flight_together(fake_kg, make_system, cpu_c
         return '{"domain": "music", "entities": {"artist_name": "taylor swift"}}'
 
     system = make_system(ScriptedLLM(by_prompt(kg_entities=extraction)), kg=KGClient.from_config(settings))
-    system.batch_generate_answer(to_batch(sample_examples[:2]))  # inception's director; taylor swift's album
+    result = system.answer_batch(to_batch(sample_examples[:2]))  # inception's director; taylor swift's album
     assert ("/movie/get_movie_info", "/music/search_artist_entity_by_name") in fake_kg.overlaps()
-    records = system.last_batch_trace
+    records = result.trace
     assert [[r["status"] for r in t["stages"] if r["stage"] == "kg"] for t in records] == [["ok"], ["ok"]]
     assert records[0]["kg_calls"][0] == {"call": "movie_get_movie_info", "args": {"movie_name": "inception"},
                                          "answered": True}

@@ -71,8 +71,9 @@ def test_a_compound_question_of_data_is_answered_through_decomposition(make_syst
                                                       re.I) else "no",
         reasoning=born, hanrag_aggregate=aggregate))
     system = system_for(make_system, cpu_config, "hanrag", llm)
-    assert system.batch_generate_answer(to_batch([example(sample_examples, LENNON)])) == ["john lennon"]
-    (trace,) = system.last_batch_trace
+    result = system.answer_batch(to_batch([example(sample_examples, LENNON)]))
+    assert result.answers == ["john lennon"]
+    (trace,) = result.trace
     assert trace["route"] == "compound"
     assert trace["sub_queries"] == ["when was john lennon born?", "when was paul mccartney born?"]
     assert trace["steps"] == 5  # router, decomposer, relevance (one call), sub-answers (one call), aggregator
@@ -99,12 +100,13 @@ def test_each_route_in_one_batch(make_system, cpu_config, sample_examples):
         hanrag_aggregate=lambda c: block(f"aggregated {c[1]['content'].count('- ')} facts")))
     system = system_for(make_system, cpu_config, "hanrag", llm)
     batch = [example(sample_examples, q) for q in routes]
-    answers = dict(zip(routes, system.batch_generate_answer(to_batch(batch))))
+    result = system.answer_batch(to_batch(batch))
+    answers = dict(zip(routes, result.answers))
     assert answers["who directed the movie inception?"] == "answer to who directed the movie inception?"
     assert answers["what are the three primary colors of the traditional ryb color model?"] == "red, yellow and blue"
     assert answers[LENNON] == "aggregated 2 facts"
     assert answers["who was the president of france when the eiffel tower was completed?"] == "aggregated 2 facts"
-    traces = {t["interaction_id"]: t for t in system.last_batch_trace}
+    traces = {t["interaction_id"]: t for t in result.trace}
     assert {traces[e["interaction_id"]]["route"] for e in batch} == set(routes.values())
     complex_trace = traces[batch[3]["interaction_id"]]
     assert complex_trace["sub_queries"] == ["step 1?", "step 2?"]  # the checker said yes after the second
@@ -118,8 +120,9 @@ def test_the_complex_route_stops_at_max_steps(make_system, cpu_config, sample_ex
         hanrag_refine=lambda c: f"What is step {len(calls_of(llm, 'hanrag_refine'))}?",  # no JSON: a bare question
         hanrag_check="{'answerable': False}", hanrag_aggregate=block("done")))
     system = system_for(make_system, cpu_config, "hanrag", llm, hanrag__max_steps=3)
-    assert system.batch_generate_answer(to_batch(sample_examples[4:5])) == ["done"]
-    (trace,) = system.last_batch_trace
+    result = system.answer_batch(to_batch(sample_examples[4:5]))
+    assert result.answers == ["done"]
+    (trace,) = result.trace
     assert len(trace["sub_queries"]) == 3 and len(calls_of(llm, "hanrag_refine")) == 3
     assert trace["steps"] == 1 + 3 * 4 + 1  # router; refine, relevance, answer, check per step; aggregate
 
@@ -136,8 +139,9 @@ def test_malformed_checker_json_reads_as_no_more_retrieval(make_system, cpu_conf
 def test_no_relevant_reference_means_i_dont_know_without_an_answer_call(make_system, cpu_config, sample_examples):
     llm = ScriptedLLM(by_prompt(hanrag_router="single-step", hanrag_relevance="No."))
     system = system_for(make_system, cpu_config, "hanrag", llm)
-    assert system.batch_generate_answer(to_batch(sample_examples[:1])) == ["i don't know"]
-    assert not calls_of(llm, "reasoning") and "no relevant reference" in system.last_batch_trace[0]["reason"]
+    result = system.answer_batch(to_batch(sample_examples[:1]))
+    assert result.answers == ["i don't know"]
+    assert not calls_of(llm, "reasoning") and "no relevant reference" in result.trace[0]["reason"]
 
 
 class TickingClock:
@@ -244,8 +248,9 @@ def dualrag_llm(rounds: int, **overrides):
 def test_dualrag_reasons_retrieves_summarises_and_answers(make_system, cpu_config, sample_examples):
     llm = dualrag_llm(rounds=2)
     system = system_for(make_system, cpu_config, "dualrag", llm)
-    assert system.batch_generate_answer(to_batch([example(sample_examples, LENNON)])) == ["john lennon"]
-    (trace,) = system.last_batch_trace
+    result = system.answer_batch(to_batch([example(sample_examples, LENNON)]))
+    assert result.answers == ["john lennon"]
+    (trace,) = result.trace
     assert trace["route"] == "dualrag" and trace["sub_queries"][:2] == ["John Lennon born", "Paul McCartney born"]
     # round 2 retrieves the same references: nothing unseen for either entity, so no summary call in it, and the
     # query goes to the answer with what it knows (no reasoning step over unchanged knowledge)
@@ -262,10 +267,10 @@ def test_dualrag_stops_at_max_iter_with_a_final_reasoning_step(make_system, cpu_
                       dualrag_entities=lambda c: json.dumps({"entities": [{"entity": next(people),
                                                                             "keywords": ["born"]}]}))
     system = system_for(make_system, cpu_config, "dualrag", llm, dualrag__max_iter=2, dualrag__top_k=1)
-    system.batch_generate_answer(to_batch([example(sample_examples, LENNON)]))
+    result = system.answer_batch(to_batch([example(sample_examples, LENNON)]))
     assert len(calls_of(llm, "dualrag_entities")) == 2  # two rounds of retrieval
     assert len(calls_of(llm, "dualrag_reason")) == 3    # and a final reasoning step after the last one
-    assert system.last_batch_trace[0]["steps"] == 2 * 3 + 1 + 1  # (reason, entities, summarise) twice; reason; answer
+    assert result.trace[0]["steps"] == 2 * 3 + 1 + 1  # (reason, entities, summarise) twice; reason; answer
 
 
 def test_hybrid_hands_compound_questions_to_hanrag(make_system, cpu_config, sample_examples):
@@ -277,10 +282,11 @@ def test_hybrid_hands_compound_questions_to_hanrag(make_system, cpu_config, samp
     cpu_config.multihop = "hanrag"
     system = make_system(llm)
     batch = [example(sample_examples, "who directed the movie inception?"), example(sample_examples, LENNON)]
-    assert system.batch_generate_answer(to_batch(batch)) == ["seed answer", "john lennon"]
-    routes = [t["route"] for t in system.last_batch_trace]
+    result = system.answer_batch(to_batch(batch))
+    assert result.answers == ["seed answer", "john lennon"]
+    routes = [t["route"] for t in result.trace]
     assert routes == ["single-step", "compound"]
-    stages = [[r["stage"] for r in t["stages"]] for t in system.last_batch_trace]
+    stages = [[r["stage"] for r in t["stages"]] for t in result.trace]
     assert stages[0][-2:] == ["reasoning", "answer"] and "reasoning" not in stages[1]
 
 
@@ -321,8 +327,9 @@ def test_hybrid_hands_complex_questions_to_dualrag(make_system, cpu_config, samp
     cpu_config.multihop = "dualrag"
     system = make_system(llm)
     batch = [example(sample_examples, "who directed the movie inception?"), example(sample_examples, LENNON)]
-    assert system.batch_generate_answer(to_batch(batch)) == ["seed answer", "john lennon"]
-    assert [t["route"] for t in system.last_batch_trace] == ["single-step", "complex"]
+    result = system.answer_batch(to_batch(batch))
+    assert result.answers == ["seed answer", "john lennon"]
+    assert [t["route"] for t in result.trace] == ["single-step", "complex"]
     assert len(calls_of(llm, "dualrag_answer")) == 1 and len(calls_of(llm, "reasoning")) == 1
 
 

@@ -218,10 +218,11 @@ def test_relevance_mode_reorders_and_filters_the_references(make_system, cpu_con
                          threshold=0.5, min_keep=2)
     before: list[int] = []
     states = seen_by_reasoning(system, before)
-    answers = system.batch_generate_answer(to_batch(sample_examples[:2]))
+    result = system.answer_batch(to_batch(sample_examples[:2]))
+    answers = result.answers
     assert answers == ["paris", "paris"]
     assert all(len(s.references) < count for s, count in zip(states, before))  # references were dropped
-    assert [r["stage"] for r in system.last_batch_trace[0]["stages"]][:2] == ["references", "r2ag"]
+    assert [r["stage"] for r in result.trace[0]["stages"]][:2] == ["references", "r2ag"]
     for state in states:
         relevance = [r.relevance for r in state.references]
         assert relevance == sorted(relevance, reverse=True) and len(relevance) >= 2
@@ -257,9 +258,9 @@ def test_prompt_mode_records_the_conversations_sent_with_embeddings(make_system,
     cpu_config.record_prompts = True
     llm = EmbeddingLLM()
     system = r2ag_system(make_system, cpu_config, trained_checkpoints["prompt"], "prompt", llm)
-    system.batch_generate_answer(to_batch(sample_examples[:2]))
+    result = system.answer_batch(to_batch(sample_examples[:2]))
     (conversations, _), = llm.embedded
-    for trace, conversation in zip(system.last_batch_trace, conversations):
+    for trace, conversation in zip(result.trace, conversations):
         assert trace["prompts"] == [{"stage": "reasoning", "prompt": "reasoning", "messages": list(conversation),
                                      "replies": [SEED_REPLY]}]
         assert PLACEHOLDER in trace["prompts"][0]["messages"][1]["content"]  # as the backend saw it

@@ -95,8 +95,9 @@ def run(make_system, cpu_config, sample_examples, multihop, record):
     hybrid(cpu_config, multihop, record)
     llm = ServedLLM(replies())
     system = make_system(llm, kg=RecordingKG({}))
-    answers = system.batch_generate_answer(marked_batch(sample_examples))
-    return llm, answers, system.last_batch_trace
+    result = system.answer_batch(marked_batch(sample_examples))
+    answers = result.answers
+    return llm, answers, result.trace
 
 
 @pytest.mark.parametrize("multihop", ["hanrag", "dualrag"])

@@ -54,8 +54,9 @@ def test_a_stage_from_a_test_module_runs_where_the_config_puts_it(make_system, c
     llm = plugin_config(cpu_config, tmp_path, reply)
     system = make_system(llm)
     assert [stage.name for stage in system.pipeline] == ["references", "reasoning", "support_check"]
-    assert system.batch_generate_answer(to_batch(sample_examples[:1])) == [answer]
-    trace = system.last_batch_trace[0]
+    result = system.answer_batch(to_batch(sample_examples[:1]))
+    assert result.answers == [answer]
+    trace = result.trace[0]
     assert [r["stage"] for r in trace["stages"]] == ["references", "reasoning", "support_check", "answer"]
     assert [prompt_name(c) for convs, _ in llm.calls for c in convs] == ["reasoning", "support_check"]
     check = llm.calls[1][0][0][1]["content"]

@@ -37,8 +37,9 @@ def test_unparsable_reasoning_goes_to_the_summariser(make_system, sample_example
 def test_summariser_with_nothing_to_say_gives_idk(make_system, sample_examples):
     llm = ScriptedLLM(by_prompt(reasoning="no block here", summariser="   "))
     system = make_system(llm)
-    assert system.batch_generate_answer(to_batch(sample_examples[:1])) == ["i don't know"]
-    assert "summariser returned nothing" in system.last_batch_trace[0]["reason"]
+    result = system.answer_batch(to_batch(sample_examples[:1]))
+    assert result.answers == ["i don't know"]
+    assert "summariser returned nothing" in result.trace[0]["reason"]
 
 
 def test_false_premise_gives_invalid_question(make_system, sample_examples):
@@ -56,9 +57,10 @@ def test_answers_over_the_grader_limit_are_cut_at_a_clause_boundary(make_system,
     items = ", ".join(f"film number {i} of the year" for i in range(1, 30))
     llm = ScriptedLLM(by_prompt(reasoning=block(items)))
     system = make_system(llm)
-    (answer,) = system.batch_generate_answer(to_batch(sample_examples[:1]))
+    result = system.answer_batch(to_batch(sample_examples[:1]))
+    (answer,) = result.answers
     assert grader_token_count(answer) <= 75 and items.startswith(answer) and answer.endswith("of the year")
-    assert "cut at a clause boundary" in system.last_batch_trace[0]["reason"]
+    assert "cut at a clause boundary" in result.trace[0]["reason"]
 
 
 @pytest.mark.parametrize("reason", [LENGTH, DEADLINE])
@@ -66,8 +68,9 @@ def test_a_generation_cut_short_is_never_an_answer(make_system, sample_examples,
     cut = Sample("Thinking.\n===START===\n## Answer: christopher nol", reason)
     llm = ScriptedLLM(by_prompt(reasoning=cut, summariser=Sample("Christopher", reason)))
     system = make_system(llm)
-    assert system.batch_generate_answer(to_batch(sample_examples[:1])) == ["i don't know"]
-    assert f"cut short ({reason})" in system.last_batch_trace[0]["reason"]
+    result = system.answer_batch(to_batch(sample_examples[:1]))
+    assert result.answers == ["i don't know"]
+    assert f"cut short ({reason})" in result.trace[0]["reason"]
 
 
 def test_a_whole_answer_line_before_the_cut_is_an_answer(make_system, sample_examples):
@@ -170,11 +173,12 @@ def test_icl_votes_and_dynamic_queries_answer_idk_without_llm_stages(make_system
 
     llm = ScriptedLLM(by_prompt(attributes=attributes))
     system = make_system(llm)
-    answers = system.batch_generate_answer(to_batch(sample_examples[:2]))
+    result = system.answer_batch(to_batch(sample_examples[:2]))
+    answers = result.answers
     assert answers == ["i don't know", "paris"]
-    assert "predicted real-time" in system.last_batch_trace[0]["reason"]
+    assert "predicted real-time" in result.trace[0]["reason"]
     # the vote's shares are the method's probabilities (signals for the answer gate)
-    inception, other = (trace["signals"] for trace in system.last_batch_trace)
+    inception, other = (trace["signals"] for trace in result.trace)
     assert (inception["attributes.domain_share"], inception["attributes.dynamism_share"]) == (1.0, 0.5)
     assert (other["attributes.domain_share"], other["attributes.dynamism_share"]) == (1.0, 1.0)
     sent = prompts_sent(llm, "reasoning") + prompts_sent(llm, "knowledge")
@@ -217,9 +221,9 @@ def test_svm_trains_saves_loads_and_predicts_in_the_pipeline(make_system, sample
     cpu_config.attributes.method = "svm"
     cpu_config.attributes.svm_model = str(path)
     system = make_system(ScriptedLLM())
-    system.batch_generate_answer(to_batch(sample_examples[:2]))
+    result = system.answer_batch(to_batch(sample_examples[:2]))
     assert system.pipeline[0].name == "attributes"
-    assert all(r["status"] == "ok" for r in system.last_batch_trace[0]["stages"])
+    assert all(r["status"] == "ok" for r in result.trace[0]["stages"])
 
 
 def test_svm_model_file_problems_are_clear(tmp_path):
@@ -240,8 +244,9 @@ def test_optional_stages_are_skipped_first_when_time_is_short(make_system, sampl
     cpu_config.calculator.enabled = True
     llm = ScriptedLLM()
     system = make_system(llm, per_query_s=3.0, safety_margin_s=0.0)  # 3 s: knowledge needs 3.5, reasoning 1.5
-    assert system.batch_generate_answer(to_batch(sample_examples[:1])) == ["paris"]
-    statuses = {r["stage"]: r["status"] for r in system.last_batch_trace[0]["stages"]}
+    result = system.answer_batch(to_batch(sample_examples[:1]))
+    assert result.answers == ["paris"]
+    statuses = {r["stage"]: r["status"] for r in result.trace[0]["stages"]}
     assert statuses == {"references": "ok", "evidence": "ok", "knowledge": "skipped", "calculator": "skipped",
                         "reasoning": "ok", "answer": "ok"}
     assert SEED_REPLY in llm.reply(prompts_sent(llm, "reasoning")[0])

@@ -31,8 +31,9 @@ def test_the_answer_line_s_log_probabilities_and_the_retrieval_signals(make_syst
     unsure = {"christopher": -0.2, "nolan": -1.4}
     llm = ScriptedLLM(by_prompt(reasoning=lambda conv: scored(REASONING, lambda w: unsure.get(w, -0.01))))
     system = make_system(llm)
-    assert system.batch_generate_answer(to_batch(sample_examples[:1])) == ["christopher nolan"]
-    (record,) = system.last_batch_trace
+    result = system.answer_batch(to_batch(sample_examples[:1]))
+    assert result.answers == ["christopher nolan"]
+    (record,) = result.trace
     signals = record["signals"]
     assert signals["reasoning.answer_logprob_mean"] == pytest.approx((-0.2 - 1.4) / 2)
     assert signals["reasoning.answer_logprob_min"] == pytest.approx(-1.4)
@@ -53,8 +54,8 @@ def test_the_answer_line_s_log_probabilities_and_the_retrieval_signals(make_syst
 
 def test_without_log_probabilities_the_signals_are_missing_not_zero(make_system, sample_examples):
     system = make_system(ScriptedLLM(by_prompt(reasoning=REASONING)))
-    system.batch_generate_answer(to_batch(sample_examples[:1]))
-    signals = system.last_batch_trace[0]["signals"]
+    result = system.answer_batch(to_batch(sample_examples[:1]))
+    signals = result.trace[0]["signals"]
     assert signals["reasoning.answer_logprob_mean"] is None and signals["reasoning.answer_logprob_min"] is None
 
 
@@ -68,18 +69,19 @@ def test_self_consistency_counts_the_samples_that_agree(make_system, sample_exam
 
     llm = ScriptedLLM(by_prompt(reasoning=reply))
     system = make_system(llm)
-    system.batch_generate_answer(to_batch(sample_examples[:1]))
+    result = system.answer_batch(to_batch(sample_examples[:1]))
     sampled = llm.calls[-1][1]
     assert (sampled.n, sampled.temperature) == (4, cpu_config.reasoning.sample_temperature)
-    assert system.last_batch_trace[0]["signals"]["reasoning.agreement"] == 0.5  # normalised: 2 of 4 agree
+    assert result.trace[0]["signals"]["reasoning.agreement"] == 0.5  # normalised: 2 of 4 agree
 
 
 def test_the_summariser_s_answer_is_flagged_and_scored(make_system, sample_examples):
     llm = ScriptedLLM(by_prompt(reasoning="no block at all", summariser=lambda conv: scored("Paris\n",
                                                                                             lambda w: math.log(0.5))))
     system = make_system(llm)
-    assert system.batch_generate_answer(to_batch(sample_examples[:1])) == ["Paris"]
-    signals = system.last_batch_trace[0]["signals"]
+    result = system.answer_batch(to_batch(sample_examples[:1]))
+    assert result.answers == ["Paris"]
+    signals = result.trace[0]["signals"]
     assert signals["reasoning.summariser"] is True
     assert signals["reasoning.answer_logprob_mean"] == pytest.approx(math.log(0.5))
 
@@ -93,10 +95,11 @@ def test_the_summariser_s_answer_gets_its_agreement_from_samples_of_the_summaris
     llm = ScriptedLLM(by_prompt(reasoning="no block at all",
                                 summariser=lambda conv: "Paris\n" if llm.calls[-1][1].n == 1 else next(votes)))
     system = make_system(llm)
-    assert system.batch_generate_answer(to_batch(sample_examples[:1])) == ["Paris"]
+    result = system.answer_batch(to_batch(sample_examples[:1]))
+    assert result.answers == ["Paris"]
     sampled = llm.calls[-1][1]
     assert (sampled.n, sampled.temperature) == (3, cpu_config.reasoning.sample_temperature)
-    assert system.last_batch_trace[0]["signals"]["reasoning.agreement"] == pytest.approx(2 / 3)
+    assert result.trace[0]["signals"]["reasoning.agreement"] == pytest.approx(2 / 3)
 
 
 def test_support_is_the_share_of_the_answer_s_content_words_in_the_evidence():

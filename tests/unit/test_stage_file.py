@@ -35,9 +35,9 @@ REPLY = SEED_REPLY.replace("paris", "science fiction")  # words of the first que
 llm = ScriptedLLM(lambda c: sys.argv[3] if prompt_name(c) == "answer_check" else REPLY)
 system = CragSystem(config, llm=llm, embedder=HashEmbedder())
 examples = [json.loads(line) for line in open(sys.argv[2], encoding="utf-8")][:2]
-answers = system.batch_generate_answer(to_batch(examples))
+result = system.answer_batch(to_batch(examples))
 system.close()
-print(json.dumps({"answers": answers, "records": system.last_batch_trace, "pipeline": [s.name for s in system.pipeline],
+print(json.dumps({"answers": result.answers, "records": result.trace, "pipeline": [s.name for s in system.pipeline],
                   "resources": sorted(system.resources), "settings": config.resolved()["answer_check"],
                   "keys": [k.key for k in config_keys()],
                   "shown": [c[-1]["content"].count("</reference>")

@@ -68,9 +68,10 @@ def test_answers_are_normalised_and_trimmed(make_system, sample_examples):
 def test_no_time_left_skips_llm_and_answers_idk(make_system, sample_examples):
     llm = ScriptedLLM()
     system = make_system(llm, per_query_s=0.2, safety_margin_s=0.5)  # 0.3 s for a batch of 4
-    answers = system.batch_generate_answer(to_batch(sample_examples[:4]))
+    result = system.answer_batch(to_batch(sample_examples[:4]))
+    answers = result.answers
     assert answers == ["i don't know"] * 4 and llm.calls == []
-    statuses = {r["stage"]: r["status"] for r in system.last_batch_trace[0]["stages"]}
+    statuses = {r["stage"]: r["status"] for r in result.trace[0]["stages"]}
     assert statuses["reasoning"] == "skipped" and statuses["answer"] == "ok"
 
 
@@ -79,8 +80,9 @@ def test_llm_crash_answers_idk_for_the_batch(make_system, sample_examples):
         raise RuntimeError("CUDA out of memory")
 
     system = make_system(ScriptedLLM(explode))
-    assert system.batch_generate_answer(to_batch(sample_examples[:2])) == ["i don't know"] * 2
-    assert "reasoning failed" in system.last_batch_trace[0]["reason"]
+    result = system.answer_batch(to_batch(sample_examples[:2]))
+    assert result.answers == ["i don't know"] * 2
+    assert "reasoning failed" in result.trace[0]["reason"]
 
 
 def test_malformed_batches_get_defined_answers(make_system, sample_examples):
@@ -103,9 +105,10 @@ def test_pages_without_text_answer_idk_without_calling_llm(make_system, sample_e
     system = make_system(llm)
     batch = to_batch(sample_examples[:1])
     batch["search_results"] = [pages]
-    assert system.batch_generate_answer(batch) == ["i don't know"]
+    result = system.answer_batch(batch)
+    assert result.answers == ["i don't know"]
     assert llm.calls == []
-    assert system.last_batch_trace[0]["reason"] == "no usable text in the search results and no KG result"
+    assert result.trace[0]["reason"] == "no usable text in the search results and no KG result"
 
 
 def test_snippet_alone_is_a_reference(make_system):
@@ -148,8 +151,8 @@ def prompts_sent(llm, name):
     return [conv for conversations, _ in llm.calls for conv in conversations if prompt_name(conv) == name]
 
 
-def _stages(system):
-    return [[r["stage"] for r in trace["stages"]] for trace in system.last_batch_trace]
+def _stages(result):
+    return [[r["stage"] for r in trace["stages"]] for trace in result.trace]
 
 
 PRICE = {"2024-03-06 00:00:00 EST": {"Open": 880.0, "Close": 887.0}}
@@ -164,18 +167,20 @@ KG_REPLIES = dict(attributes="domain: finance\ndynamism: real-time",
 def test_a_dynamic_query_the_kg_answers_is_attempted(make_system, sample_examples, cpu_config):
     _kg_config(cpu_config)
     system = make_system(ScriptedLLM(by_prompt(**KG_REPLIES)), kg=RecordingKG(NVDA))
-    assert system.batch_generate_answer(to_batch(sample_examples[5:6])) == ["887"]
-    assert _stages(system)[0][:5] == ["attributes", "kg", "precheck", "references", "evidence"]
+    result = system.answer_batch(to_batch(sample_examples[5:6]))
+    assert result.answers == ["887"]
+    assert _stages(result)[0][:5] == ["attributes", "kg", "precheck", "references", "evidence"]
 
 
 def test_a_dynamic_query_with_nothing_from_the_kg_is_idk_before_the_llm(make_system, sample_examples, cpu_config):
     _kg_config(cpu_config)
     llm = ScriptedLLM(by_prompt(**KG_REPLIES))
     system = make_system(llm, kg=RecordingKG({}))
-    assert system.batch_generate_answer(to_batch(sample_examples[5:6])) == ["i don't know"]
-    assert "predicted real-time" in system.last_batch_trace[0]["reason"]
+    result = system.answer_batch(to_batch(sample_examples[5:6]))
+    assert result.answers == ["i don't know"]
+    assert "predicted real-time" in result.trace[0]["reason"]
     assert not prompts_sent(llm, "reasoning")
-    assert _stages(system)[0] == ["attributes", "kg", "precheck", "answer"]  # no page processing either
+    assert _stages(result)[0] == ["attributes", "kg", "precheck", "answer"]  # no page processing either
 
 
 def test_without_pages_the_kg_still_answers(make_system, sample_examples, cpu_config):
@@ -183,8 +188,9 @@ def test_without_pages_the_kg_still_answers(make_system, sample_examples, cpu_co
     batch = to_batch(sample_examples[5:6])
     batch["search_results"] = [[]]
     system = make_system(ScriptedLLM(by_prompt(**KG_REPLIES)), kg=RecordingKG(NVDA))
-    assert system.batch_generate_answer(batch) == ["887"]
-    assert ("references", "ok") in [(r["stage"], r["status"]) for r in system.last_batch_trace[0]["stages"]]
+    result = system.answer_batch(batch)
+    assert result.answers == ["887"]
+    assert ("references", "ok") in [(r["stage"], r["status"]) for r in result.trace[0]["stages"]]
 
 
 def test_no_kg_server_means_no_kg_stage(make_system, cpu_config, sample_examples, caplog_loguru):
@@ -192,8 +198,8 @@ def test_no_kg_server_means_no_kg_stage(make_system, cpu_config, sample_examples
     cpu_config.kg.base_url = f"http://127.0.0.1:{free_port()}"
     cpu_config.kg.connect_timeout_s = 0.5
     system = make_system(ScriptedLLM())
-    system.batch_generate_answer(to_batch(sample_examples[:1]))
-    assert system.kg is None and "kg" not in _stages(system)[0]
+    result = system.answer_batch(to_batch(sample_examples[:1]))
+    assert system.kg is None and "kg" not in _stages(result)[0]
     assert "no KG server answers" in caplog_loguru.text and "the kg stage is off" in caplog_loguru.text
 
 
@@ -226,7 +232,7 @@ def test_each_query_leaves_a_record_of_what_it_went_through(make_system, sample_
 def test_an_idk_record_says_why(make_system, sample_examples, cpu_config, tmp_path):
     _kg_config(cpu_config)
     system = make_system(ScriptedLLM(by_prompt(**KG_REPLIES)), kg=RecordingKG({}))
-    system.batch_generate_answer(to_batch(sample_examples[5:6]))
-    (record,) = system.last_batch_trace
+    result = system.answer_batch(to_batch(sample_examples[5:6]))
+    (record,) = result.trace
     assert record["reason"].startswith("predicted real-time") and record["references"] == []
     assert record["kg_calls"] and not any(c["answered"] for c in record["kg_calls"])

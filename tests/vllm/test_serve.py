@@ -147,9 +147,10 @@ def test_user_model_with_the_single_gpu_config_answers_through_the_server(server
         sample = [json.loads(line) for line in (GPU1.parents[1] / "data" / "crag_sample.jsonl").open()][:2]
         batch = {key: [example[key] for example in sample]
                  for key in ("interaction_id", "query", "search_results", "query_time")}
-        answers = model.batch_generate_answer(batch)
+        result = model.answer_batch(batch)
+        answers = result.answers
         assert len(answers) == 2 and all(isinstance(a, str) and a for a in answers)
-        reasoning = [next(s for s in r["stages"] if s["stage"] == "reasoning") for r in model.last_batch_trace]
+        reasoning = [next(s for s in r["stages"] if s["stage"] == "reasoning") for r in result.trace]
         assert all(stage["status"] == "ok" for stage in reasoning)
     finally:
         model.close()
