@@ -54,7 +54,7 @@ $(RAY_STAMP): $(STAMP) requirements-ray.txt
 
 ray: $(RAY_STAMP)
 
-# MkDocs, ruff and import-linter, resolved against .venv's pins (installing them changes none of those).
+# MkDocs, ruff, import-linter and mypy, resolved against .venv's pins (installing them changes none of those).
 $(DEV_STAMP): $(STAMP) requirements-dev.txt
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	touch $(DEV_STAMP)
@@ -66,6 +66,7 @@ docs: $(DEV_STAMP)
 lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 # The quantizer's own venv: llm-compressor pins transformers 5.15-5.17 against .venv's 5.23. torch first, as in .venv.
 $(QSTAMP): requirements-quantize.txt

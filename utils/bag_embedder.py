@@ -8,6 +8,8 @@ import re
 
 import numpy as np
 
+from utils.time_budget import Deadline
+
 
 class BagOfWordsEmbedder:
     """Each word (lower case) hashed into one of `dimension` buckets; rows L2-normalised. Counts its calls."""
@@ -18,7 +20,7 @@ class BagOfWordsEmbedder:
         self.dimension = dimension
         self.calls = 0
 
-    def encode(self, texts: list[str], deadline: object = None) -> np.ndarray:
+    def encode(self, texts: list[str], deadline: Deadline | None = None) -> np.ndarray:
         """Like Embedder.encode: with a deadline already passed, no rows (it is otherwise too fast to be cut)."""
         self.calls += 1
         if deadline is not None and deadline.expired():

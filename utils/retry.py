@@ -9,6 +9,16 @@ from collections.abc import Callable
 import tenacity
 
 
+class _Unaffordable(tenacity.stop.stop_base):
+    """Stops when the caller cannot afford the wait before the next attempt (tenacity computes it first)."""
+
+    def __init__(self, affordable: Callable[[float], bool]) -> None:
+        self.affordable = affordable
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        return not self.affordable(retry_state.upcoming_sleep)
+
+
 def backoff(attempts: int, backoff_s: float, retry_on: type[BaseException] | tuple[type[BaseException], ...],
             affordable: Callable[[float], bool], sleep: Callable[[float], None] = time.sleep,
             after: Callable[[tenacity.RetryCallState], None] | None = None) -> tenacity.Retrying:
@@ -22,6 +32,7 @@ def backoff(attempts: int, backoff_s: float, retry_on: type[BaseException] | tup
                 return call()
     """
     return tenacity.Retrying(
-        stop=tenacity.stop_after_attempt(attempts) | (lambda state: not affordable(state.upcoming_sleep)),
+        stop=tenacity.stop_after_attempt(attempts) | _Unaffordable(affordable),
         wait=tenacity.wait_exponential(multiplier=backoff_s, exp_base=2, min=0),
-        retry=tenacity.retry_if_exception_type(retry_on), sleep=sleep, after=after, reraise=True)
+        retry=tenacity.retry_if_exception_type(retry_on), sleep=sleep, after=after or (lambda state: None),
+        reraise=True)

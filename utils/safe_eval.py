@@ -83,10 +83,12 @@ def _check(value: Any) -> Value:
     raise SafeEvalError(f"result of type {type(value).__name__} is not a number")
 
 
-def _numbers(*values: Any) -> None:
+def _numbers(*values: Any) -> list[Number]:
+    """`values`, each checked to be a number (a SafeEvalError otherwise)."""
     for value in values:
         if not isinstance(value, (int, float)):
             raise SafeEvalError(f"operand of type {type(value).__name__} is not a number")
+    return list(values)
 
 
 def _check_power(base: Number, exponent: Number) -> None:
@@ -120,8 +122,7 @@ class _Walker:
             items = [self.visit(element, depth) for element in node.elts]
             return items if isinstance(node, ast.List) else tuple(items)
         if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-            left, right = self.visit(node.left, depth), self.visit(node.right, depth)
-            _numbers(left, right)
+            left, right = _numbers(self.visit(node.left, depth), self.visit(node.right, depth))
             if isinstance(node.op, ast.Pow):
                 _check_power(left, right)
             result = _BINARY[type(node.op)](left, right)
@@ -157,9 +158,9 @@ class _Walker:
                 _numbers(*arg)
             else:
                 _numbers(arg)
-        if name in _COMBINATORIAL and any(abs(a) > MAX_COMBINATORIAL_ARG for a in args):
+        if name in _COMBINATORIAL and any(abs(a) > MAX_COMBINATORIAL_ARG for a in _numbers(*args)):
             raise SafeEvalError(f"{name} argument too large")
-        if name == "round" and len(args) == 2 and abs(args[1]) > 20:
+        if name == "round" and len(args) == 2 and abs(_numbers(args[1])[0]) > 20:
             raise SafeEvalError("round to too many digits")
         return function(*args)
 
