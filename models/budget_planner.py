@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from models.config import MAX_BATCH_SIZE, SystemConfig
+from models.config import SystemConfig
 from models.estimates import Speed, StagePlan
 from models.prompting import PromptLibrary
 from models.stages import pipeline_stages
+from utils.batch import MAX_BATCH_SIZE
 
 __all__ = ["Plan", "Speed", "StagePlan", "format_plan", "largest_fitting_batch", "llm_stages", "plan"]
 

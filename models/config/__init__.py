@@ -13,12 +13,10 @@ from models.config.loader import (
 from models.config.reference import ConfigKey, config_keys, field_docs, yaml_text
 from models.config.schema import (
     DEFAULT_STRATEGIES,
-    MAX_BATCH_SIZE,
     REPO_ROOT,
     STAGE_SECTIONS,
     SystemConfig,
     add_section,
-    did_you_mean,
     resolve_path,
 )
 from models.config.sections import (
@@ -50,11 +48,11 @@ from models.config.sections import (
 from utils.errors import ConfigError
 
 __all__ = [
-    "CONFIG_ENV", "DEFAULT_CONFIG", "DEFAULT_STRATEGIES", "DOMAINS", "DYNAMISM", "HASH_ENGINES", "MAX_BATCH_SIZE",
+    "CONFIG_ENV", "DEFAULT_CONFIG", "DEFAULT_STRATEGIES", "DOMAINS", "DYNAMISM", "HASH_ENGINES",
     "REPO_ROOT", "STAGE_SECTIONS", "AnswerConfig", "AttributesConfig", "BudgetConfig", "CalculatorConfig",
     "ConfigError", "ConfigKey", "DualRAGConfig", "Dynamism", "EmbedderConfig", "HANRAGConfig", "HFConfig",
     "HashConfig", "HashEngine", "ICLConfig", "KGConfig", "KnowledgeConfig", "LLMConfig", "OpenAIConfig",
     "R2AGConfig", "ReasoningConfig", "ReferencesConfig", "RerankConfig", "SystemConfig", "VLLMConfig",
-    "add_config_arguments", "add_section", "config_from_args", "config_keys", "config_path", "did_you_mean",
+    "add_config_arguments", "add_section", "config_from_args", "config_keys", "config_path",
     "field_docs", "import_stage_modules", "load_config", "resolve_path", "yaml_text",
 ]

@@ -16,9 +16,10 @@ from typing import Any, Literal
 
 import yaml
 
-from models.config.schema import REPO_ROOT, STAGE_SECTIONS, SystemConfig, did_you_mean
+from models.config.schema import REPO_ROOT, STAGE_SECTIONS, SystemConfig
 from models.config.sections import range_text
 from utils.errors import ConfigError
+from utils.names import did_you_mean
 
 DEFAULT_CONFIG = REPO_ROOT / "configs" / "cpu.yaml"
 CONFIG_ENV = "CRAG_CONFIG"

@@ -8,9 +8,10 @@ import importlib
 import pkgutil
 from pathlib import Path
 
-from models.config import ConfigError, SystemConfig, did_you_mean, import_stage_modules
+from models.config import ConfigError, SystemConfig, import_stage_modules
 from models.registry import RegistryError
 from models.stages.stage import STAGES, Stage, StageContext, check_flow
+from utils.names import did_you_mean
 
 __all__ = ["STAGES", "Stage", "StageContext", "pipeline_stages"]
 
