@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             stop.set()
             for process in spinners:
                 process.join(5)
-        admission = prefill_admission(model.llm) if hasattr(model.llm, "_prefill_tps") else []
+        admission = prefill_admission(model.resource("llm")) if hasattr(model.resource("llm"), "_prefill_tps") else []
     finally:
         model.close()
     if admission:

@@ -46,6 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from models.config import REPO_ROOT
+from models.gate.answer_gate import gate_settings
+from models.stages.precheck import DynamicIDKSettings
 from utils.cli import command
 from utils.errors import HarnessError
 
@@ -311,12 +313,13 @@ def build_config(variant: Variant, base_url: str, cache_dir: str) -> Any:
     config.strategy, config.multihop = "hybrid", "none"
     config.attributes.method = "icl"
     config.attributes.icl.n = 1
-    config.answer.dynamic_idk = variant.dynamic_idk
-    config.answer.gate = None  # the scripted LLM gives no log-probabilities; what reaches the prompt is measured
+    config.section("answer", DynamicIDKSettings).dynamic_idk = variant.dynamic_idk
+    # the scripted LLM gives no log-probabilities; what reaches the prompt is measured
+    gate_settings(config).gate = None
     config.references.workers = 1
     config.references.cache_dir = cache_dir
-    config.kg.method = variant.method
-    config.kg.base_url = base_url
+    config.section("kg").method = variant.method
+    config.section("kg").base_url = base_url
     return config
 
 

@@ -93,7 +93,7 @@ def kg_for_run(config: SystemConfig, serve: bool) -> Iterator[SystemConfig]:
     else:
         with fixture_kg() as url:
             print(f"fixture KG server at {url} (data/kg)", file=sys.stderr)
-            yield replace(config, kg=replace(config.kg, base_url=url))
+            yield config.with_keys("kg", base_url=url)
 
 
 def user_model(config: SystemConfig) -> object:

@@ -22,11 +22,15 @@ class StateFieldError(ValueError):
 @dataclass(frozen=True)
 class StateField:
     """A field a stage adds to QueryState (`Stage.fields`): its starting value, made afresh for each query, and how
-    the per-question record writes it (None: the record leaves it out)."""
+    the per-question record writes it (None: the record leaves it out; `record_none` False: left out while None).
+    `evidence`: its value is lines of evidence the answer may quote, as the references' texts are (the answer
+    step's support signals read them)."""
 
     default: Callable[[], Any]
     record: Callable[[Any], Any] | None = None
     doc: str = ""
+    record_none: bool = True
+    evidence: bool = False
 
 
 # Fields added by stages, by name, with the module that declared each; read and written as QueryState attributes.
@@ -97,13 +101,9 @@ class QueryState:
     candidate_vectors: np.ndarray | None = field(default=None, repr=False)
     # HASH-RAG: the propositions that selected the references (for the PGCC prompt); empty with dense retrieval.
     propositions: list[Proposition] = field(default_factory=list)
-    # R2AG retrieval-aware prompting: (relevance, precedent, neighbour) per reference, aligned with `references`.
-    retrieval_features: list[list[float]] | None = None
     domain: str | None = None         # attributes: finance, sports, music, movie, open
     dynamism: str | None = None       # attributes: static, slow-changing, fast-changing, real-time
     knowledge: str | None = None      # the knowledge extractor's answer ("an answer from another agent")
-    kg_results: list[str] = field(default_factory=list)  # the KG module's results, one rendered call per line
-    kg_calls: list[dict[str, Any]] = field(default_factory=list)  # {"call", "args", "answered"}, in order made
     calculations: list[str] = field(default_factory=list)  # "expression = value", from the calculator
     # Multi-hop strategies: the route taken, the LLM steps used and the sub-queries asked.
     route: str | None = None
@@ -114,15 +114,13 @@ class QueryState:
     done: bool = False
     done_reason: str = ""
     trace: list[StageRecord] = field(default_factory=list)
-    # What the stages knew of how sure the answer is, by name ("reasoning.answer_logprob_mean", ...): the answer
-    # gate's inputs (models/gate/answer_gate.py), kept on every record, gate or no gate.
+    # What the stages knew of how sure the answer is, by name ("reasoning.answer_logprob_mean", ...): the inputs of a
+    # closing stage that weighs the answer, kept on every record.
     signals: dict[str, Signal] = field(default_factory=dict)
-    # With an answer gate (`answer.gate`): P(correct), the threshold, and the answer it withheld, if it did.
-    gate: dict[str, Any] | None = None
     # With the config's `record_prompts` on: every LLM conversation of this query, in call order, as {"stage",
     # "prompt" (its name), "messages", "replies" (the samples' texts)}; StageContext.generate appends them.
     prompts: list[dict[str, Any]] = field(default_factory=list)
-    # The values of the fields stages add (ADDED_FIELDS), set on first use.
+    # The values of the fields stages add (ADDED_FIELDS), set on first use (a field never used is not recorded).
     added: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __getattr__(self, name: str) -> Any:  # only for names that are not dataclass fields
@@ -140,28 +138,31 @@ class QueryState:
     def record(self) -> dict[str, Any]:
         """What the query went through, for the run folder's per-question record: the reason for its answer,
         each stage's status and seconds, the predicted attributes, the references chosen for the prompt (best
-        first; the prompt takes them while they fit), the KG calls and results, the calculator's lines, the
-        knowledge extractor's answer, the multi-hop route, the confidence signals and what the answer gate did
-        (`gate`, only with one); with `record_prompts` on, every LLM conversation and its replies (`prompts`; no
-        such key when none was recorded)."""
+        first; the prompt takes them while they fit), the calculator's lines, the knowledge extractor's answer, the
+        multi-hop route, the confidence signals; with `record_prompts` on, every LLM conversation and its replies
+        (`prompts`; no such key when none was recorded); then the fields stages add (`Stage.fields`), as each
+        declares."""
         record = {"interaction_id": self.interaction_id, "reason": self.done_reason,
                   "stages": [dataclasses.asdict(r) for r in self.trace],
                   "predicted": {"domain": self.domain, "dynamism": self.dynamism},
                   "references": [{"page": r.page_name, "url": r.page_url, "updated": r.page_last_modified,
                                   "kind": r.kind, "score": round(r.score, 4), "relevance": r.relevance,
                                   "text": r.text} for r in self.references],
-                  "kg_calls": self.kg_calls, "kg_results": self.kg_results, "calculations": self.calculations,
+                  "calculations": self.calculations,
                   "knowledge": self.knowledge, "route": self.route, "steps": self.steps,
                   "sub_queries": self.sub_queries, "signals": self.signals}
-        if self.gate is not None:
-            record["gate"] = self.gate
         if self.prompts:
             record["prompts"] = self.prompts
-        for name, value in self.added.items():
-            spec = ADDED_FIELDS[name][1]
-            if spec.record is not None:
-                record[name] = spec.record(value)
+        for name, (_, spec) in ADDED_FIELDS.items():
+            if name in self.added and spec.record is not None and (spec.record_none or self.added[name] is not None):
+                record[name] = spec.record(self.added[name])
         return record
+
+    def evidence(self) -> list[str]:
+        """The lines of the fields stages declare as evidence (the KG's results), in declaration order; a field no
+        stage set is none."""
+        return [line for name, (_, spec) in ADDED_FIELDS.items() if spec.evidence
+                for line in self.added.get(name) or []]
 
     def finish(self, answer: str, reason: str) -> None:
         """Fix the answer now; later LLM stages leave this query alone."""

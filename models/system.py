@@ -9,12 +9,10 @@ from typing import Any
 from loguru import logger
 
 from models.config import SystemConfig, load_config
-from models.gate.gate_stage import GateStage
-from models.kg.client import KGClient
 from models.llm.backend import LLM, Closable
 from models.prompting import PromptLibrary
-from models.resources import build_resources
-from models.stages import Stage, pipeline_stages
+from models.resources import RESOURCES, build_resources
+from models.stages import STAGES, Stage, closing_stages, pipeline_stages
 from models.stages.answer import AnswerStage
 from models.stages.stage import Batch, run_stage
 from models.state import QueryState
@@ -23,50 +21,46 @@ from utils.batch import BATCH_FIELDS, BatchResult
 
 
 class CragSystem:
-    """Builds the strategy's stages and only the resources they need. `llm`, `embedder` and `kg` (the KG client,
-    tasks 2 and 3) are built from the config unless given (tests pass fakes); batch deadlines are read on `clock`."""
+    """Builds the strategy's stages and only the resources they need. `llm`, `embedder` and the resources in `given`
+    (by name; tests pass fakes) are used as they are, the others built from the config; batch deadlines are read
+    on `clock`."""
 
     def __init__(self, config: SystemConfig | None = None, llm: LLM | None = None,
-                 embedder: Any | None = None, kg: KGClient | None = None,
+                 embedder: Any | None = None, given: Mapping[str, Any] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config or load_config()
         self.clock = clock
         self.prompts = PromptLibrary(self.config.prompts)
         classes = pipeline_stages(self.config)
-        for name in {name for cls in classes for name in cls.prompts}:  # a broken prompt file fails before any
-            self.prompts.get(name)                                      # model loads, not in the first batch
-        # every query leaves by the answer step, and then the answer gate where the config names one
-        closing = [AnswerStage, *([GateStage] if GateStage.active(self.config) else [])]
-        needed = {name for cls in [*classes, *closing] for name in cls.needs}
-        given = {"llm": llm, "embedder": embedder, "kg": kg}
-        self.resources = build_resources(self.config, self.prompts, needed, given)
-        if "kg" in needed and self.resources.get("kg") is None:  # no server answered: no KG stage, no KG call
-            classes = pipeline_stages(self.config, missing=frozenset({"kg"}))
+        # every query leaves by the answer step, and then by the closing stages the config switches on
+        closing = closing_stages(self.config)
+        for name in {name for cls in [*classes, *closing] for name in cls.prompts}:  # a broken prompt file fails
+            self.prompts.get(name)                                        # before any model loads, not in a batch
+        needed = {name for cls in [*classes, AnswerStage, *closing] for name in cls.needs}
+        self.resources = build_resources(self.config, self.prompts, needed,
+                                         {"llm": llm, "embedder": embedder, **(given or {})})
+        # a service that did not answer (no KG server): the stages that need it leave, so no call goes to it
+        missing = frozenset(name for name in needed if RESOURCES[name][1].drops and self.resources[name] is None)
+        if missing:
+            classes = pipeline_stages(self.config, missing=missing)
         self.pipeline: list[Stage] = [cls() for cls in classes]
-        for stage in self.pipeline:
+        self.answer_stage = AnswerStage([STAGES.get(name) for name in self.config.strategy_names()])
+        self.closing: list[Stage] = [cls() for cls in closing]
+        for stage in [*self.pipeline, *self.closing]:
             stage.setup(self.config, {name: self.resources.get(name) for name in stage.needs})
-        self.answer_stage = AnswerStage()
-        self.gate_stage = GateStage() if GateStage in closing else None
         logger.info("strategy {}: {}", self.config.strategy, " -> ".join(s.name for s in self.pipeline))
-        if self.gate is not None:
-            logger.info("answer gate {}: an answer with P(correct) under {:.3f} becomes \"i don't know\"",
-                        self.config.answer.gate, self.gate.threshold)
 
-    # The resources by name, for tools and tests (None when no chosen stage needs one, or the config leaves it out).
-    llm = property(lambda self: self.resources.get("llm"))
-    embedder = property(lambda self: self.resources.get("embedder"))
-    pages = property(lambda self: self.resources.get("pages"))
-    kg = property(lambda self: self.resources.get("kg"))
-    reranker = property(lambda self: self.resources.get("reranker"))
-    r2former = property(lambda self: self.resources.get("r2former"))
-    gate = property(lambda self: self.resources.get("gate"))
+    def resource(self, name: str) -> Any:
+        """A resource by name, for tools and tests: None when no chosen stage needs it, or the config leaves it
+        out."""
+        return self.resources.get(name)
 
     def close(self) -> None:
         """Stop the page workers and an in-process engine (both also stop when the process exits)."""
-        if self.pages is not None:
-            self.pages.close()
-        if isinstance(self.llm, Closable):
-            self.llm.close()
+        if (pages := self.resource("pages")) is not None:
+            pages.close()
+        if isinstance(llm := self.resource("llm"), Closable):
+            llm.close()
 
     def batch(self, size: int, prompts: PromptLibrary | None = None) -> Batch:
         """What the stages of one batch share: this system's resources and a fresh batch deadline."""
@@ -91,9 +85,8 @@ class CragSystem:
             for state in states:
                 if not state.done:
                     state.finish(IDK, f"strategy failed: {type(err).__name__}")
-        run_stage(self.answer_stage, states, shared, always=True)
-        if self.gate_stage is not None:
-            run_stage(self.gate_stage, states, shared, always=True)
+        for stage in [self.answer_stage, *self.closing]:
+            run_stage(stage, states, shared, always=True)
         for state in states:
             if state.done_reason:
                 logger.info("{} answered '{}': {}", state.interaction_id, state.answer, state.done_reason)

@@ -10,6 +10,7 @@ import yaml
 from loguru import logger
 
 from models.config import REPO_ROOT, load_config
+from models.gate.answer_gate import gate_settings
 from models.kg.client import KGClient
 from models.system import CragSystem
 from tests.fakes import HashEmbedder, ScriptedLLM
@@ -44,7 +45,7 @@ def cpu_config(tmp_path):
     references and reasoning on: task 1, so no KG (tests of the other stages turn theirs on). The answer gate is
     off: it reads log-probabilities the scripted LLM does not give (tests/unit/test_gate.py turns one on)."""
     config = load_config(REPO_ROOT / "configs" / "cpu.yaml")
-    config.answer.gate = None
+    gate_settings(config).gate = None
     config.attributes.method = "none"
     config.task = 1
     config.knowledge.enabled = False
@@ -63,7 +64,7 @@ def make_system(cpu_config):
     def build(llm: ScriptedLLM | None = None, kg: KGClient | None = None, **budget: float) -> CragSystem:
         for key, value in budget.items():
             setattr(cpu_config.budget, key, value)
-        systems.append(CragSystem(cpu_config, llm=llm or ScriptedLLM(), embedder=HashEmbedder(), kg=kg))
+        systems.append(CragSystem(cpu_config, llm=llm or ScriptedLLM(), embedder=HashEmbedder(), given={"kg": kg}))
         return systems[-1]
 
     yield build

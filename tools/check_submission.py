@@ -85,11 +85,13 @@ def probe(args: argparse.Namespace) -> int:
 
 def measure_speed(model: Any) -> dict[str, float] | None:
     """Prefill tokens per second and seconds per decode step of the model's LLM (a CragSystem's), or None."""
-    llm = getattr(model, "llm", None)
+    from models.llm.backend import GenParams
+    from models.system import CragSystem
+
+    llm = model.resource("llm") if isinstance(model, CragSystem) else None
     size = model.get_batch_size()
     if llm is None:
         return None
-    from models.llm.backend import GenParams
 
     text = "The quick brown fox jumps over the lazy dog. " * 50  # about 500 tokens
     conversations = [[{"role": "user", "content": f"{text}\nRepeat the first sentence, word by word, many times."}]

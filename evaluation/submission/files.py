@@ -10,6 +10,7 @@ from typing import Any
 
 from evaluation.submission import Check
 from models.config import ConfigError
+from models.stages.r2ag import R2AGSettings
 
 CHALLENGES = {  # the id of each task's challenge; aicrowd.json names one
     "meta-kdd-cup-24-crag-retrieval-summarization": "Task 1: retrieval summarization",
@@ -98,8 +99,9 @@ def check_config(repo: Path, config_path: str) -> tuple[Check, Check, Any]:
         needed.append(("references.rerank.model", Path(config.references.rerank.model), "folder"))
     if config.attributes.method == "svm":
         needed.append(("attributes.svm_model", Path(config.attributes.svm_model), "file"))
-    if config.r2ag.enabled and config.r2ag.checkpoint:
-        needed.append(("r2ag.checkpoint", Path(config.r2ag.checkpoint), "file"))
+    r2ag = config.section("r2ag", R2AGSettings)
+    if r2ag.enabled and r2ag.checkpoint:
+        needed.append(("r2ag.checkpoint", Path(r2ag.checkpoint), "file"))
     if config.references.retriever == "hash":
         needed.append(("references.hash.model", Path(config.references.hash.model), "file"))
     missing = []

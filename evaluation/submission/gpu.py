@@ -10,6 +10,7 @@ from typing import Any
 
 from evaluation.submission import Check
 from evaluation.submission.files import submission_path
+from models.stages.r2ag import R2AGSettings
 
 # The grader's GPU: a T4 (16 GB board; nvidia-smi reports 15109 MiB with ECC on, as on AWS g4dn). An assumption:
 # the ECC-off figure is 15360 MiB.
@@ -217,7 +218,8 @@ def check_memory(repo: Path, config: Any) -> Check | None:
 def uses_prompt_embeddings(config: Any) -> bool:
     """R2AG prompt mode in the chosen strategy: its retrieval embeddings reach the reasoning prompt."""
     stages = config.strategy_names()
-    return config.r2ag.enabled and config.r2ag.mode == "prompt" and "r2ag" in stages and "reasoning" in stages
+    r2ag = config.section("r2ag", R2AGSettings)
+    return r2ag.enabled and r2ag.mode == "prompt" and "r2ag" in stages and "reasoning" in stages
 
 
 

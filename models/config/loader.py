@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import yaml
 
-from models.config.schema import REPO_ROOT, STAGE_SECTIONS, SystemConfig
+from models.config.schema import REPO_ROOT, STAGE_MODULES, STAGE_SECTIONS, SystemConfig, declared_sections
 from models.config.sections import range_text
 from utils.errors import ConfigError
 from utils.names import did_you_mean
@@ -80,16 +80,31 @@ def load_config(path: str | os.PathLike | None = None, overlays: Sequence[str | 
         data = _merge(data, value)
         source += f" --set {key.strip()}"
     modules = data.get("stage_modules") or []
-    if isinstance(modules, list):  # anything else is refused by _build, by key
-        import_stage_modules([str(m) for m in modules], source)
+    modules = [str(m) for m in modules] if isinstance(modules, list) else []  # anything else: refused by key
+    import_stage_modules([*STAGE_MODULES, *modules], source)
     declared = {key: data.pop(key) for key in list(data) if key in STAGE_SECTIONS}
-    config = _build(SystemConfig, data, source, "", {"source": source})
-    for name in config.strategy_names():
-        if name in STAGE_SECTIONS:
-            declared.setdefault(name, {})
-    config.stage_settings = {name: _coerce(STAGE_SECTIONS[name][1], value, source, name)
-                             for name, value in sorted(declared.items())}
+    config = _build(SystemConfig, data, source, "", {"source": source}, also=STAGE_SECTIONS)
+    # the built-in stages' sections and the configured modules' are in every config, defaults or not, so the
+    # resolved config (and its hash) depends on the config alone, never on what this process imported before
+    named = [name for name in config.strategy_names() if name in STAGE_SECTIONS]
+    chosen = {*declared, *named, *declared_sections([*STAGE_MODULES, *modules])}
+    config.stage_settings = {name: _parts(name, declared.get(name, {}), source) for name in sorted(chosen)}
     return config
+
+
+def _parts(name: str, data: Any, source: str) -> list[Any]:
+    """The declared section `name` from its mapping: each part built from its own keys; a key no part declares is
+    refused with the closest of all of them."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: '{name}' must be a mapping")
+    parts = [settings for _, settings in STAGE_SECTIONS[name]]
+    fields = [{f.name for f in dataclasses.fields(settings)} for settings in parts]
+    for key in data:
+        if not any(key in keys for keys in fields):
+            known = [key for keys in fields for key in sorted(keys)]
+            raise ConfigError(f"{source}: unknown key '{name}.{key}'{did_you_mean(key, known)}")
+    return [_build(settings, {k: v for k, v in data.items() if k in keys}, source, f"{name}.")
+            for settings, keys in zip(parts, fields)]
 
 
 def _read_yaml(path: Path, fix: str) -> dict[str, Any]:
@@ -113,14 +128,17 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _build(cls: type, data: dict[str, Any], source: str, prefix: str, extra: dict[str, Any] | None = None) -> Any:
+def _build(cls: type, data: dict[str, Any], source: str, prefix: str, extra: dict[str, Any] | None = None,
+           also: typing.Iterable[str] = ()) -> Any:
+    """`cls` from `data`, each key checked and coerced; `also`: other keys of this level (the declared sections),
+    for the closest name of an unknown one. A ValueError of the dataclass's own checks names the source."""
     hints = typing.get_type_hints(cls)
     known = {f.name: f for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = dict(extra or {})
     for key, value in data.items():
         where = f"{prefix}{key}"
         if key not in known or known[key].metadata.get("internal"):
-            public = [name for name, f in known.items() if not f.metadata.get("internal")]
+            public = [name for name, f in known.items() if not f.metadata.get("internal")] + list(also)
             raise ConfigError(f"{source}: unknown key '{where}'{did_you_mean(key, public)}")
         meta = known[key].metadata
         if meta.get("merge") and isinstance(value, dict):  # a table added to its defaults (strategies)
@@ -131,7 +149,12 @@ def _build(cls: type, data: dict[str, Any], source: str, prefix: str, extra: dic
                 (low is not None and kwargs[key] < low) or (high is not None and kwargs[key] > high)):
             allowed = range_text(low, high) if low is None or high is None else f"in {range_text(low, high)}"
             raise ConfigError(f"{source}: '{where}' must be {allowed}, got {kwargs[key]!r}")
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except ValueError as err:  # a check across the section's keys (R2AGSettings.__post_init__)
+        raise ConfigError(f"{source}: {err}") from err
 
 
 def _splice(value: Any) -> Any:

@@ -15,7 +15,8 @@ from typing import Any, Literal
 
 import yaml
 
-from models.config.schema import STAGE_SECTIONS, SystemConfig
+from models.config.loader import import_stage_modules
+from models.config.schema import STAGE_MODULES, STAGE_SECTIONS, SystemConfig
 from models.config.sections import range_text
 
 
@@ -33,10 +34,13 @@ class ConfigKey:
 def config_keys() -> list[ConfigKey]:
     """Every key the loader accepts, in declaration order: a section, then its keys. A dict-valued key
     (`strategies`, `prompts`, `budget.stage_min_s`) is one entry."""
+    import_stage_modules(STAGE_MODULES, "the built-in stages")
     keys = list(_section_keys(SystemConfig, ""))
-    for name, (_, settings) in sorted(STAGE_SECTIONS.items()):
-        keys.append(ConfigKey(name, "section", "", "", " ".join((settings.__doc__ or "").split())))
-        keys.extend(_section_keys(settings, f"{name}."))
+    for name, parts in sorted(STAGE_SECTIONS.items()):
+        doc = " ".join(" ".join((settings.__doc__ or "").split()) for _, settings in parts)
+        keys.append(ConfigKey(name, "section", "", "", doc))
+        for _, settings in parts:
+            keys.extend(_section_keys(settings, f"{name}."))
     return keys
 
 

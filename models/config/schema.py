@@ -1,27 +1,23 @@
 """SystemConfig: the whole system's settings, its sections (models/config/sections.py) and the sections stages
-declare (`Stage.settings`, registered in STAGE_SECTIONS); the dataclass defaults are the base every config file
-changes. Loading is models/config/loader.py."""
+declare (`Stage.settings` and `Stage.section_keys`, registered in STAGE_SECTIONS); the dataclass defaults are the
+base every config file changes. Loading is models/config/loader.py."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, overload
 
 from models.config.sections import (
-    AnswerConfig,
     AttributesConfig,
     BudgetConfig,
     CalculatorConfig,
-    DualRAGConfig,
     EmbedderConfig,
-    HANRAGConfig,
-    KGConfig,
     KnowledgeConfig,
     LLMConfig,
-    R2AGConfig,
     ReasoningConfig,
     ReferencesConfig,
     between,
@@ -31,6 +27,18 @@ from utils.errors import ConfigError
 from utils.names import did_you_mean
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+T = TypeVar("T")
+
+# The built-in stages' modules, the one list of them: importing one registers its stage and what the stage declares
+# (settings, QueryState fields, resources, signals). The loader imports them before reading a config, so their
+# sections are keys of every config; models.stages imports them, so strategies can name their stages. The order
+# is the order they register in.
+STAGE_MODULES = (
+    "models.stages.attributes", "models.kg.kg_stage", "models.stages.precheck", "models.stages.references",
+    "models.stages.r2ag", "models.stages.evidence", "models.stages.hanrag", "models.stages.dualrag",
+    "models.stages.multihop", "models.stages.knowledge", "models.stages.calculator", "models.stages.reasoning",
+    "models.gate.gate_stage",
+)
 
 # Strategies: ordered lists of stage names (models/stages/). The stages every built-in strategy starts with
 # gather the evidence; a stage whose switch is off in the config (`knowledge.enabled: false`, `r2ag.enabled:
@@ -72,14 +80,6 @@ class SystemConfig:
     """Domain and dynamism prediction (the dynamic pre-check reads it)."""
     references: ReferencesConfig = field(default_factory=ReferencesConfig)
     """Web page processing and ranking: page workers and cache, chunking, tables, top-k, re-ranker, retriever."""
-    r2ag: R2AGConfig = field(default_factory=R2AGConfig)
-    """The optional R2AG stage (docs/methods/r2ag.md)."""
-    kg: KGConfig = field(default_factory=KGConfig)
-    """The KG stage (tasks 2 and 3) over the CRAG mock API."""
-    hanrag: HANRAGConfig = field(default_factory=HANRAGConfig)
-    """HANRAG: strategy hanrag, or multihop: hanrag."""
-    dualrag: DualRAGConfig = field(default_factory=DualRAGConfig)
-    """DualRAG: strategy dualrag, or multihop: dualrag."""
     knowledge: KnowledgeConfig = field(default_factory=KnowledgeConfig)
     """The knowledge extractor: the LLM answers without references; its answer reaches reasoning as "another
     agent's answer"."""
@@ -87,8 +87,6 @@ class SystemConfig:
     """The calculator: the LLM writes arithmetic, utils/safe_eval computes it."""
     reasoning: ReasoningConfig = field(default_factory=ReasoningConfig)
     """The final answer prompt."""
-    answer: AnswerConfig = field(default_factory=AnswerConfig)
-    """The dynamic pre-check and the answer gate."""
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     """The batch deadline and what each stage may spend of it, in seconds."""
     prompts: dict[str, str] = field(default_factory=dict)
@@ -98,36 +96,63 @@ class SystemConfig:
     Off: prompts are large. It changes no answer, so the run manifest leaves it out."""
     source: str = field(default="<defaults>", metadata={"internal": True})
     """The file(s) and --set keys the config was loaded from (set by the loader, not a key)."""
-    stage_settings: dict[str, Any] = field(default_factory=dict, metadata={"internal": True})
-    """The sections stages declare (`Stage.settings`, STAGE_SECTIONS) that the config sets or its strategy names,
-    by stage name (set by the loader; `section` reads them)."""
+    stage_settings: dict[str, list[Any]] = field(default_factory=dict, metadata={"internal": True})
+    """The sections stages declare (STAGE_SECTIONS), by section name: one settings object per part, in the order
+    the parts were declared (set by the loader; `section` reads them)."""
 
     def __post_init__(self) -> None:
-        """The checks that span keys; each key's own type, choices and range are checked as it loads."""
+        """The checks that span keys; each key's own type, choices and range are checked as it loads (a declared
+        section's own checks are its dataclass's __post_init__)."""
         self.strategy_names()  # an unknown strategy fails at load
-        if self.r2ag.enabled and not self.r2ag.checkpoint:
-            raise ConfigError(f"{self.source}: r2ag.enabled needs r2ag.checkpoint (train one with "
-                              "tools/train_r2former.py)")
         if self.references.retriever == "hash" and not self.references.hash.model:
             raise ConfigError(f"{self.source}: references.retriever hash needs references.hash.model (train one with "
                               "tools/train_hash.py)")
         if self.budget.per_query_s <= self.budget.safety_margin_s / max(self.batch_size, 1):
             raise ConfigError(f"{self.source}: budget.per_query_s is too small for the safety margin")
 
-    def section(self, name: str) -> Any:
-        """The settings section `name`: a SystemConfig section, or one a stage declares (its defaults where the
-        config does not set it)."""
-        if name in self.stage_settings:
-            return self.stage_settings[name]
-        if name in STAGE_SECTIONS:
-            return STAGE_SECTIONS[name][1]()
-        return getattr(self, name)
+    @overload
+    def section(self, name: str) -> Any: ...
+
+    @overload
+    def section(self, name: str, part: type[T]) -> T: ...
+
+    def section(self, name: str, part: type | None = None) -> Any:
+        """The settings section `name`: a SystemConfig section, or one stages declare (its defaults where the config
+        does not set it). `part`: the keys one feature declares in a section several share (`answer`), as that
+        feature's dataclass; a shared section must be read by part."""
+        if name not in self.stage_settings and name in STAGE_SECTIONS:  # kept, so a change to it holds
+            self.stage_settings[name] = [settings() for _, settings in STAGE_SECTIONS[name]]
+        if name not in self.stage_settings:
+            if part is not None:
+                raise KeyError(f"config section {name!r} is not declared by a stage, so it has no part {part.__name__}")
+            return getattr(self, name)
+        parts = self.stage_settings[name]
+        if part is None:
+            if len(parts) != 1:
+                raise KeyError(f"config section {name!r} holds the keys of {len(parts)} features: read it by part "
+                               f"({', '.join(type(p).__name__ for p in parts)})")
+            return parts[0]
+        found = [p for p in parts if type(p) is part]
+        if not found:
+            raise KeyError(f"config section {name!r} has no part {part.__name__}")
+        return found[0]
+
+    def with_keys(self, name: str, part: type | None = None, **changes: Any) -> SystemConfig:
+        """A copy of this config with keys of section `name` (of its `part`, in a shared section) changed; this
+        config stays as it is."""
+        current = self.section(name) if part is None else self.section(name, part)
+        changed = dataclasses.replace(current, **changes)
+        if name not in self.stage_settings:
+            return dataclasses.replace(self, **{name: changed})
+        return dataclasses.replace(self, stage_settings={
+            section: [changed if p is current else p for p in parts] for section, parts in self.stage_settings.items()})
 
     def resolved(self) -> dict[str, Any]:
-        """Every setting as plain data, stage-declared sections beside the others: what run manifests and gate
-        files record and compare."""
+        """Every setting as plain data, the declared sections beside the others (a shared section's parts as one
+        mapping): what run manifests and gate files record and compare."""
         data = dataclasses.asdict(self)
-        data.update(data.pop("stage_settings"))
+        for name, parts in data.pop("stage_settings").items():
+            data[name] = {key: value for part in parts for key, value in part.items()}
         return data
 
     def strategy_names(self) -> list[str]:
@@ -138,21 +163,32 @@ class SystemConfig:
         return self.strategies[self.strategy]
 
 
-# Config sections declared by stages (`Stage.settings`), by stage name, with the module that declared each: the
-# loader builds them from the key of that name, the reference page lists their keys.
-STAGE_SECTIONS: dict[str, tuple[str, type]] = {}
+# Config sections declared by stages, by section name: its parts, each the module that declared it and its
+# dataclass (a stage's own `settings`, or keys it adds to a shared section, `Stage.section_keys`). The loader builds
+# each part from its keys of the section; the reference page lists them.
+STAGE_SECTIONS: dict[str, list[tuple[str, type]]] = {}
 
 
 def add_section(name: str, settings: type, owner: str) -> None:
-    """Make `name` a config section of `settings` (a dataclass), declared by `owner` (a module)."""
+    """Make the fields of `settings` (a dataclass) keys of the config section `name`, declared by `owner` (a
+    module). Several owners may declare keys of one section, none the same key; an owner declaring its part again
+    replaces it."""
     if not dataclasses.is_dataclass(settings):
         raise ConfigError(f"{owner}: the settings of stage {name!r} must be a dataclass, not {settings!r}")
     if name in {f.name for f in dataclasses.fields(SystemConfig)}:
         raise ConfigError(f"{owner}: stage {name!r} declares settings, but {name!r} is already a config key")
-    taken = STAGE_SECTIONS.get(name)
-    if taken is not None and taken[0] != owner:
-        raise ConfigError(f"{owner}: config section {name!r} is already declared by {taken[0]}")
-    STAGE_SECTIONS[name] = (owner, settings)
+    parts = [(o, s) for o, s in STAGE_SECTIONS.get(name, []) if (o, s.__name__) != (owner, settings.__name__)]
+    keys = {f.name for f in dataclasses.fields(settings)}
+    for other, declared in parts:
+        if clash := sorted(keys & {f.name for f in dataclasses.fields(declared)}):
+            raise ConfigError(f"{owner}: config key {name}.{clash[0]} is already declared by {other}")
+    STAGE_SECTIONS[name] = [*parts, (owner, settings)]  # a new list: a refused stage's rollback restores the old
+
+
+def declared_sections(modules: Iterable[str]) -> list[str]:
+    """The declared sections with a part from one of `modules`."""
+    wanted = set(modules)
+    return [name for name, parts in STAGE_SECTIONS.items() if any(owner in wanted for owner, _ in parts)]
 
 
 def resolve_path(path: str) -> Path:

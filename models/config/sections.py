@@ -252,95 +252,8 @@ class ReferencesConfig:
     """HASH-RAG settings, used with retriever hash."""
 
 
-@dataclass
-class R2AGConfig:
-    """R2AG (docs/methods/r2ag.md): an R2-Former reads the retrieval features of each query's ranked references."""
-
-    enabled: bool = False
-    """Run the R2-Former (needs checkpoint); off by default, as no checkpoint ships."""
-    checkpoint: str | None = None
-    """An R2-Former written by tools/train_r2former.py, trained with this config's embedder."""
-    mode: Literal["relevance", "prompt"] = "relevance"
-    """relevance: re-order and filter the references by query-document-matching probability (any backend); prompt:
-    inject a retrieval embedding before each reference (hf, or vllm with enable_prompt_embeds; else relevance)."""
-    threshold: float = field(default=0.5, metadata=between(0, 1))
-    """relevance mode: references under this probability are dropped (but see min_keep)."""
-    min_keep: int = field(default=3, metadata=at_least(0))
-    """relevance mode: the best min_keep references always stay."""
-    device: str = "cpu"
-    """torch device; cpu also beside GPUs: the R2-Former is small, and the GPUs stay the LLM's."""
 
 
-@dataclass
-class KGConfig:
-    """The knowledge-graph stage over the CRAG mock API, run for tasks 2 and 3."""
-
-    method: Literal["rules", "functions"] = "rules"
-    """rules: the LLM extracts the domain and entities, domain rules choose the calls; functions: the LLM lists the
-    calls (at most max_calls), each checked against the endpoint table before it is made."""
-    base_url: str | None = None
-    """The mock API; null: $CRAG_MOCK_API_URL, else http://localhost:8000 (make eval serves data/kg)."""
-    connect_timeout_s: float = field(default=1.0, metadata=at_least(0.01))
-    """Seconds to connect, per attempt."""
-    read_timeout_s: float = field(default=5.0, metadata=at_least(0.01))
-    """Seconds an attempt waits for the reply."""
-    retries: int = field(default=2, metadata=at_least(0))
-    """Retries on connection errors, timeouts and HTTP 5xx, while the batch deadline affords the wait."""
-    backoff_s: float = field(default=0.2, metadata=at_least(0))
-    """Seconds before the first retry, doubled at each further retry."""
-    down_after: int = field(default=3, metadata=at_least(1))
-    """Failures in a row without an answer (no connection, a whole read timeout) that mark the server down."""
-    down_s: float = field(default=30.0, metadata=at_least(0))
-    """Seconds a down server's calls answer nothing at once; then calls resume only once a probe (GET /) answers."""
-    max_reply_bytes: int = field(default=16_000_000, metadata=at_least(1024))
-    """A longer reply is refused as it arrives (no result). The largest real replies are a few MB: 16 MB leaves a
-    margin of about 3 (docs/decisions/kg-reply-cap.md)."""
-    concurrency: int = field(default=8, metadata=at_least(1))
-    """Calls in flight for a batch."""
-    max_calls: int = field(default=6, metadata=at_least(1))
-    """method functions: calls per query, at most."""
-    max_chars: int = field(default=1000, metadata=at_least(0))
-    """The KG text of one query is cut to this many characters (whole rows, best first)."""
-    max_tokens: int = 160
-    """Reply tokens of the entity extraction (rules) or of the function list (functions)."""
-    price_days: int = 5
-    """Daily prices kept, up to the question's date (or its current time)."""
-
-
-@dataclass
-class HANRAGConfig:
-    """HANRAG: the router's four routes (strategy hanrag, or multihop: hanrag)."""
-
-    max_steps: int = 4
-    """Complex route: refine -> answer -> "answerable?" rounds, at most."""
-    max_sub_queries: int = 4
-    """Compound route: sub-questions of a decomposition, at most."""
-    top_k: int = 5
-    """References retrieved per (sub-)question before the relevance filter."""
-    max_tokens: int = 96
-    """Reply tokens of the router, decomposer, refiner, checker and relevance filter."""
-    answer_max_tokens: int = 96
-    """Reply tokens of an answer (a sub-question's or the final one)."""
-
-
-@dataclass
-class DualRAGConfig:
-    """DualRAG (strategy dualrag, or multihop: dualrag)."""
-
-    max_iter: int = 5
-    """Reason -> identify entities -> retrieve -> summarise rounds, at most."""
-    top_k: int = 3
-    """References retrieved per keyword."""
-    max_entities: int = 3
-    """Entities identified per round, at most."""
-    max_keywords: int = 3
-    """Keywords per entity, at most."""
-    max_tokens: int = 128
-    """Reply tokens of the reasoner and of the entity identifier."""
-    summary_max_tokens: int = 96
-    """Reply tokens of a knowledge summary."""
-    answer_max_tokens: int = 96
-    """Reply tokens of the final answer."""
 
 
 @dataclass
@@ -424,19 +337,6 @@ class ReasoningConfig:
     sample_temperature: float = field(default=0.7, metadata=at_least(0.01))
     """Sampling temperature of those extra answers."""
 
-
-@dataclass
-class AnswerConfig:
-    """What becomes "i don't know"."""
-
-    dynamic_idk: bool = True
-    """Queries predicted dynamic (attributes.dynamic_classes) answer "i don't know" without the LLM stages."""
-    gate: str | None = None
-    """An answer gate file (`local_evaluation.py gate fit`): an answer whose P(correct) is under its threshold becomes
-    "i don't know"; null: no gate."""
-    gate_strict: bool = True
-    """Refuse at start-up a gate fit on another LLM, other reasoning settings or prompts; false: run it, warning
-    with the difference."""
 
 
 @dataclass

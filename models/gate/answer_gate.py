@@ -178,11 +178,31 @@ class Gate:
         return gate
 
 
+@dataclass
+class GateSettings:
+    """And the answer gate (models/gate/gate_stage.py), after the answer step."""
+
+    gate: str | None = None
+    """An answer gate file (`local_evaluation.py gate fit`): an answer whose P(correct) is under its threshold becomes
+    "i don't know"; null: no gate."""
+    gate_strict: bool = True
+    """Refuse at start-up a gate fit on another LLM, other reasoning settings or prompts; false: run it, warning
+    with the difference."""
+
+
+def gate_settings(config: SystemConfig) -> GateSettings:
+    """The gate's keys of the config's `answer` section."""
+    return config.section("answer", GateSettings)
+
+
 def gate_for(config: SystemConfig, prompts: PromptLibrary) -> Gate:
     """The gate of `answer.gate`, checked against what produces the signals under `config` (its LLM, reasoning
     settings and prompts) before any model loads. A gate fit on another setup is a ConfigError naming the
     differences, unless `answer.gate_strict` is false (then a warning names them)."""
-    path = resolve_path(config.answer.gate)
+    settings = gate_settings(config)
+    if not settings.gate:
+        raise ConfigError(f"{config.source}: answer.gate names no gate file")
+    path = resolve_path(settings.gate)
     try:
         gate = Gate.load(path)
     except GateError as err:
@@ -193,7 +213,7 @@ def gate_for(config: SystemConfig, prompts: PromptLibrary) -> Gate:
         "the gate file does not say what it was fit on"]
     if changed:
         said = "; ".join(changed[:6]) + (f"; and {len(changed) - 6} more" if len(changed) > 6 else "")
-        if config.answer.gate_strict:
+        if settings.gate_strict:
             raise ConfigError(f"{config.source}: answer.gate {path} was fit on another setup than this config's "
                               f"({said}): refit it on runs of this config (`local_evaluation.py gate fit`), or set "
                               "answer.gate_strict: false to run it anyway")

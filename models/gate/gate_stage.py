@@ -4,13 +4,21 @@ answer, and the run's judge judges the withheld answer too."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from loguru import logger
 
 from models.config import SystemConfig
-from models.gate.answer_gate import Gate
+from models.gate.answer_gate import Gate, GateSettings, gate_for, gate_settings
+from models.prompting import PromptLibrary
+from models.resources import Resource
 from models.stages.stage import STAGES, Stage, StageContext
-from models.state import QueryState
+from models.state import QueryState, StateField
 from utils.answers import IDK, is_idk
+
+
+def build_gate(config: SystemConfig, prompts: PromptLibrary, built: dict[str, Any]) -> Gate:
+    return gate_for(config, prompts)
 
 
 @STAGES.register("gate")
@@ -18,15 +26,25 @@ class GateStage(Stage):
     """CragSystem runs it after the answer step, on every query, when `answer.gate` names a file; a strategy does
     not list it."""
 
+    section_keys = {"answer": GateSettings}
+    fields = {"gate": StateField(lambda: None, record=lambda value: value, record_none=False,
+                                 doc="P(correct), the threshold, and the answer the gate withheld, if it did")}
+    # Built before the models: a gate the config cannot feed stops the start before anything loads.
+    resources = {"gate": Resource(build_gate, doc="the answer gate of `answer.gate`", first=True)}
     writes = frozenset({"answer", "gate"})
     needs = frozenset({"gate"})
+    closing = True
 
     def __init__(self) -> None:
         self._unfed: set[str] = set()  # signals said once to be missing where the fit always had them
 
     @classmethod
     def active(cls, config: SystemConfig) -> bool:
-        return bool(config.answer.gate)
+        return bool(gate_settings(config).gate)
+
+    def setup(self, config: SystemConfig, resources: dict[str, Any]) -> None:
+        logger.info("answer gate {}: an answer with P(correct) under {:.3f} becomes \"i don't know\"",
+                    gate_settings(config).gate, resources["gate"].threshold)
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
         gate: Gate = ctx.resource("gate")

@@ -46,7 +46,7 @@ from utils.time_budget import Deadline
 KG_URL_ENV = "CRAG_MOCK_API_URL"
 DEFAULT_KG_URL = "http://localhost:8000"
 TRANSIENT_STATUS = frozenset({502, 503, 504})  # a proxy or a server starting: worth another try
-DEFAULT_MAX_REPLY_BYTES = 16_000_000  # KGConfig.max_reply_bytes's default; why: docs/decisions/kg-reply-cap.md
+DEFAULT_MAX_REPLY_BYTES = 16_000_000  # KGSettings.max_reply_bytes's default; why: docs/decisions/kg-reply-cap.md
 READ_CHUNK = 64 * 1024  # the most one read of a reply takes
 PROBE_READ_S = 1.0  # the longest a probe of a server marked down waits for its reply (never past read_timeout_s)
 
@@ -185,7 +185,7 @@ class KGClient:
 
     @classmethod
     def from_config(cls, settings: Any) -> KGClient:
-        """A client with the connection settings of a KGConfig (models/config/sections.py)."""
+        """A client with the connection settings of the `kg` section (models/kg/settings.py KGSettings)."""
         return cls(settings.base_url, settings.connect_timeout_s, settings.read_timeout_s, settings.retries,
                    settings.backoff_s, settings.down_after, settings.down_s, settings.max_reply_bytes)
 

@@ -29,12 +29,21 @@ from loguru import logger
 from models.config import SystemConfig
 from models.estimates import StagePlan, template_tokens
 from models.kg import rows as rows_
-from models.kg.client import ENDPOINTS
+from models.kg.client import ENDPOINTS, KGClient
 from models.kg.rules import Lookup, function_lookup, query_date, read_calls, read_entities, rule_lookup
+from models.kg.settings import KGSettings
 from models.prompting import PromptLibrary
+from models.resources import Resource
 from models.stages.stage import STAGES, Stage, StageContext
-from models.state import QueryState
+from models.state import QueryState, Signal, StateField
 from utils.time_budget import Deadline
+
+
+def build_client(config: SystemConfig, prompts: PromptLibrary, built: dict[str, Any]) -> KGClient | None:
+    """A client whose server answered at start-up (one probe, logged), else None: the pipeline then has no kg stage,
+    so no call of the run goes to a server that is not there."""
+    client = KGClient.from_config(config.section("kg", KGSettings))
+    return client if client.probe() else None
 
 
 def similarities(embedder: Any, lookups: list[tuple[QueryState, Lookup]], deadline: Deadline) -> list[list[float]]:
@@ -66,23 +75,38 @@ class KGStage(Stage):
     """Tasks 2 and 3; CragSystem leaves it out when no KG server answered at start-up."""
 
     prompts = ("kg_entities", "kg_functions")
-    sections = ("kg",)
+    settings = KGSettings
+    fields = {
+        "kg_results": StateField(list, record=list, evidence=True,
+                                 doc="the KG's results, one rendered row per line, best first"),
+        "kg_calls": StateField(list, record=list, doc='{"call", "args", "answered"} of each KG call, in order made'),
+    }
+    resources = {"kg": Resource(build_client, doc="the KG client (None when no server answered)", drops=True)}
     writes = frozenset({"kg_results", "kg_calls"})
     needs = frozenset({"llm", "kg", "embedder"})
+    signals = {"kg.calls": "how many KG calls the query made", "kg.answered": "how many KG calls answered",
+               "kg.lines": "how many KG result lines the query kept"}
 
     @classmethod
     def estimate(cls, config: SystemConfig, prompts: PromptLibrary) -> list[StagePlan]:
-        functions = config.kg.method == "functions"
+        settings = config.section("kg", KGSettings)
+        functions = settings.method == "functions"
         extra = 38 * 25 if functions else 0  # the endpoint list
         return [StagePlan("kg", template_tokens(prompts, "kg_functions" if functions else "kg_entities") + extra,
-                          config.kg.max_tokens, 1)]
+                          settings.max_tokens, 1)]
+
+    @classmethod
+    def outcome(cls, state: QueryState) -> dict[str, Signal]:
+        return {"kg.calls": len(state.kg_calls), "kg.answered": sum(bool(c.get("answered")) for c in state.kg_calls),
+                "kg.lines": len(state.kg_results)}
 
     @classmethod
     def active(cls, config: SystemConfig) -> bool:
         return config.task > 1
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
-        if ctx.kg is None:
+        client = ctx.resource("kg")
+        if client is None:
             raise RuntimeError("kg stage without a KG client (task 1 never calls the KG)")
         settings = ctx.settings
         work = ctx.work_deadline()
@@ -99,7 +123,7 @@ class KGStage(Stage):
         for state, samples in zip(states, outputs):
             output = samples[0] if samples else ""
             today = query_date(state.query_time)
-            kg = Lookup(ctx.kg, work, today, settings, state.query, rows_.named_dates(state.query, today))
+            kg = Lookup(client, work, today, settings, state.query, rows_.named_dates(state.query, today))
             if settings.method == "functions":
                 calls, refused = read_calls(output, settings.max_calls)
                 if refused:
@@ -118,7 +142,7 @@ class KGStage(Stage):
             if error := future.exception():  # one query's lookup bug leaves the others their results
                 logger.opt(exception=error).error("{}: KG lookup failed: {}", state.interaction_id, error)
         lookups = [(state, kg) for state, kg, _ in jobs]
-        for (state, kg), similarity in zip(lookups, similarities(ctx.embedder, lookups, work)):
+        for (state, kg), similarity in zip(lookups, similarities(ctx.resource("embedder"), lookups, work)):
             ranked = rows_.rank(kg.rows, state.query, kg.dates, similarity)
             state.kg_results = rows_.fit(ranked, settings.max_chars)
             state.kg_calls = kg.made

@@ -14,9 +14,10 @@ from typing import Any
 
 from loguru import logger
 
-from models.config import DOMAINS, KGConfig
+from models.config import DOMAINS
 from models.kg import rows as rows_
 from models.kg.client import ENDPOINTS, KGClient
+from models.kg.settings import KGSettings
 from utils.llm_json import parse_llm_json
 from utils.names import MATCH, best_matches, fold, name_score
 from utils.time_budget import Deadline
@@ -90,7 +91,7 @@ class Lookup:
     client: KGClient
     deadline: Deadline
     until: date | None
-    settings: KGConfig
+    settings: KGSettings
     query: str = ""
     dates: set[str] = field(default_factory=set)
     rows: list[rows_.Row] = field(default_factory=list)

@@ -1,28 +1,17 @@
-"""The stages, one file each. Importing this package imports every module in it and every `*_stage` module of a
-feature folder under models/ (models/kg/, models/gate/), so that each stage registers itself in `STAGES` by name: a
-new stage is a new file here and its name in a strategy."""
+"""The stages, one file each (a feature's in its folder: models/kg/kg_stage.py). Importing this package imports the
+built-in stages' modules, named once in models/config/schema.py STAGE_MODULES, so that each registers its stage in
+`STAGES` by name: a new built-in stage is a new file, its module in that list and its name in a strategy."""
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-from pathlib import Path
-
-from models.config import ConfigError, SystemConfig, import_stage_modules
+from models.config import STAGE_MODULES, ConfigError, SystemConfig, import_stage_modules
 from models.registry import RegistryError
 from models.stages.stage import STAGES, Stage, StageContext, check_flow
 from utils.names import did_you_mean
 
-__all__ = ["STAGES", "Stage", "StageContext", "pipeline_stages"]
+__all__ = ["STAGES", "Stage", "StageContext", "closing_stages", "pipeline_stages"]
 
-for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-    importlib.import_module(f"{__name__}.{_module}")
-# A feature folder's stage (models/kg/kg_stage.py, models/gate/gate_stage.py): every `*_stage` module of a package
-# under models/.
-_MODELS = Path(__path__[0]).parent
-for _feature in sorted(m.name for m in pkgutil.iter_modules([str(_MODELS)]) if m.ispkg):
-    for _module in sorted(m.name for m in pkgutil.iter_modules([str(_MODELS / _feature)]) if m.name.endswith("_stage")):
-        importlib.import_module(f"models.{_feature}.{_module}")
+import_stage_modules(STAGE_MODULES, "the built-in stages")
 
 
 def pipeline_stages(config: SystemConfig, missing: frozenset[str] = frozenset()) -> list[type[Stage]]:
@@ -48,3 +37,10 @@ def pipeline_stages(config: SystemConfig, missing: frozenset[str] = frozenset())
     except RegistryError as err:
         raise ConfigError(f"{config.source}: strategy {config.strategy!r}: {err}") from err
     return classes
+
+
+def closing_stages(config: SystemConfig) -> list[type[Stage]]:
+    """The closing stages (`Stage.closing`: run after the answer step, listed in no strategy) of the built-in
+    modules and the config's `stage_modules` that the config switches on, in registration order."""
+    modules = {*STAGE_MODULES, *config.stage_modules}
+    return [cls for cls in map(STAGES.get, STAGES) if cls.closing and cls.__module__ in modules and cls.active(config)]

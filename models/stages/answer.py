@@ -1,10 +1,12 @@
 """The answer step every query leaves by (the seed's section 4.7 corner cases: the canonical "i don't know" and
-"invalid question", one line within the grader's tokens), and the gate signals read off the finished query. The
-pre-check and the evidence check are models/stages/precheck.py and evidence.py."""
+"invalid question", one line within the grader's tokens), and the signals read off the finished query: its own and
+those of every stage the strategy names (`Stage.outcome`). The pre-check and the evidence check are
+models/stages/precheck.py and evidence.py."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
@@ -27,8 +29,6 @@ class AnswerStage(Stage):
         "references.count": "how many references the query kept",
         "references.best": "the best reference's score (None without references)",
         "references.top3_mean": "the mean score of the best three references",
-        "kg.calls": "how many KG calls the query made", "kg.answered": "how many KG calls answered",
-        "kg.lines": "how many KG result lines the query kept",
         "attributes.domain": "the predicted domain", "attributes.dynamism": "the predicted dynamism",
         "knowledge.agrees": "whether the knowledge extractor's answer equals the answer (None without one)",
         "answer.grader_tokens": "the answer's length in the grader's tokens",
@@ -36,8 +36,13 @@ class AnswerStage(Stage):
         "answer.invalid": "whether the answer is \"invalid question\"",
         "answer.route": "the multi-hop route taken (single without one)",
         "answer.support_best": "the share of the answer's content words in the best reference",
-        "answer.support_any": "the share of the answer's content words in any reference or KG line",
+        "answer.support_any": "the share of the answer's content words in any reference or line of evidence",
     }
+
+    def __init__(self, strategy: Sequence[type[Stage]] = ()) -> None:
+        """`strategy`: the stages the strategy names, switched on or not, whose `outcome` signals it adds."""
+        self.strategy = [cls for cls in strategy if cls.signals]
+        self.signals = {**type(self).signals, **{k: v for cls in self.strategy for k, v in cls.signals.items()}}
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
         for state in states:
@@ -49,18 +54,18 @@ class AnswerStage(Stage):
                 state.done_reason = f"{state.done_reason}; {change}" if state.done_reason else change
             state.done = True
             state.signals.update(outcome_signals(state))
+            for cls in self.strategy:
+                state.signals.update(cls.outcome(state))
 
 
 def outcome_signals(state: QueryState) -> dict[str, Signal]:
     """The signals any strategy leaves on a query, read off its state once it has an answer: the references' scores
-    (best first), the KG calls, the predicted attributes, the knowledge extractor's agreement and the answer's form."""
+    (best first), the predicted attributes, the knowledge extractor's agreement and the answer's form."""
     scores = sorted((r.score for r in state.references), reverse=True)
     answer = normalize_text(state.answer or "")
     knowledge = None if state.knowledge is None or is_idk(state.knowledge) else normalize_text(state.knowledge)
     return {"references.count": len(scores), "references.best": scores[0] if scores else None,
             "references.top3_mean": sum(scores[:3]) / len(scores[:3]) if scores else None,
-            "kg.calls": len(state.kg_calls), "kg.answered": sum(bool(c.get("answered")) for c in state.kg_calls),
-            "kg.lines": len(state.kg_results),
             "attributes.domain": state.domain, "attributes.dynamism": state.dynamism,
             "knowledge.agrees": None if knowledge is None else knowledge == answer,
             "answer.grader_tokens": grader_token_count(state.answer or ""),
@@ -71,7 +76,8 @@ def outcome_signals(state: QueryState) -> dict[str, Signal]:
 
 def support_signals(state: QueryState) -> dict[str, Signal]:
     """How much of the answer the evidence says: the share of its content words (stop words left out) found in the
-    best reference (`answer.support_best`), and in any reference or KG result (`answer.support_any`). A small
+    best reference (`answer.support_best`), and in any reference or line of evidence, the KG's results among them
+    (`answer.support_any`). A small
     model's right answers are copied from what it read; its wrong ones often are not. None without content words
     (an "i don't know", a bare yes or no)."""
     words = set(_WORD.findall((state.answer or "").lower())) - ENGLISH_STOP_WORDS
@@ -80,6 +86,6 @@ def support_signals(state: QueryState) -> dict[str, Signal]:
     best = max(state.references, key=lambda r: r.score, default=None)
     found_best = set(_WORD.findall(best.text.lower())) if best else set()
     found_any = found_best.union(*(_WORD.findall(text.lower()) for text in
-                                   [r.text for r in state.references if r is not best] + state.kg_results))
+                                   [r.text for r in state.references if r is not best] + state.evidence()))
     return {"answer.support_best": len(words & found_best) / len(words),
             "answer.support_any": len(words & found_any) / len(words)}

@@ -12,6 +12,7 @@ from loguru import logger
 
 from models.config import SystemConfig
 from models.estimates import StagePlan, template_tokens, tokens
+from models.kg.settings import KGSettings
 from models.prompting import PromptLibrary
 from models.stages.reasoning import prompt_evidence
 from models.stages.stage import STAGES, Stage, StageContext
@@ -90,7 +91,7 @@ class CalculatorStage(Stage):
     @classmethod
     def estimate(cls, config: SystemConfig, prompts: PromptLibrary) -> list[StagePlan]:
         calc = config.calculator
-        kg_chars = config.kg.max_chars if config.task > 1 else 0
+        kg_chars = config.section("kg", KGSettings).max_chars if config.task > 1 else 0
         return [StagePlan("calculator", template_tokens(prompts, "calculator")
                           + tokens(calc.max_reference_chars + kg_chars), calc.max_tokens, calc.n)]
 

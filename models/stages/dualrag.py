@@ -63,10 +63,30 @@ def read_entities(output: str, known: list[str], max_entities: int, max_keywords
     return found[:max_entities]
 
 
+@dataclass
+class DualRAGSettings:
+    """DualRAG (strategy dualrag, or multihop: dualrag)."""
+
+    max_iter: int = 5
+    """Reason -> identify entities -> retrieve -> summarise rounds, at most."""
+    top_k: int = 3
+    """References retrieved per keyword."""
+    max_entities: int = 3
+    """Entities identified per round, at most."""
+    max_keywords: int = 3
+    """Keywords per entity, at most."""
+    max_tokens: int = 128
+    """Reply tokens of the reasoner and of the entity identifier."""
+    summary_max_tokens: int = 96
+    """Reply tokens of a knowledge summary."""
+    answer_max_tokens: int = 96
+    """Reply tokens of the final answer."""
+
+
 @STAGES.register("dualrag")
 class DualRAGStage(Stage):
     prompts = ("dualrag_reason", "dualrag_entities", "dualrag_summarise", "dualrag_answer")
-    sections = ("dualrag",)
+    settings = DualRAGSettings
     reads = frozenset({"candidates"})
     writes = frozenset({"route", "sub_queries", "steps", "answer"})
     needs = frozenset({"llm", "embedder"})
@@ -77,7 +97,7 @@ class DualRAGStage(Stage):
     def answer(self, states: list[QueryState], ctx: StageContext) -> None:
         """Reason, retrieve and answer for every state (the hybrid strategy's hand-off calls this too)."""
         settings = ctx.section("dualrag")
-        retriever = LocalRetriever(ctx.embedder)
+        retriever = LocalRetriever(ctx.resource("embedder"))
         progress = {id(s): Progress() for s in states}
         active, retrieved = list(states), []
         for state in states:

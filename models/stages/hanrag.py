@@ -15,6 +15,7 @@ known. Each query's route, LLM steps and sub-questions go into its trace.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from loguru import logger
 
@@ -48,11 +49,28 @@ def route(states: list[QueryState], ctx: StageContext) -> None:
         state.route = read_route(output)
 
 
+@dataclass
+class HANRAGSettings:
+    """HANRAG: the router's four routes (strategy hanrag, or multihop: hanrag)."""
+
+    max_steps: int = 4
+    """Complex route: refine -> answer -> "answerable?" rounds, at most."""
+    max_sub_queries: int = 4
+    """Compound route: sub-questions of a decomposition, at most."""
+    top_k: int = 5
+    """References retrieved per (sub-)question before the relevance filter."""
+    max_tokens: int = 96
+    """Reply tokens of the router, decomposer, refiner, checker and relevance filter."""
+    answer_max_tokens: int = 96
+    """Reply tokens of an answer (a sub-question's or the final one)."""
+
+
 @STAGES.register("hanrag")
 class HANRAGStage(Stage):
     prompts = ("hanrag_router", "hanrag_relevance", "hanrag_decompose", "hanrag_refine", "hanrag_check",
                "hanrag_aggregate", "knowledge", "reasoning")
-    sections = ("hanrag", "reasoning")
+    settings = HANRAGSettings
+    sections = ("reasoning",)
     reads = frozenset({"candidates"})
     writes = frozenset({"route", "sub_queries", "steps", "answer"})
     needs = frozenset({"llm", "embedder"})
@@ -63,7 +81,7 @@ class HANRAGStage(Stage):
 
     def answer(self, states: list[QueryState], ctx: StageContext) -> None:
         """Answer routed queries, each by its route."""
-        retriever = LocalRetriever(ctx.embedder)
+        retriever = LocalRetriever(ctx.resource("embedder"))
         by_route = {r: [s for s in states if s.route == r] for r in ROUTES}
         self._straightforward(by_route["straightforward"], ctx)
         self._single_step(by_route["single-step"], ctx, retriever)

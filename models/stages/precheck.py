@@ -3,10 +3,20 @@ before the page and LLM stages, unless the KG brought something."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from models.config import SystemConfig
 from models.stages.stage import STAGES, Stage, StageContext
 from models.state import QueryState
 from utils.answers import IDK
+
+
+@dataclass
+class DynamicIDKSettings:
+    """What becomes "i don't know": the dynamic pre-check (models/stages/precheck.py)."""
+
+    dynamic_idk: bool = True
+    """Queries predicted dynamic (attributes.dynamic_classes) answer "i don't know" without the LLM stages."""
 
 
 @STAGES.register("precheck")
@@ -14,16 +24,17 @@ class DynamicPrecheck(Stage):
     """Queries predicted dynamic, for which the KG brought nothing, answer "i don't know" and skip the page
     processing and the LLM stages (`answer.dynamic_idk`, with an attributes method)."""
 
+    section_keys = {"answer": DynamicIDKSettings}
     sections = ("attributes",)
     reads = frozenset({"dynamism"})
     writes = frozenset({"answer"})
 
     @classmethod
     def active(cls, config: SystemConfig) -> bool:
-        return config.answer.dynamic_idk and config.attributes.method != "none"
+        return config.section("answer", DynamicIDKSettings).dynamic_idk and config.attributes.method != "none"
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
-        dynamic = set(ctx.settings.dynamic_classes)
+        dynamic = set(ctx.section("attributes").dynamic_classes)
         for state in states:
             if state.dynamism in dynamic and not state.kg_results:
                 state.finish(IDK, f"predicted {state.dynamism}: answers that change this fast are not attempted "

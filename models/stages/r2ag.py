@@ -7,15 +7,69 @@ features, which the reasoning stage turns into embeddings before each reference.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 import numpy as np
 from loguru import logger
 
-from models.config import SystemConfig
-from models.retrieval.r2former_head import retrieval_features
+from models.config import SystemConfig, resolve_path
+from models.config.sections import at_least, between
+from models.llm.backend import TakesEmbeddings
+from models.prompting import PromptLibrary
+from models.resources import Resource
+from models.retrieval.r2former_head import R2FormerError, R2FormerHead, load_checkpoint, retrieval_features
 from models.stages.stage import STAGES, Stage, StageContext
-from models.state import QueryState
+from models.state import QueryState, StateField
+
+
+@dataclass
+class R2AGSettings:
+    """R2AG (docs/methods/r2ag.md): an R2-Former reads the retrieval features of each query's ranked references."""
+
+    enabled: bool = False
+    """Run the R2-Former (needs checkpoint); off by default, as no checkpoint ships."""
+    checkpoint: str | None = None
+    """An R2-Former written by tools/train_r2former.py, trained with this config's embedder."""
+    mode: Literal["relevance", "prompt"] = "relevance"
+    """relevance: re-order and filter the references by query-document-matching probability (any backend); prompt:
+    inject a retrieval embedding before each reference (hf, or vllm with enable_prompt_embeds; else relevance)."""
+    threshold: float = field(default=0.5, metadata=between(0, 1))
+    """relevance mode: references under this probability are dropped (but see min_keep)."""
+    min_keep: int = field(default=3, metadata=at_least(0))
+    """relevance mode: the best min_keep references always stay."""
+    device: str = "cpu"
+    """torch device; cpu also beside GPUs: the R2-Former is small, and the GPUs stay the LLM's."""
+
+    def __post_init__(self) -> None:
+        if self.enabled and not self.checkpoint:
+            raise ValueError("r2ag.enabled needs r2ag.checkpoint (train one with tools/train_r2former.py)")
+
+
+def build_r2former(config: SystemConfig, prompts: PromptLibrary, built: dict[str, Any]) -> R2FormerHead | None:
+    """The R2AG head of the config (r2ag.enabled only). Prompt mode needs a backend that takes input embeddings and a
+    checkpoint trained for this LLM's hidden size; a backend without embeddings falls back to relevance mode
+    (logged)."""
+    settings = config.section("r2ag", R2AGSettings)
+    if not settings.enabled:
+        return None
+    llm = built["llm"]
+    prompting = settings.mode == "prompt"
+    if prompting and not isinstance(llm, TakesEmbeddings):
+        logger.warning("r2ag.mode prompt: the {} backend cannot take input embeddings; R2AG filters references "
+                       "instead (relevance mode)", config.llm.backend)
+        prompting = False
+    if not settings.checkpoint:  # R2AGSettings refuses this at load; a config changed in code may not
+        raise R2FormerError("r2ag.enabled needs r2ag.checkpoint (train one with tools/train_r2former.py)")
+    path = resolve_path(settings.checkpoint)
+    checkpoint = load_checkpoint(path, settings.device, llm.hidden_size if prompting else None)
+    embedder = getattr(built["embedder"], "name", "")
+    if checkpoint.embedder != embedder:
+        raise R2FormerError(f"{path}: trained on {checkpoint.embedder} embeddings, but the embedder is {embedder}; "
+                            "retrain it with this embedder (tools/train_r2former.py)")
+    if prompting:
+        llm.retrieval_placeholder()  # the token joins the vocabulary now, not inside a batch
+    return R2FormerHead(checkpoint, settings.device, prompting)
 
 
 def relevance_order(probabilities: np.ndarray, threshold: float, min_keep: int) -> list[int]:
@@ -28,17 +82,20 @@ def relevance_order(probabilities: np.ndarray, threshold: float, min_keep: int) 
 
 @STAGES.register("r2ag")
 class R2AGStage(Stage):
-    sections = ("r2ag",)
+    settings = R2AGSettings
+    fields = {"retrieval_features": StateField(
+        lambda: None, doc="prompt mode: (relevance, precedent, neighbour) per reference, aligned with `references`")}
+    resources = {"r2former": Resource(build_r2former, ("llm", "embedder"), "the R2AG head (r2ag.enabled only)")}
     reads = frozenset({"references", "reference_vectors", "query_vector"})
     writes = frozenset({"references", "reference_vectors", "retrieval_features"})
     needs = frozenset({"r2former"})
 
     @classmethod
     def active(cls, config: SystemConfig) -> bool:
-        return config.r2ag.enabled
+        return config.section("r2ag", R2AGSettings).enabled
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
-        head, settings = ctx.r2former, ctx.settings
+        head, settings = ctx.resource("r2former"), ctx.settings
         if head is None:
             raise RuntimeError("r2ag stage without an R2-Former head")
         scored = [s for s in states if s.references and s.reference_vectors is not None

@@ -11,6 +11,7 @@ from loguru import logger
 
 from models.config import SystemConfig
 from models.estimates import StagePlan, template_tokens, tokens
+from models.kg.settings import KGSettings
 from models.llm.backend import Conversation, Sample, cut_short, span_logprobs
 from models.prompting import Messages, Prompt, PromptLibrary
 from models.stages.stage import STAGES, Stage, StageContext
@@ -157,7 +158,7 @@ class ReasoningStage(Stage):
     def estimate(cls, config: SystemConfig, prompts: PromptLibrary) -> list[StagePlan]:
         """The reasoning prompt, and the backup summariser as the worst case."""
         settings = config.reasoning
-        kg_chars = config.kg.max_chars if config.task > 1 else 0
+        kg_chars = config.section("kg", KGSettings).max_chars if config.task > 1 else 0
         evidence = settings.max_reference_chars + config.references.table_budget_chars + kg_chars
         return [StagePlan("reasoning", template_tokens(prompts, "reasoning") + tokens(evidence), settings.max_tokens,
                           1),
@@ -167,14 +168,14 @@ class ReasoningStage(Stage):
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
         prompt = ctx.prompt("reasoning")
         settings = ctx.settings
-        prompting = ctx.r2former is not None and ctx.r2former.prompting
+        prompting = ctx.resource("r2former") is not None and ctx.resource("r2former").prompting
         vectors = self._retrieval_embeddings(states, ctx) if prompting else [None] * len(states)
         conversations = [reasoning_conversation(prompt, s, settings.max_reference_chars,
                                                 0 if rows is None else len(rows)) for s, rows in zip(states, vectors)]
         embeddings: list[np.ndarray] | None = None
         if prompting:
-            placeholder = ctx.llm.retrieval_placeholder()
-            placed = [place_embeddings(c, rows if rows is not None else np.zeros((0, ctx.llm.hidden_size)),
+            placeholder = ctx.resource("llm").retrieval_placeholder()
+            placed = [place_embeddings(c, rows if rows is not None else np.zeros((0, ctx.resource("llm").hidden_size)),
                                        placeholder) for c, rows in zip(conversations, vectors)]
             conversations, embeddings = [c for c, _ in placed], [e for _, e in placed]
         outputs = ctx.generate(conversations, owners=states, max_tokens=settings.max_tokens,
@@ -219,7 +220,8 @@ class ReasoningStage(Stage):
     def _retrieval_embeddings(states: list[QueryState], ctx: StageContext) -> list[np.ndarray | None]:
         """Per query, the R2-Former's projected embedding of each reference (None without retrieval features)."""
         having = [s for s in states if s.retrieval_features]
-        _, projected = ctx.r2former.run([np.asarray(s.retrieval_features, dtype=np.float32) for s in having])
+        head = ctx.resource("r2former")
+        _, projected = head.run([np.asarray(s.retrieval_features, dtype=np.float32) for s in having])
         by_state = {id(s): rows for s, rows in zip(having, projected)}
         return [by_state.get(id(s)) for s in states]
 

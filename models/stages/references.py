@@ -23,9 +23,11 @@ import numpy as np
 from loguru import logger
 from rank_bm25 import BM25Okapi
 
-from models.config import HashConfig
+from models.config import HashConfig, SystemConfig, resolve_path
+from models.prompting import PromptLibrary
+from models.resources import Resource
 from models.retrieval.dense import best_first, select
-from models.retrieval.hash_index import HashIndex, HashIndexError, HashModel, SearchSettings
+from models.retrieval.hash_index import HashIndex, HashIndexError, HashModel, SearchSettings, load_model
 from models.stages.stage import STAGES, Stage, StageContext
 from models.state import Proposition, QueryState, Reference
 from utils.chunking import sentence_units
@@ -194,12 +196,20 @@ def hash_pool(model: HashModel | None, config: HashConfig, query: np.ndarray, un
                 [h.unit for h in hits])
 
 
+def build_hash_model(config: SystemConfig, prompts: PromptLibrary, built: dict[str, Any]) -> HashModel | None:
+    """The hash layer of `references.hash.model` (retriever hash only), checked against the embedder."""
+    if config.references.retriever != "hash" or not config.references.hash.model:
+        return None
+    return load_model(resolve_path(config.references.hash.model), embedder=getattr(built.get("embedder"), "name", ""))
+
+
 @STAGES.register("references")
 class ReferencesStage(Stage):
     prompts = ("propositions",)  # used only with references.hash.units: llm
     sections = ("references",)
     writes = frozenset({"references", "reference_vectors", "query_vector", "candidates", "candidate_vectors",
                         "propositions"})
+    resources = {"hash_model": Resource(build_hash_model, ("embedder",), "HASH-RAG's hash layer (retriever hash only)")}
     needs = frozenset({"pages", "embedder", "reranker", "hash_model", "llm"})
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
@@ -209,7 +219,7 @@ class ReferencesStage(Stage):
         ranked = [s for s in states if len(s.pages) > limit]
         headers = [page_header(page) for s in ranked for page in s.pages]
         # No deadline on this call: a ranking needs every header, and titles with snippets are short.
-        vectors = ctx.embedder.encode([state.query for state in states] + headers)
+        vectors = ctx.resource("embedder").encode([state.query for state in states] + headers)
         queries = vectors[:len(states)]
         header_vectors = vectors[len(states):]
         header_blocks = dict(zip(map(id, ranked), split_rows(header_vectors, [len(s.pages) for s in ranked])))
@@ -220,34 +230,34 @@ class ReferencesStage(Stage):
                         len(ranked), limit, limit)
         flat = [(page.get("page_result"), _field(page, "page_name"))
                 for s, read in zip(states, reading) for i, page in enumerate(s.pages) if i in read]
-        done = iter(ctx.pages.process(flat, timeout))
+        done = iter(ctx.resource("pages").process(flat, timeout))
         known = dict(zip(headers, header_vectors))
         per_query: list[list[Reference]] = []
         for state, read in zip(states, reading):
             processed = [next(done) if i in read else None for i in range(len(state.pages))]
             found = candidates(state.pages, processed, settings.use_snippets)
             per_query.append(shortlist(state.query, found, candidate_limit(settings, len(read)), known))
-        blocks = embed_in_turn(ctx.embedder, per_query, ctx.work_deadline(), known)
+        blocks = embed_in_turn(ctx.resource("embedder"), per_query, ctx.work_deadline(), known)
         per_query = [refs[:len(block)] for refs, block in zip(per_query, blocks)]
         hashing = settings.retriever == "hash"
         if hashing:
             rewritten = (rewrite_as_propositions(states, per_query, [b @ q for b, q in zip(blocks, queries)], ctx)
                          if settings.hash.units == "llm" else [{} for _ in states])
             units = [proposition_units(refs, settings.hash, r) for refs, r in zip(per_query, rewritten)]
-            unit_vectors = ctx.embedder.encode([text for texts, _ in units for text in texts])
+            unit_vectors = ctx.resource("embedder").encode([text for texts, _ in units for text in texts])
             unit_blocks = split_rows(unit_vectors, [len(texts) for texts, _ in units])
         for n, (state, refs, query, block) in enumerate(zip(states, per_query, queries, blocks)):
             state.candidates, state.candidate_vectors = refs, block
             state.query_vector = query
             if hashing:
                 unit_texts, sources = units[n]
-                pool = hash_pool(ctx.hash_model, settings.hash, query, unit_blocks[n], sources)
+                pool = hash_pool(ctx.resource("hash_model"), settings.hash, query, unit_blocks[n], sources)
             else:
                 pool = Pool(list(range(len(refs))), block @ query)
-            if ctx.reranker is not None and pool.indices:
+            if ctx.resource("reranker") is not None and pool.indices:
                 keep = best_first(pool.scores)[:settings.rerank.candidates]
                 indices = [pool.indices[i] for i in keep]
-                pool = Pool(indices, ctx.reranker.score(state.query, [refs[i].text for i in indices]),
+                pool = Pool(indices, ctx.resource("reranker").score(state.query, [refs[i].text for i in indices]),
                             [pool.units[i] for i in keep] if pool.units is not None else None)
             chosen = select([refs[i] for i in pool.indices], pool.scores, settings.top_k, settings.table_budget_chars)
             state.references = [replace(refs[pool.indices[c]], score=float(pool.scores[c])) for c in chosen]

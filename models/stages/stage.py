@@ -7,6 +7,7 @@ A stage is one class in one file:
     class MyStage(Stage):
         prompts = ("my_prompt",)        # prompts/<name>.yaml it renders (checked at start-up)
         settings = MySettings           # a dataclass: the config section `my_stage`, ctx.settings
+        section_keys = {"answer": MyKeys}  # keys it adds to a section several stages share (ctx.section)
         sections = ("reasoning",)       # other config sections it reads (ctx.section)
         fields = {"my_field": StateField(list, record=list)}   # QueryState fields it adds
         resources = {"my_index": Resource(build, depends=("embedder",))}  # resources it adds
@@ -14,13 +15,18 @@ A stage is one class in one file:
         writes = frozenset({"my_field"})    # QueryState fields it sets
         needs = frozenset({"llm", "my_index"})  # resources it uses (models/resources.py)
         signals = {"my_stage.score": "what it means"}  # the answer gate's signals it writes
+        closing = False                 # True: runs after the answer step, listed in no strategy (the gate)
 
         @classmethod
         def estimate(cls, config, prompts): ...  # its LLM calls per query, for the budget planner
 
+        @classmethod
+        def outcome(cls, state): ...   # signals read off the answered query, whether the stage ran or not
+
         def run(self, states, ctx): ...
 
-and one name in a strategy (`strategies:` in the config). Registering the class registers what it adds; the
+and one name in a strategy (`strategies:` in the config); a built-in stage's module is also named once in
+models/config/schema.py STAGE_MODULES. Registering the class registers what it adds; the
 stage is refused at import when it reads, writes or needs what nothing declares. CragSystem builds only the
 resources the chosen stages need and refuses a pipeline in which a stage reads a field that no earlier stage
 writes.
@@ -44,7 +50,16 @@ from models.llm.backend import GenParams, Sample, as_sample
 from models.prompting import Prompt, PromptLibrary
 from models.registry import Registry, RegistryError
 from models.resources import RESOURCES, Resource, add_resource
-from models.state import ADDED_FIELDS, BATCH_INPUTS, QUERY_STATE_FIELDS, QueryState, StageRecord, StateField, add_field
+from models.state import (
+    ADDED_FIELDS,
+    BATCH_INPUTS,
+    QUERY_STATE_FIELDS,
+    QueryState,
+    Signal,
+    StageRecord,
+    StateField,
+    add_field,
+)
 from utils.answers import IDK
 from utils.time_budget import Deadline
 
@@ -55,6 +70,7 @@ class Stage:
     name: ClassVar[str] = ""
     prompts: ClassVar[tuple[str, ...]] = ()
     settings: ClassVar[type | None] = None
+    section_keys: ClassVar[dict[str, type]] = {}
     sections: ClassVar[tuple[str, ...]] = ()
     fields: ClassVar[dict[str, StateField]] = {}
     resources: ClassVar[dict[str, Resource]] = {}
@@ -62,6 +78,8 @@ class Stage:
     writes: ClassVar[frozenset[str]] = frozenset()
     needs: ClassVar[frozenset[str]] = frozenset()
     signals: ClassVar[dict[str, str]] = {}
+    # A closing stage runs after the answer step, on every query, when active (the answer gate); no strategy lists it.
+    closing: ClassVar[bool] = False
 
     @classmethod
     def active(cls, config: SystemConfig) -> bool:
@@ -74,6 +92,13 @@ class Stage:
         (models/budget_planner.py); none by default (a stage without LLM calls, or whose number of calls depends on
         the question)."""
         return []
+
+    @classmethod
+    def outcome(cls, state: QueryState) -> dict[str, Signal]:
+        """The signals of `signals` read off a query once it has its answer (the answer step asks every stage its
+        strategy names, switched on or not, so a signal has a value whether the stage ran or not); none by
+        default."""
+        return {}
 
     def setup(self, config: SystemConfig, resources: dict[str, Any]) -> None:
         """Start-up work (load a classifier, read demonstrations), once, before the first batch."""
@@ -105,8 +130,8 @@ class StageRegistry(Registry[Stage]):
                     table.update(before)
                 raise
             cls.name = name
-            if cls.settings is not None:  # its own section is ctx.settings
-                cls.sections = (name, *(s for s in cls.sections if s != name))
+            own = ((name,) if cls.settings is not None else ()) + tuple(cls.section_keys)
+            cls.sections = tuple(dict.fromkeys((*own, *cls.sections)))  # its own section first: ctx.settings
             return registered
 
         return check
@@ -122,6 +147,8 @@ def _declare(name: str, cls: type[Stage]) -> None:
     try:
         if cls.settings is not None:
             add_section(name, cls.settings, owner)
+        for section, keys in cls.section_keys.items():
+            add_section(section, keys, owner)
         for field_name, spec in cls.fields.items():
             add_field(field_name, spec, owner)
         for resource_name, resource in cls.resources.items():
@@ -167,9 +194,15 @@ class Batch:
                    prompts, resources)
 
     def context(self, stage: Stage) -> StageContext:
-        return StageContext(stage, self.deadline, self.config.budget, self.prompts,
-                            {name: self.config.section(name) for name in stage.sections},
+        return StageContext(stage, self.deadline, self.config.budget, self.prompts, stage_sections(stage, self.config),
                             {name: self.resources.get(name) for name in stage.needs}, self.config.record_prompts)
+
+
+def stage_sections(stage: Stage | type[Stage], config: SystemConfig) -> dict[str, Any]:
+    """The config sections `stage` reads, by name; of a section several stages share, the part it declares."""
+    own = {stage.name: stage.settings, **stage.section_keys} if stage.settings is not None else stage.section_keys
+    return {name: config.section(name, own[name]) if name in own else config.section(name)
+            for name in stage.sections}
 
 
 class StageContext:
@@ -189,8 +222,8 @@ class StageContext:
 
     @property
     def settings(self) -> Any:
-        """The stage's first config section (None for a stage that declares none)."""
-        return next(iter(self._sections.values()), None)
+        """The stage's own config section, named after it (`Stage.settings`)."""
+        return self.section(self.stage.name)
 
     def section(self, name: str) -> Any:
         if name not in self._sections:
@@ -202,14 +235,6 @@ class StageContext:
         if name not in self._resources:
             raise RegistryError(f"stage {self.stage.name!r} uses resource {name!r} without declaring it in `needs`")
         return self._resources[name]
-
-    llm = property(lambda self: self.resource("llm"))
-    embedder = property(lambda self: self.resource("embedder"))
-    pages = property(lambda self: self.resource("pages"))
-    kg = property(lambda self: self.resource("kg"))
-    reranker = property(lambda self: self.resource("reranker"))
-    r2former = property(lambda self: self.resource("r2former"))
-    hash_model = property(lambda self: self.resource("hash_model"))
 
     def prompt(self, name: str) -> Prompt:
         if name not in self.stage.prompts:
@@ -246,8 +271,9 @@ class StageContext:
             state.steps += 1
         params = GenParams(max_tokens=max_tokens, temperature=temperature, n=n, stop=list(stop or []), seed=seed,
                            deadline=deadline or self.work_deadline(), logprobs=logprobs)
-        outputs = well_formed(self.llm.generate(conversations, params) if embeddings is None
-                              else self.llm.generate_with_embeddings(conversations, embeddings, params),
+        llm = self.resource("llm")
+        outputs = well_formed(llm.generate(conversations, params) if embeddings is None
+                              else llm.generate_with_embeddings(conversations, embeddings, params),
                               len(conversations), self.stage.name)
         if self._record_prompts:
             for owner, conversation, samples in zip(owners, conversations, outputs):

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from models.config import REPO_ROOT, load_config
+from models.gate.answer_gate import gate_settings
 from models.retrieval.hash_index import HashIndex, HashModel, SearchSettings
 from models.retrieval.r2former_head import R2Former, load_checkpoint
 from models.stages import references
@@ -84,7 +85,7 @@ def test_pairs_file_and_the_pipeline_retriever(tmp_path, capsys, sample_examples
     config.prompts = {"reasoning": "prompts/pgcc.yaml"}
     # the prompt is under test, not the answer: a short one, and a short reply
     config.reasoning.max_tokens, config.reasoning.max_reference_chars, config.record_prompts = 32, 1500, True
-    config.answer.gate = None  # fit on the shipped reasoning settings, which this changes
+    gate_settings(config).gate = None  # fit on the shipped reasoning settings, which this changes
     system = CragSystem(config, llm=hf_llm, embedder=embedder)
     try:
         result = system.answer_batch(to_batch(sample_examples[:2]))

@@ -149,7 +149,7 @@ def test_a_kg_only_question_is_answered_from_the_kg(kg_server, make_system, cpu_
     assert make_system(llm).batch_generate_answer(to_batch([example])) == ["i don't know"]
 
     cpu_config.task = 2
-    cpu_config.kg.base_url = kg_server
+    cpu_config.section("kg").base_url = kg_server
     system = make_system(llm)
     result = system.answer_batch(to_batch([example]))
     assert result.answers == [example["answer"]]
@@ -189,7 +189,7 @@ def test_the_real_embedded_llm_s_names_are_checked_before_any_call(kg_server, cp
     """
     from models.system import CragSystem
 
-    cpu_config.task, cpu_config.kg.method, cpu_config.kg.base_url = 2, "rules", kg_server
+    cpu_config.task, cpu_config.section("kg").method, cpu_config.section("kg").base_url = 2, "rules", kg_server
     cpu_config.record_prompts, cpu_config.budget.per_query_s = True, 3600.0
     system = CragSystem(cpu_config, llm=hf_llm, embedder=HashEmbedder())
     try:

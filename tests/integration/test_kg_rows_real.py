@@ -28,7 +28,7 @@ def test_open_questions_get_the_row_that_answers_them(cpu_config, sample_example
 
     llm = ScriptedLLM(by_prompt(kg_entities=extraction))
     cpu_config.task = 2
-    system = CragSystem(unhurried(cpu_config), llm=llm, embedder=embedder, kg=RecordingKG.over_fixtures())
+    system = CragSystem(unhurried(cpu_config), llm=llm, embedder=embedder, given={"kg": RecordingKG.over_fixtures()})
     try:
         examples = [dict(sample_examples[4], interaction_id=f"q{i}", query=q) for i, (q, _, _) in enumerate(CASES)]
         system.batch_generate_answer(to_batch(examples))
@@ -44,5 +44,5 @@ def test_open_questions_get_the_row_that_answers_them(cpu_config, sample_example
         section = prompts[question].split("### Knowledge graph")[1].split("\n### ")[0]
         lines = [text.removeprefix("- ") for text in section.strip().splitlines() if text.startswith("- ")]
         assert line in lines, (question, lines)
-        assert sum(map(len, lines)) <= cpu_config.kg.max_chars
+        assert sum(map(len, lines)) <= cpu_config.section("kg").max_chars
         assert not any(mark in text for text in lines for mark in ("{{", "[[", "<ref", ".jpg"))

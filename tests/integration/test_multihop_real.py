@@ -10,7 +10,8 @@ from tests.integration.conftest import unhurried
 @pytest.mark.parametrize("strategy", ["hanrag", "dualrag"])
 def test_multi_hop_strategies_answer_every_query(strategy, cpu_config, sample_examples, hf_llm, embedder):
     unhurried(cpu_config).strategy = strategy  # every step the strategy takes, however busy the machine
-    cpu_config.dualrag.max_iter, cpu_config.dualrag.max_tokens, cpu_config.hanrag.max_steps = 2, 48, 2
+    dualrag, hanrag = cpu_config.section("dualrag"), cpu_config.section("hanrag")
+    dualrag.max_iter, dualrag.max_tokens, hanrag.max_steps = 2, 48, 2
     system = CragSystem(cpu_config, llm=hf_llm, embedder=embedder)
     try:
         result = system.answer_batch(to_batch(sample_examples[4:6]))

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from models.config import REPO_ROOT, HFConfig, load_config
+from models.gate.answer_gate import gate_settings
 from models.llm import hf
 from models.llm.backend import GenParams
 from models.llm.hf import HFBackend
@@ -104,9 +105,10 @@ def system_for(checkpoint, mode, tmp_path, llm: HFBackend, embedder) -> CragSyst
     config.knowledge.enabled = config.calculator.enabled = False
     config.references.workers = 1
     config.references.cache_dir = str(tmp_path / "cache")
-    config.r2ag.enabled, config.r2ag.checkpoint, config.r2ag.mode = True, str(checkpoint), mode
+    r2ag = config.section("r2ag")
+    r2ag.enabled, r2ag.checkpoint, r2ag.mode = True, str(checkpoint), mode
     config.reasoning.max_tokens, config.reasoning.max_reference_chars = 32, 1500  # R2AG's plumbing, not the answer
-    config.answer.gate = None  # fit on the shipped reasoning settings, which this changes
+    gate_settings(config).gate = None  # fit on the shipped reasoning settings, which this changes
     return CragSystem(config, llm=llm, embedder=embedder)
 
 
@@ -143,7 +145,7 @@ def test_lm_training_serves_retrieval_aware_prompting(tmp_path, capsys, sample_e
         answers = system.batch_generate_answer(to_batch(sample_examples[:1]))
     finally:
         system.close()
-    assert system.r2former.prompting and len(answers) == 1 and answers[0]
+    assert system.resource("r2former").prompting and len(answers) == 1 and answers[0]
     assert len(calls) == 1 and calls[0][0].shape[1] == 576 and len(calls[0][0]) > 0
 
 

@@ -37,13 +37,13 @@ def test_the_references_stage_keeps_the_re_ranker_s_order(cpu_config, hf_llm, em
     cpu_config.references.top_k = 3
     system = CragSystem(cpu_config, llm=hf_llm, embedder=embedder)
     scored: list[tuple[str, list[str], np.ndarray]] = []
-    score = system.reranker.score
+    score = system.resource("reranker").score
 
     def recording(query: str, texts: list[str]) -> np.ndarray:
         scored.append((query, texts, score(query, texts)))
         return scored[-1][2]
 
-    system.reranker.score = recording
+    system.resource("reranker").score = recording
     states = unpack_batch(to_batch(sample_examples[:3]))
     try:
         run_alone(stage_of(system, "references"), states, cpu_config, system.resources)

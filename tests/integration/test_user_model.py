@@ -31,7 +31,7 @@ def cpu_config_module(tmp_path_factory, kg_server):
     folder and the fixture KG server as the mock API."""
     config = unhurried(load_config(REPO_ROOT / "configs" / "cpu.yaml"))
     config.references.cache_dir = str(tmp_path_factory.mktemp("cache"))
-    config.kg.base_url = kg_server
+    config.section("kg").base_url = kg_server
     return config
 
 
@@ -43,7 +43,8 @@ def test_default_user_model_builds_from_cpu_config(monkeypatch, hf_llm, embedder
     model = UserModel()
     model.close()
     assert 1 <= model.get_batch_size() <= 16 and model.config.source.endswith("cpu.yaml")
-    assert model.llm is hf_llm and model.embedder is embedder and model.pages is not None
+    assert model.resource("llm") is hf_llm and model.resource("embedder") is embedder
+    assert model.resource("pages") is not None
     names = {s.name for s in model.pipeline}
     assert {"attributes", "references", "reasoning"} <= names and "gate" not in names
     assert not {"knowledge", "calculator"} & names  # off in configs/cpu.yaml

@@ -10,7 +10,8 @@ def test_shipped_configs_load():
     assert cpu.llm.backend == "hf" and 1 <= cpu.batch_size <= 16
     assert gpu.llm.backend == "vllm" and gpu.llm.vllm.tensor_parallel_size == 4
     assert gpu.llm.vllm.dtype == "float16" and gpu.llm.vllm.quantization is None  # the folder's compressed-tensors
-    assert gpu.llm.vllm.enable_prompt_embeds is False and not (gpu.r2ag.enabled and gpu.r2ag.mode == "prompt")
+    r2ag = gpu.section("r2ag")
+    assert gpu.llm.vllm.enable_prompt_embeds is False and not (r2ag.enabled and r2ag.mode == "prompt")
 
 
 def test_the_single_gpu_config_loads_and_reaches_vllm_serve_through_openai():
@@ -20,7 +21,7 @@ def test_the_single_gpu_config_loads_and_reaches_vllm_serve_through_openai():
     assert config.llm.backend == "openai" and config.llm.openai.base_url == "http://127.0.0.1:8000/v1"
     assert config.llm.openai.model == "llama3-8b-w4a16" and config.llm.openai.native_n
     assert 1 <= config.batch_size <= 16 and config.embedder.device == "cuda"
-    assert not config.r2ag.enabled  # the openai backend sends text: R2AG prompt mode would fall back
+    assert not config.section("r2ag").enabled  # the openai backend sends text: R2AG prompt mode would fall back
 
 
 def test_unknown_key_names_key_and_file(tmp_path):
@@ -79,7 +80,7 @@ def test_overlays_and_sets_merge_key_by_key_after_the_file(tmp_path):
     base = write(tmp_path / "base.yaml", "batch_size: 2\nkg:\n  method: rules\n  max_calls: 3\n")
     overlay = write(tmp_path / "functions.yaml", "kg:\n  method: functions\n")
     config = load_config(base, overlays=[overlay], sets=["kg.max_calls=9", "references.use_snippets=false"])
-    assert (config.batch_size, config.kg.method, config.kg.max_calls) == (2, "functions", 9)
+    assert (config.batch_size, config.section("kg").method, config.section("kg").max_calls) == (2, "functions", 9)
     assert config.references.use_snippets is False and config.source.endswith("--set references.use_snippets")
     with pytest.raises(ConfigError, match="--set 'kg.max_calls': write KEY=VALUE"):
         load_config(base, sets=["kg.max_calls"])

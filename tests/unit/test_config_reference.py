@@ -9,7 +9,16 @@ from typing import Any
 import pytest
 import yaml
 
-from models.config import REPO_ROOT, ConfigError, SystemConfig, config_keys, load_config, yaml_text
+import models.stages  # noqa: F401  (the built-in stages declare their sections)
+from models.config import (
+    REPO_ROOT,
+    STAGE_SECTIONS,
+    ConfigError,
+    SystemConfig,
+    config_keys,
+    load_config,
+    yaml_text,
+)
 from tests.conftest import write
 
 CONFIGS = REPO_ROOT / "configs"
@@ -17,8 +26,18 @@ BASES = sorted(CONFIGS.glob("*.yaml"))
 OVERLAYS = sorted((CONFIGS / "overlays").glob("*.yaml"))
 
 
-def accepted_keys(cls: type = SystemConfig, prefix: str = "") -> dict[str, tuple[bool, Any]]:
-    """Every key the loader accepts, found by walking the dataclasses: dotted key -> (is a section, its field)."""
+def accepted_keys() -> dict[str, tuple[bool, Any]]:
+    """Every key the loader accepts, found by walking SystemConfig's dataclasses and those of the sections stages
+    declare: dotted key -> (is a section, its field; None for a declared section)."""
+    found = fields_of(SystemConfig, "")
+    for name, parts in STAGE_SECTIONS.items():
+        found[name] = (True, None)
+        for _, settings in parts:
+            found.update(fields_of(settings, f"{name}."))
+    return found
+
+
+def fields_of(cls: type, prefix: str) -> dict[str, tuple[bool, Any]]:
     hints = typing.get_type_hints(cls)
     found: dict[str, tuple[bool, Any]] = {}
     for f in dataclasses.fields(cls):
@@ -27,20 +46,27 @@ def accepted_keys(cls: type = SystemConfig, prefix: str = "") -> dict[str, tuple
         section = dataclasses.is_dataclass(hints[f.name])
         found[prefix + f.name] = (section, f)
         if section:
-            found.update(accepted_keys(hints[f.name], f"{prefix}{f.name}."))
+            found.update(fields_of(hints[f.name], f"{prefix}{f.name}."))
     return found
 
 
 KEYS = accepted_keys()
+DEFAULTS = SystemConfig(stage_settings={name: [settings() for _, settings in parts]
+                                        for name, parts in STAGE_SECTIONS.items()})
 LEAVES = [key for key, (section, _) in KEYS.items() if not section]
 LISTED = config_keys()
 
 
-def default_of(key: str) -> Any:
-    value: Any = SystemConfig()
+def value_of(config: SystemConfig, key: str) -> Any:
+    """The value of a dotted key, as plain data (a section's or a table's as a mapping)."""
+    value: Any = config.resolved()
     for part in key.split("."):
-        value = getattr(value, part)
+        value = value[part]
     return value
+
+
+def default_of(key: str) -> Any:
+    return value_of(DEFAULTS, key)
 
 
 def leaves(data: dict[str, Any], prefix: str = "") -> typing.Iterator[tuple[str, Any]]:
@@ -93,10 +119,7 @@ def test_config_keys_are_exactly_the_keys_the_loader_accepts():
 def test_each_listed_leaf_loads_with_its_listed_default(tmp_path, key):
     (entry,) = [k for k in LISTED if k.key == key]
     config = load_config(write(tmp_path / "empty.yaml", ""), sets=[f"{key}={entry.default}"])
-    value: Any = config
-    for part in key.split("."):
-        value = getattr(value, part)
-    assert value == default_of(key) and entry.type and entry.type != "section"
+    assert value_of(config, key) == default_of(key) and entry.type and entry.type != "section"
 
 
 @pytest.mark.parametrize("key", ["made_up", "llm.hf.made_up", "references.hash.made_up", "budget.made_up"])

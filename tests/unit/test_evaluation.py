@@ -449,12 +449,12 @@ def test_a_resume_with_only_a_new_judge_rejudges_and_keeps_the_predictions(tmp_p
 
 def test_the_port_of_a_served_kg_is_not_part_of_what_changes_answers():
     config = load_config(REPO_ROOT / "configs" / "cpu.yaml")
-    first = manifest.answer_inputs(replace(config, kg=replace(config.kg, base_url="http://127.0.0.1:4101")), SAMPLE,
+    first = manifest.answer_inputs(config.with_keys("kg", base_url="http://127.0.0.1:4101"), SAMPLE,
                                    30.0, True)
-    second = manifest.answer_inputs(replace(config, kg=replace(config.kg, base_url="http://127.0.0.1:5202")), SAMPLE,
+    second = manifest.answer_inputs(config.with_keys("kg", base_url="http://127.0.0.1:5202"), SAMPLE,
                                     30.0, True)
     assert differences(first, second) == []
-    other = manifest.answer_inputs(replace(config, kg=replace(config.kg, method="functions")), SAMPLE, 30.0, True)
+    other = manifest.answer_inputs(config.with_keys("kg", method="functions"), SAMPLE, 30.0, True)
     assert differences(first, other) == ["config.kg.method ('rules' -> 'functions')"]
 
 
@@ -472,7 +472,7 @@ def test_an_auto_embedder_precision_is_recorded_as_this_machine_resolved_it(monk
 
 def test_merge_refuses_shards_of_different_setups(tmp_path, capsys):
     config = load_config(REPO_ROOT / "configs" / "cpu.yaml")
-    for i, setup in ((1, config), (2, replace(config, kg=replace(config.kg, method="functions")))):
+    for i, setup in ((1, config), (2, config.with_keys("kg", method="functions"))):
         _run_folder(tmp_path / "run" / f"shard-{i}-of-2", setup)
     assert local_evaluation.main(["merge", "--data", str(SAMPLE), "--out", str(tmp_path / "run")]) == 2
     assert "shard 2 of 2 was run with another setup" in capsys.readouterr().err
@@ -496,7 +496,7 @@ def test_a_run_with_serve_kg_resumes(tmp_path, capsys):
     out = tmp_path / "run"
     _run_folder(out, config)
     manifest.write(out, manifest.build(manifest.answer_inputs(
-        replace(config, kg=replace(config.kg, base_url="http://127.0.0.1:1")), SAMPLE, 30.0, True), Selection(limit=2),
+        config.with_keys("kg", base_url="http://127.0.0.1:1"), SAMPLE, 30.0, True), Selection(limit=2),
         {"spec": "rules"}))
     assert local_evaluation.main(["--data", str(SAMPLE), "--out", str(out), "--limit", "2", "--serve-kg"]) == 0
     err = capsys.readouterr().err

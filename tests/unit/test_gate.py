@@ -11,7 +11,7 @@ from evaluation.judge import judge_records
 from evaluation.metrics import Scores
 from evaluation.verdicts import CORRECT, MISS, WRONG
 from models.config import ConfigError
-from models.gate.answer_gate import Column, Gate, GateError, signal_setup
+from models.gate.answer_gate import Column, Gate, GateError, gate_settings, signal_setup
 from models.prompting import PromptLibrary
 from models.system import CragSystem
 from tests.conftest import SAMPLE, to_batch
@@ -165,7 +165,7 @@ def number_gate(config, path, **setup_changes):
 
 def gated_run(cpu_config, tmp_path) -> tuple[Gate, list[dict]]:
     """The sample questions through a system with number_gate, as the runner records them, judged by the rules."""
-    cpu_config.answer.gate = str(tmp_path / "gate.json")
+    gate_settings(cpu_config).gate = str(tmp_path / "gate.json")
     gate = number_gate(cpu_config, tmp_path / "gate.json")
     examples = [json.loads(line) for line in SAMPLE.read_text().splitlines()]
     system = CragSystem(cpu_config, llm=ScriptedLLM(gold_or_paris), embedder=HashEmbedder())
@@ -246,18 +246,18 @@ def test_a_gate_of_another_setup_is_refused_before_anything_loads(cpu_config, tm
     built = []
     monkeypatch.setattr("models.resources.create_llm", lambda config: built.append("llm"))
     monkeypatch.setattr("models.resources.PageProcessor", lambda *args: built.append("pages"))
-    cpu_config.answer.gate = str(tmp_path / "gate.json")
+    gate_settings(cpu_config).gate = str(tmp_path / "gate.json")
     number_gate(cpu_config, tmp_path / "gate.json", max_tokens=17)
     with pytest.raises(ConfigError, match=r"fit on another setup than this config's \(reasoning.max_tokens "
                                           r"\(17 -> \d+\)\).*gate_strict: false"):
         CragSystem(cpu_config)
     assert built == []
-    cpu_config.answer.gate_strict = False
+    gate_settings(cpu_config).gate_strict = False
     system = CragSystem(cpu_config, llm=ScriptedLLM(), embedder=HashEmbedder())
     system.close()
-    assert system.gate_stage is not None and "running it anyway" in caplog_loguru.text
+    assert [stage.name for stage in system.closing] == ["gate"] and "running it anyway" in caplog_loguru.text
     built.clear()
-    cpu_config.answer.gate = str(tmp_path / "missing.json")
+    gate_settings(cpu_config).gate = str(tmp_path / "missing.json")
     with pytest.raises(ConfigError, match="answer.gate: .*missing.json: not a readable gate file"):
         CragSystem(cpu_config)
     assert built == []
@@ -269,7 +269,7 @@ def test_a_gate_fit_on_the_base_is_refused_for_its_fine_tuned_folder(cpu_config,
     folder.mkdir()
     (folder / "config.json").write_text("{}")
     (folder / "model.safetensors").write_bytes(b"base")
-    cpu_config.answer.gate = str(tmp_path / "gate.json")
+    gate_settings(cpu_config).gate = str(tmp_path / "gate.json")
     cpu_config.llm.hf.model = str(folder)
     number_gate(cpu_config, tmp_path / "gate.json")
     assert Gate.load(tmp_path / "gate.json").fit_on["setup"]["llm"]["weights"] == weights_hash(folder)

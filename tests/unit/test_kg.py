@@ -18,7 +18,7 @@ from utils.llm_json import parse_llm_json
 
 def kg_system(make_system, cpu_config, llm, kg, method="rules", task=2):
     cpu_config.task = task
-    cpu_config.kg.method = method
+    cpu_config.section("kg").method = method
     return make_system(llm, kg=kg)
 
 
@@ -222,7 +222,7 @@ def test_rows_are_ranked_by_the_question_and_kept_whole_within_the_budget(make_s
               "raw_mediawiki": "{{huge}}"}
     kg = RecordingKG({"open_search_entity_by_name": ["Albert Einstein", "Einstein (crater)"],
                       "open_get_entity": exact({"Albert Einstein": entity})})
-    cpu_config.kg.max_chars = 300
+    cpu_config.section("kg").max_chars = 300
     example = dict(sample_examples[4], query="who was albert einstein's doctoral advisor?")
     lines = kg_rows_of(make_system, cpu_config, kg, example,
                        kg_entities=entities_reply("open", main_entity="albert einstein"))
@@ -266,7 +266,7 @@ def test_a_200_key_infobox_fits_the_budget_with_one_embedding_call_per_batch(cpu
     llm = ScriptedLLM(by_prompt(kg_entities=lambda c: entities_reply(
         "open", main_entity="big tower" if "big tower" in c[1]["content"] else "small tower")))
     cpu_config.task, embedder = 2, RecordingEmbedder()
-    system = CragSystem(cpu_config, llm=llm, embedder=embedder, kg=kg)
+    system = CragSystem(cpu_config, llm=llm, embedder=embedder, given={"kg": kg})
     try:
         questions = ["how tall is the big tower?", "how tall is the small tower?"]
         result = system.answer_batch(to_batch([dict(sample_examples[4], interaction_id=q, query=q)
@@ -274,7 +274,7 @@ def test_a_200_key_infobox_fits_the_budget_with_one_embedding_call_per_batch(cpu
         big, small = (trace["kg_results"] for trace in result.trace)
     finally:
         system.close()
-    assert 0 < sum(map(len, big)) <= cpu_config.kg.max_chars and not any("{{" in line for line in big)
+    assert 0 < sum(map(len, big)) <= cpu_config.section("kg").max_chars and not any("{{" in line for line in big)
     assert small == ["Small Tower: Small Tower is smaller.", "Small Tower height: 12 m"]
     with_rows = [texts for texts in embedder.texts if "Small Tower height: 12 m" in texts]
     assert len(with_rows) == 1  # one call for the batch: both questions and every row of both
@@ -286,7 +286,7 @@ def test_a_named_date_older_than_the_last_days_is_kept(make_system, cpu_config, 
               for m in (1, 2) for d in range(1, 29)}
     kg = RecordingKG({"finance_get_info": exact({"AAPL": {"longName": "Apple Inc."}}),
                       "finance_get_price_history": exact({"AAPL": prices})})
-    cpu_config.kg.price_days = 3
+    cpu_config.section("kg").price_days = 3
     example = dict(sample_examples[2], query="what was the closing price of aapl on jan 16 2024?",
                    query_time="02/27/2024, 09:12:00 PT")
     lines = kg_rows_of(make_system, cpu_config, kg, example, kg_entities=entities_reply("finance", ticker="aapl"))
@@ -355,7 +355,7 @@ def test_unreadable_extraction_means_no_lookup_for_that_query_only(make_system, 
 def test_task_1_never_calls_the_kg(make_system, cpu_config, sample_examples):
     llm = ScriptedLLM()
     system = kg_system(make_system, cpu_config, llm, None, task=1)
-    assert "kg" not in [stage.name for stage in system.pipeline] and system.kg is None
+    assert "kg" not in [stage.name for stage in system.pipeline] and system.resource("kg") is None
     system.batch_generate_answer(to_batch(sample_examples[:1]))
     assert all(prompt_name(c[0]) != "kg_entities" for c, _ in llm.calls)
 

@@ -13,8 +13,9 @@ import pytest
 
 from evaluation.kg_fixture.app import answer, read_body
 from evaluation.kg_fixture.graph import KnowledgeGraph
-from models.config import REPO_ROOT, KGConfig
+from models.config import REPO_ROOT
 from models.kg.client import ENDPOINTS, READ_CHUNK, KGClient
+from models.kg.settings import KGSettings
 from tests.conftest import to_batch
 from tests.fakes import ScriptedLLM, by_prompt
 from utils.time_budget import Deadline
@@ -312,8 +313,9 @@ def test_the_calls_of_a_batch_are_in_flight_together(fake_kg, make_system, cpu_c
     until two are in flight, and its log shows a movie and a music call in flight together. A stage that made
     them one after the other would leave the first held WAIT_S, then answered, and no two in flight."""
     fake_kg.mode, fake_kg.meet, fake_kg.graph = "kg", 2, KnowledgeGraph(REPO_ROOT / "data" / "kg")
-    cpu_config.task, cpu_config.kg.concurrency, cpu_config.budget.per_query_s = 2, 2, 300.0  # no deadline near
-    settings = KGConfig(base_url=fake_kg.url, read_timeout_s=60.0, retries=0)  # a held call is never resent
+    # no deadline near
+    cpu_config.task, cpu_config.section("kg").concurrency, cpu_config.budget.per_query_s = 2, 2, 300.0
+    settings = KGSettings(base_url=fake_kg.url, read_timeout_s=60.0, retries=0)  # a held call is never resent
 
     def extraction(conversation):
         if "inception" in conversation[1]["content"]:
@@ -332,7 +334,7 @@ def test_the_calls_of_a_batch_are_in_flight_together(fake_kg, make_system, cpu_c
 
 
 def test_the_new_settings_come_from_the_kg_config():
-    settings = KGConfig(base_url="http://127.0.0.1:9", connect_timeout_s=0.5, read_timeout_s=2.0, retries=1,
+    settings = KGSettings(base_url="http://127.0.0.1:9", connect_timeout_s=0.5, read_timeout_s=2.0, retries=1,
                         backoff_s=0.1, down_after=5, down_s=12.0, max_reply_bytes=4096)
     client = KGClient.from_config(settings)
     assert (client.base_url, client.connect_timeout_s, client.read_timeout_s, client.retries, client.backoff_s,
@@ -340,4 +342,4 @@ def test_the_new_settings_come_from_the_kg_config():
                                                                           5, 12.0, 4096)
     defaults = KGClient("http://127.0.0.1:9")
     assert (defaults.down_after, defaults.down_s, defaults.max_reply_bytes) == (
-        KGConfig().down_after, KGConfig().down_s, KGConfig().max_reply_bytes)
+        KGSettings().down_after, KGSettings().down_s, KGSettings().max_reply_bytes)

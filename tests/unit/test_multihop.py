@@ -33,7 +33,7 @@ def system_for(make_system, cpu_config, strategy, llm, **settings):
     cpu_config.strategy = strategy
     for key, value in settings.items():
         section, field = key.split("__")
-        setattr(getattr(cpu_config, section), field, value)
+        setattr(cpu_config.section(section), field, value)
     return make_system(llm)
 
 
@@ -341,7 +341,7 @@ def test_states_from_the_tuning_cache_are_searchable_again(make_system, cpu_conf
     run_stage(stage_of(system, "references"), [state], system.batch(1))  # candidates and their vectors
     restored = state_from_json(json.loads(json.dumps(state_to_json(state))), state.pages)
     assert restored.candidate_vectors is None and len(restored.candidates) == len(state.candidates) > 0
-    retriever = LocalRetriever(system.embedder)
+    retriever = LocalRetriever(system.resource("embedder"))
     question = "when was lennon born"
     fresh, cached = retriever.search([Request(state, question), Request(restored, question)], k=3)
     assert [r.text for r in fresh] == [r.text for r in cached]

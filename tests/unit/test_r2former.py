@@ -203,11 +203,11 @@ def seen_by_reasoning(system, counts: list[int] | None = None) -> list[QueryStat
 
 
 def r2ag_system(make_system, cpu_config, checkpoint, mode, llm, **settings):
-    cpu_config.r2ag.enabled = True
-    cpu_config.r2ag.checkpoint = str(checkpoint)
-    cpu_config.r2ag.mode = mode
+    cpu_config.section("r2ag").enabled = True
+    cpu_config.section("r2ag").checkpoint = str(checkpoint)
+    cpu_config.section("r2ag").mode = mode
     for key, value in settings.items():
-        setattr(cpu_config.r2ag, key, value)
+        setattr(cpu_config.section("r2ag"), key, value)
     return make_system(llm)
 
 
@@ -229,7 +229,7 @@ def test_relevance_mode_reorders_and_filters_the_references(make_system, cpu_con
         assert all(p >= 0.5 for p in relevance[2:])  # past min_keep, only those over the threshold stay
         assert len(state.reference_vectors) == len(state.references)
         for ref, vector in zip(state.references, state.reference_vectors):  # vectors follow their references
-            np.testing.assert_allclose(vector, system.embedder.encode([ref.embedded_as()])[0], atol=1e-6)
+            np.testing.assert_allclose(vector, system.resource("embedder").encode([ref.embedded_as()])[0], atol=1e-6)
 
 
 def test_prompt_mode_injects_one_embedding_per_reference_shown(make_system, cpu_config, sample_examples,
@@ -242,9 +242,9 @@ def test_prompt_mode_injects_one_embedding_per_reference_shown(make_system, cpu_
     for state, conversation, rows in zip(states, conversations, embeddings):
         np.testing.assert_allclose(state.retrieval_features,
                                    retrieval_features(state.query_vector, state.reference_vectors), atol=1e-6)
-        _, (projected,) = system.r2former.run([np.asarray(state.retrieval_features, dtype=np.float32)])
+        _, (projected,) = system.resource("r2former").run([np.asarray(state.retrieval_features, dtype=np.float32)])
         shown = fit_references(state.references, cpu_config.reasoning.max_reference_chars)
-        embedded = min(len(shown), system.r2former.model.config.max_refs)  # the rest are shown without one
+        embedded = min(len(shown), system.resource("r2former").model.config.max_refs)  # the rest are shown without one
         order = [i for i, r in enumerate(shown) if r.kind != "table" and i < embedded] + [
             i for i, r in enumerate(shown) if r.kind == "table" and i < embedded]
         user = conversation[1]["content"]
@@ -271,7 +271,7 @@ def test_prompt_mode_without_an_embedding_backend_filters_instead(make_system, c
     llm = ScriptedLLM()
     system = r2ag_system(make_system, cpu_config, trained_checkpoints["qdm"], "prompt", llm)
     assert "cannot take input embeddings" in caplog_loguru.text
-    assert not system.r2former.prompting
+    assert not system.resource("r2former").prompting
     assert system.batch_generate_answer(to_batch(sample_examples[:1])) == ["paris"]
     assert "\ue000" not in llm.calls[0][0][0][1]["content"]
 

@@ -93,14 +93,14 @@ class Stamp(Stage):
 
 def test_only_the_resources_the_stages_declare_are_built(make_system, cpu_config, sample_examples):
     cpu_config.task = 2  # the kg stage would need a server: this strategy has none, so nothing probes one
-    cpu_config.kg.base_url = "http://127.0.0.1:9"
+    cpu_config.section("kg").base_url = "http://127.0.0.1:9"
     cpu_config.stage_modules = [__name__]
     cpu_config.strategies["mine"] = ["stamp"]
     cpu_config.strategy = "mine"
     system = make_system()
     assert system.batch_generate_answer(to_batch(sample_examples[:2])) == ["stamped", "stamped"]
     assert system.resources == {}  # not even the LLM and embedder the fixture offers
-    assert system.pages is None and system.kg is None and system.llm is None
+    assert system.resource("pages") is None and system.resource("kg") is None and system.resource("llm") is None
 
 
 def test_a_stage_module_that_does_not_import_is_named(make_system, cpu_config):
@@ -126,7 +126,7 @@ class Sneaky(Stage):
         if self.use == "prompt":
             ctx.prompt("reasoning")
         elif self.use == "resource":
-            ctx.llm.generate([], None)
+            ctx.resource("llm").generate([], None)
         else:
             ctx.section("kg")
 

@@ -9,6 +9,7 @@ from models.config import DOMAINS, DYNAMISM, REPO_ROOT
 from models.llm.backend import DEADLINE, LENGTH, BackendUnavailable, Sample
 from models.stages.attributes import SVMAttributes, demonstrations, parse_icl, read_labelled, vote
 from models.stages.calculator import calculations, candidate_expressions
+from models.stages.precheck import DynamicIDKSettings
 from tests.conftest import to_batch
 from tests.fakes import SEED_REPLY, HashEmbedder, ScriptedLLM, by_prompt, prompt_name
 from utils.grader_tokens import grader_token_count
@@ -191,7 +192,7 @@ def test_icl_votes_and_dynamic_queries_answer_idk_without_llm_stages(make_system
 
 def test_dynamic_idk_switch_off_answers_dynamic_queries(make_system, sample_examples, cpu_config):
     cpu_config.attributes.method = "icl"
-    cpu_config.answer.dynamic_idk = False
+    cpu_config.section("answer", DynamicIDKSettings).dynamic_idk = False
     llm = ScriptedLLM(by_prompt(attributes="domain: movie\ndynamism: real-time"))
     assert make_system(llm).batch_generate_answer(to_batch(sample_examples[:1])) == ["paris"]
 

@@ -1,6 +1,7 @@
 
 import pytest
 
+from models.stages.precheck import DynamicIDKSettings
 from models.stages.reasoning import Parsed, fit_references, parse_structured
 from models.state import Reference
 from models.system import unpack_batch
@@ -144,7 +145,7 @@ def test_prompt_budget_applies_in_the_pipeline(make_system, sample_examples, cpu
 def _kg_config(cpu_config, dynamic_idk=True):
     cpu_config.task = 2
     cpu_config.attributes.method = "icl"
-    cpu_config.answer.dynamic_idk = dynamic_idk
+    cpu_config.section("answer", DynamicIDKSettings).dynamic_idk = dynamic_idk
 
 
 def prompts_sent(llm, name):
@@ -195,11 +196,11 @@ def test_without_pages_the_kg_still_answers(make_system, sample_examples, cpu_co
 
 def test_no_kg_server_means_no_kg_stage(make_system, cpu_config, sample_examples, caplog_loguru):
     cpu_config.task = 2
-    cpu_config.kg.base_url = f"http://127.0.0.1:{free_port()}"
-    cpu_config.kg.connect_timeout_s = 0.5
+    cpu_config.section("kg").base_url = f"http://127.0.0.1:{free_port()}"
+    cpu_config.section("kg").connect_timeout_s = 0.5
     system = make_system(ScriptedLLM())
     result = system.answer_batch(to_batch(sample_examples[:1]))
-    assert system.kg is None and "kg" not in _stages(result)[0]
+    assert system.resource("kg") is None and "kg" not in _stages(result)[0]
     assert "no KG server answers" in caplog_loguru.text and "the kg stage is off" in caplog_loguru.text
 
 
