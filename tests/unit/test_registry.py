@@ -213,7 +213,109 @@ def test_resources_are_built_after_what_they_depend_on_in_registration_order():
     from models.resources import build_order
 
     assert build_order(["r2former"]) == ["llm", "embedder", "r2former"]
-    assert build_order(["kg", "gate", "pages"]) == ["gate", "pages", "kg"]  # the gate first, the pages before models
+    assert build_order(["kg", "gate", "pages"]) == ["gate", "pages", "kg"]  # the gate (first) before all
+
+
+def test_a_shared_section_takes_keys_from_several_stages_and_each_reads_its_own(registries_restored, tmp_path):
+    from dataclasses import dataclass
+
+    from models.config import STAGE_SECTIONS, load_config
+    from models.prompting import PromptLibrary
+    from models.stages.stage import Batch
+    from utils.time_budget import Deadline
+
+    @dataclass
+    class Low:
+        """The low keys."""
+
+        low: int = 1
+        """A low key."""
+
+    @dataclass
+    class High:
+        """The high keys."""
+
+        high: float = 0.5
+        """A high key."""
+
+    low_stage = STAGES.register("low_keys")(type("LowKeys", (Stage,), {"section_keys": {"mixed": Low}}))
+    STAGES.register("high_keys")(type("HighKeys", (Stage,), {"section_keys": {"mixed": High}}))
+    assert [settings for _, settings in STAGE_SECTIONS["mixed"]] == [Low, High]
+
+    @dataclass
+    class LowToo:
+        low: int = 2
+
+    with pytest.raises(RegistryError, match="config key mixed.low is already declared by"):
+        STAGES.register("low_again")(type("LowAgain", (Stage,), {"section_keys": {"mixed": LowToo}}))
+
+    config = load_config(write(tmp_path / "c.yaml", "mixed:\n  low: 3\n  high: 0.25\n"))
+    assert (config.section("mixed", Low).low, config.section("mixed", High).high) == (3, 0.25)
+    assert config.resolved()["mixed"] == {"low": 3, "high": 0.25}
+    with pytest.raises(KeyError, match="holds the keys of 2 features: read it by part \\(Low, High\\)"):
+        config.section("mixed")
+    context = Batch(config, Deadline(60), PromptLibrary({}), {}).context(low_stage())
+    assert context.section("mixed") == Low(3)  # a stage reads the part it declares
+    changed = config.with_keys("mixed", High, high=0.75)
+    assert (changed.section("mixed", High).high, config.section("mixed", High).high) == (0.75, 0.25)
+    with pytest.raises(ConfigError, match="unknown key 'mixed.hihg'; did you mean 'high'"):
+        load_config(write(tmp_path / "typo.yaml", "mixed:\n  hihg: 1.0\n"))
+    with pytest.raises(ConfigError, match="'mixed.low' must be int, got True"):
+        load_config(write(tmp_path / "bool.yaml", "mixed:\n  low: true\n"))
+
+
+def test_every_built_in_stage_module_is_listed_once_and_registers_what_the_list_says():
+    """The stages are not found by importing every file: a stage file missing from STAGE_MODULES is a stage no
+    strategy can name, so the list is checked against the files that register stages."""
+    import ast
+
+    from models.config import REPO_ROOT, STAGE_MODULES
+
+    def registers_a_stage(path) -> bool:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                for decorator in node.decorator_list:
+                    if isinstance(decorator, ast.Call) and ast.unparse(decorator.func) == "STAGES.register":
+                        return True
+        return False
+
+    files = {".".join(path.relative_to(REPO_ROOT).with_suffix("").parts)
+             for path in (REPO_ROOT / "models").rglob("*.py") if registers_a_stage(path)}
+    assert len(STAGE_MODULES) == len(set(STAGE_MODULES)) and set(STAGE_MODULES) == files
+    assert {STAGES.get(name).__module__ for name in STAGES} >= set(STAGE_MODULES)
+
+
+def test_the_core_modules_name_no_feature():
+    """What a feature adds (its config section, QueryState fields, resources, signals) is declared in its own stage
+    file; the modules every feature passes through name none of it in code (docstrings and comments aside)."""
+    import ast
+    import dataclasses
+
+    from models.config import REPO_ROOT, STAGE_MODULES, STAGE_SECTIONS, SystemConfig
+    from models.resources import RESOURCES
+    from models.state import ADDED_FIELDS, QUERY_STATE_FIELDS
+
+    ours = set(STAGE_MODULES)
+    core = ({f.name for f in dataclasses.fields(SystemConfig)} | QUERY_STATE_FIELDS
+            | {name for name, (owner, _) in RESOURCES.items() if owner == "models.resources"})
+    declared = ({name for name, parts in STAGE_SECTIONS.items() if any(owner in ours for owner, _ in parts)}
+                | {name for name, (owner, _) in ADDED_FIELDS.items() if owner in ours}
+                | {name for name, (owner, _) in RESOURCES.items() if owner in ours}
+                | {part for name in STAGES if STAGES.get(name).__module__ in ours
+                   for signal in STAGES.get(name).signals for part in (signal, signal.split(".")[0])}) - core
+    # the budget's default tables and the built-in strategies name stages, as a config writes them
+    allowed = {"models/config/sections.py": {"kg"}, "models/config/schema.py": {"kg", "r2ag", "hanrag", "dualrag"}}
+    for module in ("models/config/sections.py", "models/config/schema.py", "models/state.py", "models/resources.py",
+                   "models/system.py", "models/stages/answer.py", "models/stages/stage.py"):
+        tree = ast.parse((REPO_ROOT / module).read_text(encoding="utf-8"))
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body
+                      and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+        named = {value for node in ast.walk(tree) if id(node) not in docstrings
+                 for value in ([node.value] if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                               else [node.attr] if isinstance(node, ast.Attribute)
+                               else [node.id] if isinstance(node, ast.Name) else [])}
+        assert sorted(named & declared - allowed.get(module, set())) == [], module
 
 
 class Unsigned(Stage):
