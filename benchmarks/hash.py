@@ -50,7 +50,7 @@ from evaluation.recall import recall as answer_recall
 from models.config import REPO_ROOT, load_config
 from models.retrieval.embedder import Embedder
 from models.retrieval.hash_index import HashIndex, HashModel, SearchSettings
-from models.stages.references import proposition_units
+from models.stages.hash_retriever import HashKeys, hash_settings, proposition_units
 from models.state import Reference
 from training.hash_training import ADSHSettings, initial_layer, neighbour_similarity, positive_recall, train_adsh
 from utils.cli import command
@@ -76,7 +76,7 @@ def real_vectors() -> np.ndarray:
         for page in example["search_results"]:
             result = process_html(page.get("page_result") or "", page.get("page_name", ""), settings)
             refs += [Reference(text, "chunk") for text in result.chunks]
-    texts, _ = proposition_units(refs, config.references.hash)
+    texts, _ = proposition_units(refs, hash_settings(config))
     return Embedder(config.embedder).encode(list(dict.fromkeys(texts)))
 
 
@@ -204,8 +204,8 @@ def pipeline_recall(real: np.ndarray, bits: int, seed: int) -> None:
     weight, bias = initial_layer(real, bits, "pca", np.random.default_rng(seed))
     embedder = Embedder(config.embedder)
     model = HashModel(weight, bias, embedder.name)
-    hashed = replace(config, references=replace(config.references, retriever="hash", hash=replace(
-        config.references.hash, model="in-memory")))
+    hashed = replace(config, references=replace(config.references, retriever="hash")).with_keys(
+        "references", HashKeys, hash=replace(hash_settings(config), model="in-memory"))
     sets = {"real": read_examples(SHARED), "data": read_examples(DATA)} if SHARED.is_file() else {
         "data": read_examples(DATA)}
     for name, examples in sets.items():

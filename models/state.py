@@ -24,13 +24,15 @@ class StateField:
     """A field a stage adds to QueryState (`Stage.fields`): its starting value, made afresh for each query, and how
     the per-question record writes it (None: the record leaves it out; `record_none` False: left out while None).
     `evidence`: its value is lines of evidence the answer may quote, as the references' texts are (the answer
-    step's support signals read them)."""
+    step's support signals read them). `load`: its value from the plain data `dataclasses.asdict` made of it (a
+    saved state read back); None: the data as it is."""
 
     default: Callable[[], Any]
     record: Callable[[Any], Any] | None = None
     doc: str = ""
     record_none: bool = True
     evidence: bool = False
+    load: Callable[[Any], Any] | None = None
 
 
 # Fields added by stages, by name, with the module that declared each; read and written as QueryState attributes.
@@ -66,17 +68,6 @@ class Reference:
 
 
 @dataclass
-class Proposition:
-    """HASH-RAG: a short fact the hash index retrieved, and the reference (1-based) it came from."""
-
-    id: int          # its id in the query's hash index
-    text: str
-    reference: int
-    page_name: str = ""
-    score: float = 0.0
-
-
-@dataclass
 class StageRecord:
     stage: str
     status: str  # "ok", "skipped" or "failed"
@@ -99,8 +90,6 @@ class QueryState:
     # Every candidate of the query's pages (before selection) and its embedding, for sub-query retrieval.
     candidates: list[Reference] = field(default_factory=list, repr=False)
     candidate_vectors: np.ndarray | None = field(default=None, repr=False)
-    # HASH-RAG: the propositions that selected the references (for the PGCC prompt); empty with dense retrieval.
-    propositions: list[Proposition] = field(default_factory=list)
     domain: str | None = None         # attributes: finance, sports, music, movie, open
     dynamism: str | None = None       # attributes: static, slow-changing, fast-changing, real-time
     knowledge: str | None = None      # the knowledge extractor's answer ("an answer from another agent")

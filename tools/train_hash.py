@@ -32,7 +32,7 @@ from evaluation.data import DataError, alternative_answers, check_data_file, is_
 from models.config import REPO_ROOT, ConfigError, SystemConfig, load_config
 from models.retrieval.embedder import Embedder
 from models.retrieval.hash_index import HashIndex, HashModel, SearchSettings
-from models.stages.references import proposition_units
+from models.stages.hash_retriever import hash_settings, proposition_units
 from training.examples import reference_states
 from training.hash_training import ADSHSettings, initial_layer, pair_similarity, positive_recall, recall_at, train_adsh
 from utils.answers import contains_answer, is_invalid
@@ -67,7 +67,7 @@ def pairs_from_crag(examples: list[dict], config: SystemConfig, embedder: Embedd
     database, queries, positives = _Database(), [], []
     for state, example in reference_states(examples, dense, embedder):
         answers = [str(example["answer"]), *alternative_answers(example)]
-        texts, _ = proposition_units(state.candidates, config.references.hash)
+        texts, _ = proposition_units(state.candidates, hash_settings(config))
         rows = [database.row(text) for text in texts]
         wanted = {row for row, text in zip(rows, texts) if contains_answer(text, answers)}
         if wanted and not is_invalid(answers[0]):
@@ -191,9 +191,9 @@ def train_hash(args: argparse.Namespace) -> int:
     similarity = pair_similarity([sorted(pairs.positives[i]) for i in train], len(database), args.negative)
     result = train_adsh(database, queries[train], similarity, embedder.name, settings=settings)
     held_positives = [pairs.positives[i] for i in held]
-    hash_settings = config.references.hash
+    search = hash_settings(config)
     scores = evaluate(result.model, database, result.database_codes, queries[held], held_positives, args.k,
-                      hash_settings.alpha, hash_settings.depth)
+                      search.alpha, search.depth)
     print("held-out recall@k   " + "  ".join(f"k={k}" for k in args.k))
     print("  exact cosine      " + "  ".join(f"{dense_recall(database, queries[held], held_positives, k):.3f}"
                                              for k in args.k))
@@ -201,7 +201,7 @@ def train_hash(args: argparse.Namespace) -> int:
         f"{lsh_recall(database, queries[held], held_positives, k, args.bits, args.seed):.3f}" for k in args.k))
     weight, bias = initial_layer(database, args.bits, args.init, np.random.default_rng(args.seed))
     start = evaluate(HashModel(weight, bias, embedder.name), database, None, queries[held], held_positives, args.k,
-                     hash_settings.alpha, hash_settings.depth)
+                     search.alpha, search.depth)
     print("  start, codes only " + "  ".join(f"{start[f'codes@{k}']:.3f}" for k in args.k))
     print("  ours, codes only  " + "  ".join(f"{scores[f'codes@{k}']:.3f}" for k in args.k))
     print("  ours, exact       " + "  ".join(f"{scores[f'exact@{k}']:.3f}" for k in args.k))

@@ -39,13 +39,13 @@ from evaluation.report import score_records
 from models.config import REPO_ROOT, ConfigError, SystemConfig, add_config_arguments, config_from_args
 from models.prompting import PromptLibrary
 from models.stages.stage import run_stage
-from models.state import Proposition, QueryState, Reference, StageRecord
+from models.state import ADDED_FIELDS, QueryState, Reference, StageRecord
 from models.system import CragSystem, unpack_batch
 from utils.batch import make_batch
 from utils.cache import JsonCache, cache_root, content_key
 from utils.cli import CommandParser, check_out, command, interrupted
 
-STAGE_CACHE_VERSION = "stages-1"
+STAGE_CACHE_VERSION = "stages-2"
 
 
 def state_to_json(state: QueryState) -> dict[str, Any]:
@@ -61,7 +61,8 @@ def state_from_json(data: dict[str, Any], pages: list[dict[str, Any]]) -> QueryS
     fields = dict(data, pages=pages)
     fields["references"] = [Reference(**r) for r in data["references"]]
     fields["candidates"] = [Reference(**r) for r in data.get("candidates", [])]
-    fields["propositions"] = [Proposition(**p) for p in data.get("propositions", [])]
+    fields["added"] = {name: load(value) if (load := ADDED_FIELDS[name][1].load) else value
+                       for name, value in data.get("added", {}).items() if name in ADDED_FIELDS}
     fields["trace"] = [StageRecord(**r) for r in data["trace"]]
     return QueryState(**fields)
 

@@ -8,9 +8,10 @@ from collections.abc import Iterator
 
 from tqdm import tqdm
 
-from models.config import SystemConfig, resolve_path
+from models.config import SystemConfig
+from models.prompting import PromptLibrary
 from models.retrieval.embedder import Embedder
-from models.retrieval.hash_index import load_model
+from models.stages.hash_retriever import HashKeys, build_hash_model, hash_settings
 from models.stages.reasoning import END, START
 from models.stages.references import ReferencesStage
 from models.stages.stage import run_alone
@@ -29,12 +30,9 @@ def reference_states(examples: list[dict], config: SystemConfig, embedder: Embed
                      ) -> Iterator[tuple[QueryState, dict]]:
     """(state after the references stage of `config`, its example) for each CRAG example, batch by batch.
     There is no LLM here: a hash retriever splits chunks into sentences even with `hash.units: llm`."""
-    refs = config.references
-    config = dataclasses.replace(config, references=dataclasses.replace(
-        refs, hash=dataclasses.replace(refs.hash, units="sentence")))
+    config = config.with_keys("references", HashKeys, hash=dataclasses.replace(hash_settings(config), units="sentence"))
     pages = PageProcessor(PageSettings.from_config(config.references), config.references.workers, None)
-    hashing = config.references.retriever == "hash"
-    hash_model = load_model(resolve_path(config.references.hash.model), embedder.name) if hashing else None
+    hash_model = build_hash_model(config, PromptLibrary(config.prompts), {"embedder": embedder})
     resources = {"embedder": embedder, "pages": pages, "hash_model": hash_model, "reranker": None, "llm": None}
     try:
         for start in tqdm(range(0, len(examples), config.batch_size), desc="references", unit="batch"):

@@ -10,6 +10,7 @@ from typing import Any
 
 from evaluation.submission import Check
 from models.config import ConfigError
+from models.stages.hash_retriever import hash_settings
 from models.stages.r2ag import R2AGSettings
 
 CHALLENGES = {  # the id of each task's challenge; aicrowd.json names one
@@ -103,7 +104,7 @@ def check_config(repo: Path, config_path: str) -> tuple[Check, Check, Any]:
     if r2ag.enabled and r2ag.checkpoint:
         needed.append(("r2ag.checkpoint", Path(r2ag.checkpoint), "file"))
     if config.references.retriever == "hash":
-        needed.append(("references.hash.model", Path(config.references.hash.model), "file"))
+        needed.append(("references.hash.model", Path(hash_settings(config).model or ""), "file"))
     missing = []
     for key, path, kind in needed:
         full = path if path.is_absolute() else repo / path

@@ -12,25 +12,24 @@ from models.config.loader import (
 )
 from models.config.reference import ConfigKey, config_keys, field_docs, yaml_text
 from models.config.schema import (
+    CHOICES,
     DEFAULT_STRATEGIES,
     REPO_ROOT,
     STAGE_MODULES,
     STAGE_SECTIONS,
     SystemConfig,
+    add_choice,
     add_section,
     resolve_path,
 )
 from models.config.sections import (
     DOMAINS,
     DYNAMISM,
-    HASH_ENGINES,
     AttributesConfig,
     BudgetConfig,
     CalculatorConfig,
     Dynamism,
     EmbedderConfig,
-    HashConfig,
-    HashEngine,
     HFConfig,
     ICLConfig,
     KnowledgeConfig,
@@ -44,11 +43,11 @@ from models.config.sections import (
 from utils.errors import ConfigError
 
 __all__ = [
-    "CONFIG_ENV", "DEFAULT_CONFIG", "DEFAULT_STRATEGIES", "DOMAINS", "DYNAMISM", "HASH_ENGINES",
+    "CHOICES", "CONFIG_ENV", "DEFAULT_CONFIG", "DEFAULT_STRATEGIES", "DOMAINS", "DYNAMISM",
     "REPO_ROOT", "STAGE_MODULES", "STAGE_SECTIONS", "AttributesConfig", "BudgetConfig", "CalculatorConfig",
     "ConfigError", "ConfigKey", "Dynamism", "EmbedderConfig", "HFConfig",
-    "HashConfig", "HashEngine", "ICLConfig", "KnowledgeConfig", "LLMConfig", "OpenAIConfig",
+    "ICLConfig", "KnowledgeConfig", "LLMConfig", "OpenAIConfig",
     "ReasoningConfig", "ReferencesConfig", "RerankConfig", "SystemConfig", "VLLMConfig",
-    "add_config_arguments", "add_section", "config_from_args", "config_keys", "config_path",
+    "add_choice", "add_config_arguments", "add_section", "config_from_args", "config_keys", "config_path",
     "field_docs", "import_stage_modules", "load_config", "resolve_path", "yaml_text",
 ]

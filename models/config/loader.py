@@ -16,7 +16,15 @@ from typing import Any, Literal
 
 import yaml
 
-from models.config.schema import REPO_ROOT, STAGE_MODULES, STAGE_SECTIONS, SystemConfig, declared_sections
+from models.config.schema import (
+    CHOICES,
+    CORE_SECTIONS,
+    REPO_ROOT,
+    STAGE_MODULES,
+    STAGE_SECTIONS,
+    SystemConfig,
+    declared_sections,
+)
 from models.config.sections import range_text
 from utils.errors import ConfigError
 from utils.names import did_you_mean
@@ -82,19 +90,41 @@ def load_config(path: str | os.PathLike | None = None, overlays: Sequence[str | 
     modules = data.get("stage_modules") or []
     modules = [str(m) for m in modules] if isinstance(modules, list) else []  # anything else: refused by key
     import_stage_modules([*STAGE_MODULES, *modules], source)
-    declared = {key: data.pop(key) for key in list(data) if key in STAGE_SECTIONS}
+    declared = {key: data.pop(key) for key in list(data) if key in STAGE_SECTIONS and key not in CORE_SECTIONS}
+    for key in [key for key in STAGE_SECTIONS if key in CORE_SECTIONS and isinstance(data.get(key), dict)]:
+        declared[key] = _split(key, data, source)
     config = _build(SystemConfig, data, source, "", {"source": source}, also=STAGE_SECTIONS)
     # the built-in stages' sections and the configured modules' are in every config, defaults or not, so the
     # resolved config (and its hash) depends on the config alone, never on what this process imported before
     named = [name for name in config.strategy_names() if name in STAGE_SECTIONS]
     chosen = {*declared, *named, *declared_sections([*STAGE_MODULES, *modules])}
     config.stage_settings = {name: _parts(name, declared.get(name, {}), source) for name in sorted(chosen)}
+    for part in (part for parts in config.stage_settings.values() for part in parts):
+        if callable(check := getattr(part, "check", None)):
+            try:
+                check(config)
+            except ValueError as err:  # a check across sections (the hash retriever's model)
+                raise ConfigError(f"{source}: {err}") from err
     return config
+
+
+def _split(name: str, data: dict[str, Any], source: str) -> dict[str, Any]:
+    """Of SystemConfig's section `name` in `data`, the keys stages declare in it (`Stage.section_keys`), taken out;
+    a key neither declares is refused with the closest of both."""
+    section = data[name]
+    core = {f.name for f in dataclasses.fields(CORE_SECTIONS[name])}
+    declared = {f.name for _, settings in STAGE_SECTIONS[name] for f in dataclasses.fields(settings)}
+    for key in section:
+        if key not in core | declared:
+            raise ConfigError(f"{source}: unknown key '{name}.{key}'{did_you_mean(key, [*core, *declared])}")
+    data[name] = {key: value for key, value in section.items() if key in core}
+    return {key: value for key, value in section.items() if key in declared}
 
 
 def _parts(name: str, data: Any, source: str) -> list[Any]:
     """The declared section `name` from its mapping: each part built from its own keys; a key no part declares is
-    refused with the closest of all of them."""
+    refused with the closest of all of them. A part's `check(config)`, where it has one, runs once the whole config
+    is built (a ValueError is a config error)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: '{name}' must be a mapping")
     parts = [settings for _, settings in STAGE_SECTIONS[name]]
@@ -144,6 +174,8 @@ def _build(cls: type, data: dict[str, Any], source: str, prefix: str, extra: dic
         if meta.get("merge") and isinstance(value, dict):  # a table added to its defaults (strategies)
             value = {**known[key].default_factory(), **{k: _splice(v) for k, v in value.items()}}
         kwargs[key] = _coerce(hints[key], value, source, where)
+        if (table := meta.get("choices")) and kwargs[key] not in (names := CHOICES.get(table, [])):
+            raise ConfigError(f"{source}: '{where}' is {kwargs[key]!r}{did_you_mean(kwargs[key], names)}")
         low, high = meta.get("range", (None, None))
         if kwargs[key] is not None and (
                 (low is not None and kwargs[key] < low) or (high is not None and kwargs[key] > high)):

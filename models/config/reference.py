@@ -16,7 +16,7 @@ from typing import Any, Literal
 import yaml
 
 from models.config.loader import import_stage_modules
-from models.config.schema import STAGE_MODULES, STAGE_SECTIONS, SystemConfig
+from models.config.schema import CHOICES, CORE_SECTIONS, STAGE_MODULES, STAGE_SECTIONS, SystemConfig
 from models.config.sections import range_text
 
 
@@ -37,10 +37,13 @@ def config_keys() -> list[ConfigKey]:
     import_stage_modules(STAGE_MODULES, "the built-in stages")
     keys = list(_section_keys(SystemConfig, ""))
     for name, parts in sorted(STAGE_SECTIONS.items()):
+        added = [key for _, settings in parts for key in _section_keys(settings, f"{name}.")]
+        if name in CORE_SECTIONS:  # keys stages add to a SystemConfig section: after its own
+            last = max(i for i, key in enumerate(keys) if key.key == name or key.key.startswith(f"{name}."))
+            keys[last + 1:last + 1] = added
+            continue
         doc = " ".join(" ".join((settings.__doc__ or "").split()) for _, settings in parts)
-        keys.append(ConfigKey(name, "section", "", "", doc))
-        for _, settings in parts:
-            keys.extend(_section_keys(settings, f"{name}."))
+        keys += [ConfigKey(name, "section", "", "", doc), *added]
     return keys
 
 
@@ -89,6 +92,8 @@ def _type_text(hint: Any) -> str:
 
 
 def _allowed_text(hint: Any, metadata: typing.Mapping[str, Any]) -> str:
+    if table := metadata.get("choices"):
+        return ", ".join(CHOICES.get(table, []))
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is Literal:
         return ", ".join(str(choice) for choice in args)

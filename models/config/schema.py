@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import typing
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,9 +105,6 @@ class SystemConfig:
         """The checks that span keys; each key's own type, choices and range are checked as it loads (a declared
         section's own checks are its dataclass's __post_init__)."""
         self.strategy_names()  # an unknown strategy fails at load
-        if self.references.retriever == "hash" and not self.references.hash.model:
-            raise ConfigError(f"{self.source}: references.retriever hash needs references.hash.model (train one with "
-                              "tools/train_hash.py)")
         if self.budget.per_query_s <= self.budget.safety_margin_s / max(self.batch_size, 1):
             raise ConfigError(f"{self.source}: budget.per_query_s is too small for the safety margin")
 
@@ -118,14 +116,15 @@ class SystemConfig:
 
     def section(self, name: str, part: type | None = None) -> Any:
         """The settings section `name`: a SystemConfig section, or one stages declare (its defaults where the config
-        does not set it). `part`: the keys one feature declares in a section several share (`answer`), as that
-        feature's dataclass; a shared section must be read by part."""
+        does not set it). `part`: the keys one feature declares in a section others declare keys of too (`answer`,
+        or `references.hash` beside the SystemConfig section), as that feature's dataclass; such a section is read
+        by part (a SystemConfig section without `part` is its own dataclass)."""
         if name not in self.stage_settings and name in STAGE_SECTIONS:  # kept, so a change to it holds
             self.stage_settings[name] = [settings() for _, settings in STAGE_SECTIONS[name]]
-        if name not in self.stage_settings:
-            if part is not None:
-                raise KeyError(f"config section {name!r} is not declared by a stage, so it has no part {part.__name__}")
+        if part is None and name in CORE_SECTIONS:
             return getattr(self, name)
+        if name not in self.stage_settings:
+            raise KeyError(f"no config section {name!r}")
         parts = self.stage_settings[name]
         if part is None:
             if len(parts) != 1:
@@ -152,7 +151,7 @@ class SystemConfig:
         mapping): what run manifests and gate files record and compare."""
         data = dataclasses.asdict(self)
         for name, parts in data.pop("stage_settings").items():
-            data[name] = {key: value for part in parts for key, value in part.items()}
+            data[name] = {**data.get(name, {}), **{key: value for part in parts for key, value in part.items()}}
         return data
 
     def strategy_names(self) -> list[str]:
@@ -163,22 +162,42 @@ class SystemConfig:
         return self.strategies[self.strategy]
 
 
+# SystemConfig's own keys and their types (its sections' dataclasses).
+CORE_SECTIONS = {f.name: typing.get_type_hints(SystemConfig)[f.name] for f in dataclasses.fields(SystemConfig)
+                 if not f.metadata.get("internal")}
+
 # Config sections declared by stages, by section name: its parts, each the module that declared it and its
 # dataclass (a stage's own `settings`, or keys it adds to a shared section, `Stage.section_keys`). The loader builds
 # each part from its keys of the section; the reference page lists them.
 STAGE_SECTIONS: dict[str, list[tuple[str, type]]] = {}
 
+# The choices of keys whose values name what a registry holds (field metadata {"choices": table}): table -> names,
+# in registration order (`references.retriever` takes a name of the references stage's retrievers).
+CHOICES: dict[str, list[str]] = {}
 
-def add_section(name: str, settings: type, owner: str) -> None:
+
+def add_choice(table: str, name: str) -> None:
+    """Make `name` one of the values the keys of `table` take."""
+    CHOICES.setdefault(table, [])
+    if name not in CHOICES[table]:
+        CHOICES[table] = [*CHOICES[table], name]
+
+
+def add_section(name: str, settings: type, owner: str, shared: bool = False) -> None:
     """Make the fields of `settings` (a dataclass) keys of the config section `name`, declared by `owner` (a
-    module). Several owners may declare keys of one section, none the same key; an owner declaring its part again
-    replaces it."""
+    module). `shared`: keys added to a section others declare keys of too, a SystemConfig section among them (none
+    the same key); else the section is the stage's own. An owner declaring its part again replaces it."""
     if not dataclasses.is_dataclass(settings):
         raise ConfigError(f"{owner}: the settings of stage {name!r} must be a dataclass, not {settings!r}")
-    if name in {f.name for f in dataclasses.fields(SystemConfig)}:
+    if not shared and name in {f.name for f in dataclasses.fields(SystemConfig)}:
         raise ConfigError(f"{owner}: stage {name!r} declares settings, but {name!r} is already a config key")
-    parts = [(o, s) for o, s in STAGE_SECTIONS.get(name, []) if (o, s.__name__) != (owner, settings.__name__)]
     keys = {f.name for f in dataclasses.fields(settings)}
+    core = CORE_SECTIONS.get(name)
+    if shared and core is not None and not dataclasses.is_dataclass(core):
+        raise ConfigError(f"{owner}: config key {name!r} is not a section")
+    if core is not None and (clash := sorted(keys & {f.name for f in dataclasses.fields(core)})):
+        raise ConfigError(f"{owner}: config key {name}.{clash[0]} is already a key of SystemConfig's {name!r}")
+    parts = [(o, s) for o, s in STAGE_SECTIONS.get(name, []) if (o, s.__name__) != (owner, settings.__name__)]
     for other, declared in parts:
         if clash := sorted(keys & {f.name for f in dataclasses.fields(declared)}):
             raise ConfigError(f"{owner}: config key {name}.{clash[0]} is already declared by {other}")

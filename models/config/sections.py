@@ -3,15 +3,12 @@ whose attribute docstrings document them (the generated configuration reference 
 
 from __future__ import annotations
 
-import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 DOMAINS = ("finance", "sports", "music", "movie", "open")
 DYNAMISM = ("static", "slow-changing", "fast-changing", "real-time")
 Dynamism = Literal["static", "slow-changing", "fast-changing", "real-time"]
-HashEngine = Literal["numpy", "faiss-flat", "faiss-hnsw"]
-HASH_ENGINES = typing.get_args(HashEngine)
 
 
 def at_least(low: float) -> dict[str, Any]:
@@ -173,35 +170,6 @@ class RerankConfig:
     """torch device: cpu, cuda or cuda:N."""
 
 
-@dataclass
-class HashConfig:
-    """HASH-RAG retrieval (`references.retriever: hash`, docs/methods/hash-rag.md): candidates are split into
-    propositions, searched by Hamming distance, re-ranked, and each source chunk keeps its best proposition."""
-
-    model: str | None = None
-    """An index file from tools/train_hash.py (its hash layer, trained on this config's embedder); needed with
-    references.retriever hash."""
-    engine: HashEngine = "numpy"
-    """The Hamming search: numpy (popcount, widening radius), faiss-flat or faiss-hnsw."""
-    alpha: int = field(default=200, metadata=at_least(1))
-    """Propositions taken nearest by Hamming distance."""
-    depth: int = field(default=100, metadata=at_least(1))
-    """Of those, the best kept by the asymmetric score <v_q, h_p>."""
-    exact: bool = True
-    """Order the kept propositions by cosine (false: by <v_q, h_p>)."""
-    units: Literal["sentence", "llm"] = "sentence"
-    """Propositions: sentence (sentences, a short one joined to the next) or llm (the LLM rewrites the best chunks,
-    prompts/propositions.yaml)."""
-    min_unit_chars: int = 30
-    """A sentence shorter than this many characters joins the next."""
-    propositions: int = 10
-    """The most propositions per query kept for the PGCC prompt (prompts/pgcc.yaml)."""
-    llm_chunks: int = 10
-    """units llm: the best chunks of each query (by cosine) the LLM rewrites; the others, and chunks without usable
-    output, are split into sentences."""
-    llm_max_tokens: int = 160
-    """units llm: reply tokens per rewritten chunk."""
-
 
 @dataclass
 class ReferencesConfig:
@@ -246,10 +214,9 @@ class ReferencesConfig:
     """The search results' snippets are candidates too, beside the page chunks."""
     rerank: RerankConfig = field(default_factory=RerankConfig)
     """Optional cross-encoder re-ranking, off while rerank.model is null."""
-    retriever: Literal["dense", "hash"] = "dense"
-    """dense: cosine over chunks; hash: HASH-RAG over propositions (needs hash.model)."""
-    hash: HashConfig = field(default_factory=HashConfig)
-    """HASH-RAG settings, used with retriever hash."""
+    retriever: str = field(default="dense", metadata={"choices": "retriever"})
+    """How candidates are ranked: dense (cosine over chunks) or a retriever the references stage registers, as hash
+    (HASH-RAG over propositions, needs hash.model)."""
 
 
 

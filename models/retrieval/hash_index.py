@@ -17,16 +17,19 @@ raw arrays (the layer's weight and bias, the packed codes, the sources and, opti
 from __future__ import annotations
 
 import json
+import typing
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-from models.config import HASH_ENGINES
 from models.llm.backend import BackendUnavailable
+
+HashEngine = Literal["numpy", "faiss-flat", "faiss-hnsw"]
+HASH_ENGINES = typing.get_args(HashEngine)
 
 MAGIC = b"HASHRAG1"
 _ALIGN = 64

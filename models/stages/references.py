@@ -6,31 +6,26 @@ snippets. All pages to read go to the page processor at once (worker processes, 
 candidate is embedded in one call; chunks and snippets keep the cosine top-k, tables are kept best first
 while they fit the table budget. With a re-ranker configured, a cross-encoder re-scores the best candidates first.
 
-With `retriever: hash` (HASH-RAG), each candidate is split into propositions (embedded in a second call); a hash
-index of the query's propositions ranks the candidates by their best proposition, and the propositions of the
-kept references go to `state.propositions` for the PGCC prompt. With `hash.units: llm` the LLM first rewrites each
-query's best chunks as propositions (one backend call for the batch).
+The ranking is the retriever's of `references.retriever` (models/stages/retrievers.py): dense cosine, or HASH-RAG
+over propositions (models/stages/hash_retriever.py), whose declarations become this stage's.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Container, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 from loguru import logger
 from rank_bm25 import BM25Okapi
 
-from models.config import HashConfig, SystemConfig, resolve_path
-from models.prompting import PromptLibrary
-from models.resources import Resource
 from models.retrieval.dense import best_first, select
-from models.retrieval.hash_index import HashIndex, HashIndexError, HashModel, SearchSettings, load_model
+from models.stages import hash_retriever  # noqa: F401  (registers the hash retriever)
+from models.stages.retrievers import RETRIEVERS, Pool, split_rows
 from models.stages.stage import STAGES, Stage, StageContext
-from models.state import Proposition, QueryState, Reference
-from utils.chunking import sentence_units
+from models.state import QueryState, Reference
 from utils.web_pages import ProcessedPage
 
 
@@ -121,96 +116,17 @@ def embed_in_turn(embedder: Any, per_query: list[list[Reference]], deadline: Any
     return blocks
 
 
-def split_rows(rows: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
-    """Consecutive blocks of `rows`, of the given sizes."""
-    return np.split(rows, np.cumsum(sizes)[:-1]) if sizes else []
-
-
-@dataclass
-class Pool:
-    """A query's ranked pool: candidate indices, their scores, and (hash retrieval) the best unit of each."""
-
-    indices: list[int]
-    scores: np.ndarray
-    units: list[int] | None = None
-
-
-def proposition_units(refs: list[Reference], config: HashConfig, rewritten: dict[int, list[str]] | None = None
-                      ) -> tuple[list[str], list[int]]:
-    """The propositions of a query's candidates and the candidate each came from: a table is one unit, a chunk
-    the LLM rewrote (`rewritten`, by candidate index) has its lines, any other is split into sentences."""
-    texts: list[str] = []
-    sources: list[int] = []
-    for i, ref in enumerate(refs):
-        if ref.kind == "table":
-            units = [ref.text]
-        else:
-            units = (rewritten or {}).get(i) or sentence_units(ref.text, config.min_unit_chars, len(ref.text))
-        texts += units
-        sources += [i] * len(units)
-    return texts, sources
-
-
-_BULLET = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s*")
-_LETTER_OR_DIGIT = re.compile(r"[^\W_]")
-
-
-def read_propositions(output: str) -> list[str]:
-    """The proposition lines of an LLM's output, bullets and numbering removed; lines without a word dropped."""
-    lines = (_BULLET.sub("", line).strip() for line in output.splitlines())
-    return [line for line in lines if _LETTER_OR_DIGIT.search(line)]
-
-
-def rewrite_as_propositions(states: list[QueryState], per_query: list[list[Reference]], scores: list[np.ndarray],
-                            ctx: StageContext) -> list[dict[int, list[str]]]:
-    """LLM propositions for the `llm_chunks` best chunks (by cosine) of each query (`per_query` and `scores` are
-    aligned with `states`), in one backend call. A failed call leaves every chunk to the sentence splitter, with
-    the reason logged."""
-    settings = ctx.settings.hash
-    picked = [[i for i in best_first(query_scores) if refs[i].kind != "table"][:settings.llm_chunks]
-              for refs, query_scores in zip(per_query, scores)]
-    prompt = ctx.prompt("propositions")
-    conversations = [prompt.render(page_name=refs[i].page_name, text=refs[i].text)
-                     for refs, chosen in zip(per_query, picked) for i in chosen]
-    owners = [state for state, chosen in zip(states, picked) for _ in chosen]
-    if not conversations:
-        return [{} for _ in per_query]
-    try:
-        outputs = iter(ctx.generate(conversations, owners=owners, max_tokens=settings.llm_max_tokens))
-    except Exception as err:  # the retriever still works on sentences: never fail the batch for this
-        logger.opt(exception=err).warning("proposition extraction failed, chunks are split into sentences: {}", err)
-        return [{} for _ in per_query]
-    return [{i: read_propositions(samples[0]) if samples else [] for i, samples in zip(chosen, outputs)}
-            for chosen in picked]
-
-
-def hash_pool(model: HashModel | None, config: HashConfig, query: np.ndarray, unit_vectors: np.ndarray,
-              sources: list[int]) -> Pool:
-    """The candidates that the query's propositions reach through a HASH-RAG index of them, best first."""
-    if model is None:
-        raise HashIndexError("references.retriever is hash, but no hash model was loaded (references.hash.model)")
-    index = HashIndex(model, config.engine)
-    index.add(unit_vectors, sources, keep_vectors=config.exact)
-    hits = index.search(query, len(set(sources)), SearchSettings(config.alpha, config.depth, config.exact))[0]
-    return Pool([h.source for h in hits], np.array([h.score for h in hits], dtype=np.float32),
-                [h.unit for h in hits])
-
-
-def build_hash_model(config: SystemConfig, prompts: PromptLibrary, built: dict[str, Any]) -> HashModel | None:
-    """The hash layer of `references.hash.model` (retriever hash only), checked against the embedder."""
-    if config.references.retriever != "hash" or not config.references.hash.model:
-        return None
-    return load_model(resolve_path(config.references.hash.model), embedder=getattr(built.get("embedder"), "name", ""))
+# The built-in retrievers, each registered by its module.
+_RETRIEVERS = [RETRIEVERS.get(name) for name in RETRIEVERS]
 
 
 @STAGES.register("references")
 class ReferencesStage(Stage):
-    prompts = ("propositions",)  # used only with references.hash.units: llm
+    prompts = tuple(dict.fromkeys(name for cls in _RETRIEVERS for name in cls.prompts))
     sections = ("references",)
     writes = frozenset({"references", "reference_vectors", "query_vector", "candidates", "candidate_vectors",
-                        "propositions"})
-    resources = {"hash_model": Resource(build_hash_model, ("embedder",), "HASH-RAG's hash layer (retriever hash only)")}
-    needs = frozenset({"pages", "embedder", "reranker", "hash_model", "llm"})
+                        *(name for cls in _RETRIEVERS for name in cls.fields)})
+    needs = frozenset({"pages", "embedder", "reranker", *(name for cls in _RETRIEVERS for name in cls.needs)})
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
         settings = ctx.settings
@@ -239,21 +155,12 @@ class ReferencesStage(Stage):
             per_query.append(shortlist(state.query, found, candidate_limit(settings, len(read)), known))
         blocks = embed_in_turn(ctx.resource("embedder"), per_query, ctx.work_deadline(), known)
         per_query = [refs[:len(block)] for refs, block in zip(per_query, blocks)]
-        hashing = settings.retriever == "hash"
-        if hashing:
-            rewritten = (rewrite_as_propositions(states, per_query, [b @ q for b, q in zip(blocks, queries)], ctx)
-                         if settings.hash.units == "llm" else [{} for _ in states])
-            units = [proposition_units(refs, settings.hash, r) for refs, r in zip(per_query, rewritten)]
-            unit_vectors = ctx.resource("embedder").encode([text for texts, _ in units for text in texts])
-            unit_blocks = split_rows(unit_vectors, [len(texts) for texts, _ in units])
+        retriever = RETRIEVERS.get(settings.retriever)()
+        retriever.prepare(states, per_query, blocks, queries, ctx)
         for n, (state, refs, query, block) in enumerate(zip(states, per_query, queries, blocks)):
             state.candidates, state.candidate_vectors = refs, block
             state.query_vector = query
-            if hashing:
-                unit_texts, sources = units[n]
-                pool = hash_pool(ctx.resource("hash_model"), settings.hash, query, unit_blocks[n], sources)
-            else:
-                pool = Pool(list(range(len(refs))), block @ query)
+            pool = retriever.pool(n, refs, query, block, ctx)
             if ctx.resource("reranker") is not None and pool.indices:
                 keep = best_first(pool.scores)[:settings.rerank.candidates]
                 indices = [pool.indices[i] for i in keep]
@@ -262,7 +169,4 @@ class ReferencesStage(Stage):
             chosen = select([refs[i] for i in pool.indices], pool.scores, settings.top_k, settings.table_budget_chars)
             state.references = [replace(refs[pool.indices[c]], score=float(pool.scores[c])) for c in chosen]
             state.reference_vectors = block[[pool.indices[c] for c in chosen]]
-            if pool.units is not None:
-                state.propositions = [Proposition(pool.units[c], unit_texts[pool.units[c]], rank + 1,
-                                                  refs[pool.indices[c]].page_name, float(pool.scores[c]))
-                                      for rank, c in enumerate(chosen[:settings.hash.propositions])]
+            retriever.kept(n, state, refs, pool, chosen, ctx)

@@ -34,10 +34,11 @@ writes.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -119,16 +120,11 @@ class StageRegistry(Registry[Stage]):
         def check(cls: type[Stage]) -> type[Stage]:
             if not (isinstance(cls, type) and issubclass(cls, Stage)):
                 return add(cls)  # refused there, with the base class named
-            tables = (STAGE_SECTIONS, ADDED_FIELDS, RESOURCES)
-            saved = [dict(table) for table in tables]
-            try:
-                _declare(name, cls)
+            own = [(name, cls.settings, False)] if cls.settings is not None else []
+            shared = [(section, keys, True) for section, keys in cls.section_keys.items()]
+            with declaring(f"stage {name!r}", cls.__module__, own + shared, cls.fields, cls.resources):
+                _check(name, cls)
                 registered = add(cls)
-            except ValueError:  # nothing of a refused stage stays registered
-                for table, before in zip(tables, saved):
-                    table.clear()
-                    table.update(before)
-                raise
             cls.name = name
             own = ((name,) if cls.settings is not None else ()) + tuple(cls.section_keys)
             cls.sections = tuple(dict.fromkeys((*own, *cls.sections)))  # its own section first: ctx.settings
@@ -140,21 +136,35 @@ class StageRegistry(Registry[Stage]):
 STAGES = StageRegistry("stage", Stage)
 
 
-def _declare(name: str, cls: type[Stage]) -> None:
-    """Register what stage `name` adds (its settings section, fields and resources) and check that what it reads,
-    writes, needs and is configured by is declared somewhere; RegistryError naming the stage where not."""
-    owner = cls.__module__
+@contextlib.contextmanager
+def declaring(what: str, owner: str, sections: Iterable[tuple[str, type, bool]], fields: dict[str, StateField],
+              resources: dict[str, Resource]) -> Iterator[None]:
+    """Register what `what` (a stage, a retriever) declared in module `owner` adds: config keys (section name,
+    dataclass, whether the section is shared), QueryState fields and resources. Where that or the block raises a
+    ValueError, nothing of it stays registered; a clash is a RegistryError naming `what`."""
+    tables = (STAGE_SECTIONS, ADDED_FIELDS, RESOURCES)
+    saved = [dict(table) for table in tables]
     try:
-        if cls.settings is not None:
-            add_section(name, cls.settings, owner)
-        for section, keys in cls.section_keys.items():
-            add_section(section, keys, owner)
-        for field_name, spec in cls.fields.items():
-            add_field(field_name, spec, owner)
-        for resource_name, resource in cls.resources.items():
-            add_resource(resource_name, resource, owner)
-    except ValueError as err:
-        raise RegistryError(f"stage {name!r}: {err}") from err
+        try:
+            for section, settings, shared in sections:
+                add_section(section, settings, owner, shared)
+            for field_name, spec in fields.items():
+                add_field(field_name, spec, owner)
+            for resource_name, resource in resources.items():
+                add_resource(resource_name, resource, owner)
+        except ValueError as err:
+            raise RegistryError(f"{what}: {err}") from err
+        yield
+    except ValueError:
+        for table, before in zip(tables, saved):
+            table.clear()
+            table.update(before)
+        raise
+
+
+def _check(name: str, cls: type[Stage]) -> None:
+    """Check that what stage `name` reads, writes, needs and is configured by is declared somewhere; RegistryError
+    naming the stage where not."""
     if unknown := (set(cls.reads) | set(cls.writes)) - QUERY_STATE_FIELDS - set(ADDED_FIELDS):
         raise RegistryError(f"stage {name!r}: reads/writes name no QueryState field: {sorted(unknown)}")
     if unknown := set(cls.needs) - set(RESOURCES):
@@ -194,8 +204,8 @@ class Batch:
                    prompts, resources)
 
     def context(self, stage: Stage) -> StageContext:
-        return StageContext(stage, self.deadline, self.config.budget, self.prompts, stage_sections(stage, self.config),
-                            {name: self.resources.get(name) for name in stage.needs}, self.config.record_prompts)
+        return StageContext(stage, self.deadline, self.config, self.prompts,
+                            {name: self.resources.get(name) for name in stage.needs})
 
 
 def stage_sections(stage: Stage | type[Stage], config: SystemConfig) -> dict[str, Any]:
@@ -210,25 +220,28 @@ class StageContext:
     `generate`, which sends a stage's conversations in one backend call within its share of the batch (and, with
     `record_prompts`, records each on the query it is for)."""
 
-    def __init__(self, stage: Stage, deadline: Deadline, budget: BudgetConfig, prompts: PromptLibrary,
-                 sections: dict[str, Any], resources: dict[str, Any], record_prompts: bool) -> None:
+    def __init__(self, stage: Stage, deadline: Deadline, config: SystemConfig, prompts: PromptLibrary,
+                 resources: dict[str, Any]) -> None:
         self.stage = stage
         self.deadline = deadline
-        self.budget = budget
+        self.budget: BudgetConfig = config.budget
+        self._config = config
         self._prompts = prompts
-        self._sections = sections
+        self._sections = stage_sections(stage, config)
         self._resources = resources
-        self._record_prompts = record_prompts
+        self._record_prompts = config.record_prompts
 
     @property
     def settings(self) -> Any:
         """The stage's own config section, named after it (`Stage.settings`)."""
         return self.section(self.stage.name)
 
-    def section(self, name: str) -> Any:
+    def section(self, name: str, part: type | None = None) -> Any:
+        """A config section the stage declares it reads (`sections`); `part`: the keys another feature declares in
+        it (the references stage reads its retriever's so)."""
         if name not in self._sections:
             raise RegistryError(f"stage {self.stage.name!r} reads config section {name!r} without declaring it")
-        return self._sections[name]
+        return self._sections[name] if part is None else self._config.section(name, part)
 
     def resource(self, name: str) -> Any:
         """The resource, or None where the config leaves it out (no reranker, no KG server)."""

@@ -14,7 +14,8 @@ from models.config import REPO_ROOT, load_config
 from models.gate.answer_gate import gate_settings
 from models.retrieval.hash_index import HashIndex, HashModel, SearchSettings
 from models.retrieval.r2former_head import R2Former, load_checkpoint
-from models.stages import references
+from models.stages import hash_retriever
+from models.stages.hash_retriever import hash_settings
 from models.system import CragSystem
 from tests.conftest import to_batch
 from tests.integration.conftest import unhurried
@@ -48,8 +49,8 @@ def test_training_on_crag_data_saves_a_searchable_index(tmp_path, capsys, embedd
     config = tmp_path / "hash.yaml"
     config.write_text(f"references: {{retriever: hash, workers: 1, hash: {{model: {out}, units: llm}}}}\n")
     ranked, built = [], []
-    pool = references.hash_pool
-    monkeypatch.setattr(references, "hash_pool", lambda *args: ranked.append(args[0]) or pool(*args))
+    pool = hash_retriever.hash_pool
+    monkeypatch.setattr(hash_retriever, "hash_pool", lambda *args: ranked.append(args[0]) or pool(*args))
     monkeypatch.setattr(train_r2former, "R2Former", lambda *args: _recorded(built, R2Former(*args)))
     checkpoint_path = tmp_path / "r2.pt"
     assert train_r2former.main(["--data", str(SAMPLE), "--config", str(config), "--out", str(checkpoint_path),
@@ -81,7 +82,7 @@ def test_pairs_file_and_the_pipeline_retriever(tmp_path, capsys, sample_examples
     config.knowledge.enabled = config.calculator.enabled = False
     config.references.workers = 1
     config.references.cache_dir = str(tmp_path / "cache")
-    config.references.retriever, config.references.hash.model = "hash", str(out)
+    config.references.retriever, hash_settings(config).model = "hash", str(out)
     config.prompts = {"reasoning": "prompts/pgcc.yaml"}
     # the prompt is under test, not the answer: a short one, and a short reply
     config.reasoning.max_tokens, config.reasoning.max_reference_chars, config.record_prompts = 32, 1500, True

@@ -16,7 +16,7 @@ from models.retrieval.hash_index import (
     sign_bits,
     within_widening_radius,
 )
-from models.stages.references import read_propositions
+from models.stages.hash_retriever import hash_settings, read_propositions
 from models.state import QueryState, Reference
 from tests.conftest import to_batch
 from tests.fakes import HashEmbedder, ScriptedLLM, by_prompt
@@ -329,7 +329,7 @@ def hash_config(cpu_config, sample_examples, tmp_path):
     index = HashIndex(model_for(embedder.encode(texts), bits=64, embedder=embedder.name))
     index.save(tmp_path / "layer.hidx")
     cpu_config.references.retriever = "hash"
-    cpu_config.references.hash.model = str(tmp_path / "layer.hidx")
+    hash_settings(cpu_config).model = str(tmp_path / "layer.hidx")
     return cpu_config
 
 
@@ -352,7 +352,7 @@ def test_hybrid_with_the_hash_index_answers_through_pgcc(make_system, hash_confi
 def test_hash_retrieval_fills_propositions_from_chosen_references(hash_config, sample_examples):
     state = run_references(hash_config, ScriptedLLM(), sample_examples[0])
     assert state.references and len(state.reference_vectors) == len(state.references)
-    assert 0 < len(state.propositions) <= hash_config.references.hash.propositions
+    assert 0 < len(state.propositions) <= hash_settings(hash_config).propositions
     for prop in state.propositions:
         reference: Reference = state.references[prop.reference - 1]
         assert prop.text in reference.text and prop.page_name == reference.page_name
@@ -365,7 +365,7 @@ def run_references(config, llm, example):
     from models.stages.stage import run_alone
     from utils.web_pages import PageProcessor, PageSettings
 
-    model = HashIndex.load(config.references.hash.model).model
+    model = HashIndex.load(hash_settings(config).model).model
     state = QueryState(0, "q0", example["query"], example["query_time"], example["search_results"])
     processor = PageProcessor(PageSettings.from_config(config.references), workers=1)
     resources = {"llm": llm, "embedder": HashEmbedder(), "pages": processor, "hash_model": model}
@@ -380,20 +380,20 @@ def test_read_propositions_strips_bullets_and_empty_lines():
 
 
 def test_llm_propositions_index_the_best_chunks(hash_config, sample_examples):
-    hash_config.references.hash.units = "llm"
-    hash_config.references.hash.llm_chunks = 2
+    hash_settings(hash_config).units = "llm"
+    hash_settings(hash_config).llm_chunks = 2
     fact = "Christopher Nolan is the director of the film Inception."
     llm = ScriptedLLM(by_prompt(propositions=lambda conv: f"- {fact}\n- Inception premiered in July 2010."))
     state = run_references(hash_config, llm, sample_examples[0])
     (conversations, params), = llm.calls
-    assert len(conversations) == 2 and params.max_tokens == hash_config.references.hash.llm_max_tokens
+    assert len(conversations) == 2 and params.max_tokens == hash_settings(hash_config).llm_max_tokens
     assert "Page: " in conversations[0][1]["content"]
     assert state.propositions[0].text == fact  # the LLM's proposition matches the question best
 
 
 def test_llm_propositions_are_recorded_on_the_query_of_their_chunk(make_system, hash_config, sample_examples):
-    hash_config.references.hash.units = "llm"
-    hash_config.references.hash.llm_chunks = 2
+    hash_settings(hash_config).units = "llm"
+    hash_settings(hash_config).llm_chunks = 2
     hash_config.record_prompts = True
     llm = ScriptedLLM(by_prompt(propositions="- Inception is a 2010 film."))
     system = make_system(llm)
@@ -411,7 +411,7 @@ def test_llm_propositions_are_recorded_on_the_query_of_their_chunk(make_system, 
 
 
 def test_failed_proposition_extraction_falls_back_to_sentences(hash_config, sample_examples, caplog_loguru):
-    hash_config.references.hash.units = "llm"
+    hash_settings(hash_config).units = "llm"
 
     def broken(conversation):
         raise RuntimeError("backend down")
@@ -426,7 +426,7 @@ def test_hash_model_for_another_embedder_fails_at_load(make_system, hash_config,
     rng = np.random.default_rng(14)
     index = HashIndex(model_for(unit_rows(rng, 20, 512), bits=16, embedder="all-MiniLM-L6-v2"))
     index.save(tmp_path / "other.hidx")
-    hash_config.references.hash.model = str(tmp_path / "other.hidx")
+    hash_settings(hash_config).model = str(tmp_path / "other.hidx")
     with pytest.raises(HashIndexError, match="trained on all-MiniLM-L6-v2 vectors, not hash-512"):
         make_system()
 

@@ -295,7 +295,8 @@ def test_the_core_modules_name_no_feature():
     from models.resources import RESOURCES
     from models.state import ADDED_FIELDS, QUERY_STATE_FIELDS
 
-    ours = set(STAGE_MODULES)
+    ours = {owner for table in (ADDED_FIELDS, RESOURCES) for owner, _ in table.values()
+            if owner.startswith("models.") and owner != "models.resources"} | set(STAGE_MODULES)
     core = ({f.name for f in dataclasses.fields(SystemConfig)} | QUERY_STATE_FIELDS
             | {name for name, (owner, _) in RESOURCES.items() if owner == "models.resources"})
     declared = ({name for name, parts in STAGE_SECTIONS.items() if any(owner in ours for owner, _ in parts)}
@@ -316,6 +317,45 @@ def test_the_core_modules_name_no_feature():
                                else [node.attr] if isinstance(node, ast.Attribute)
                                else [node.id] if isinstance(node, ast.Name) else [])}
         assert sorted(named & declared - allowed.get(module, set())) == [], module
+
+
+def test_a_retriever_declares_what_it_needs_and_becomes_a_choice(registries_restored, tmp_path):
+    from dataclasses import dataclass
+
+    from models.config import CHOICES, load_config
+    from models.resources import RESOURCES
+    from models.stages.references import ReferencesStage
+    from models.stages.retrievers import RETRIEVERS, Retriever
+
+    @dataclass
+    class SparseKeys:
+        sparse_k1: float = 1.2
+        """BM25's k1."""
+
+    saved = list(CHOICES["retriever"])
+    try:
+        RETRIEVERS.register("sparse")(type("Sparse", (Retriever,), {"settings": SparseKeys}))
+        config = load_config(write(tmp_path / "c.yaml", "references:\n  retriever: sparse\n  sparse_k1: 2.0\n"))
+        assert config.references.retriever == "sparse" and config.section("references", SparseKeys).sparse_k1 == 2.0
+        assert config.resolved()["references"]["sparse_k1"] == 2.0 and config.references.top_k == 10
+        with pytest.raises(ConfigError, match="unknown key 'references.sparse_k2'; did you mean 'sparse_k1'"):
+            load_config(write(tmp_path / "typo.yaml", "references:\n  sparse_k2: 2.0\n"))
+
+        @dataclass
+        class TopK:
+            top_k: int = 3
+
+        with pytest.raises(RegistryError, match="config key references.top_k is already a key of SystemConfig's"):
+            RETRIEVERS.register("clash")(type("Clash", (Retriever,), {"settings": TopK}))
+        assert "clash" not in RETRIEVERS and "clash" not in CHOICES["retriever"]
+    finally:
+        CHOICES["retriever"] = saved
+        RETRIEVERS._entries.pop("sparse", None)
+    # the hash retriever's declarations are the references stage's
+    assert {"hash_model", "llm"} <= ReferencesStage.needs and "propositions" in ReferencesStage.writes
+    assert RESOURCES["hash_model"][0] == "models.stages.hash_retriever" and "propositions" in ReferencesStage.prompts
+    with pytest.raises(ConfigError, match="'references.retriever' is 'sparse'; one of \\['dense', 'hash'\\]"):
+        load_config(write(tmp_path / "gone.yaml", "references:\n  retriever: sparse\n"))
 
 
 class Unsigned(Stage):
