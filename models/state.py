@@ -94,10 +94,8 @@ class QueryState:
     dynamism: str | None = None       # attributes: static, slow-changing, fast-changing, real-time
     knowledge: str | None = None      # the knowledge extractor's answer ("an answer from another agent")
     calculations: list[str] = field(default_factory=list)  # "expression = value", from the calculator
-    # Multi-hop strategies: the route taken, the LLM steps used and the sub-queries asked.
-    route: str | None = None
+    # The LLM steps the query used (each distinct query of a ctx.generate call counts one).
     steps: int = 0
-    sub_queries: list[str] = field(default_factory=list)
     llm_output: str | None = None
     answer: str | None = None
     done: bool = False
@@ -128,7 +126,7 @@ class QueryState:
         """What the query went through, for the run folder's per-question record: the reason for its answer,
         each stage's status and seconds, the predicted attributes, the references chosen for the prompt (best
         first; the prompt takes them while they fit), the calculator's lines, the knowledge extractor's answer, the
-        multi-hop route, the confidence signals; with `record_prompts` on, every LLM conversation and its replies
+        LLM steps, the confidence signals; with `record_prompts` on, every LLM conversation and its replies
         (`prompts`; no such key when none was recorded); then the fields stages add (`Stage.fields`), as each
         declares."""
         record = {"interaction_id": self.interaction_id, "reason": self.done_reason,
@@ -138,8 +136,7 @@ class QueryState:
                                   "kind": r.kind, "score": round(r.score, 4), "relevance": r.relevance,
                                   "text": r.text} for r in self.references],
                   "calculations": self.calculations,
-                  "knowledge": self.knowledge, "route": self.route, "steps": self.steps,
-                  "sub_queries": self.sub_queries, "signals": self.signals}
+                  "knowledge": self.knowledge, "steps": self.steps, "signals": self.signals}
         if self.prompts:
             record["prompts"] = self.prompts
         for name, (_, spec) in ADDED_FIELDS.items():

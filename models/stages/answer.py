@@ -34,7 +34,6 @@ class AnswerStage(Stage):
         "answer.grader_tokens": "the answer's length in the grader's tokens",
         "answer.number": "whether the answer is a number", "answer.yes_no": "whether the answer is yes or no",
         "answer.invalid": "whether the answer is \"invalid question\"",
-        "answer.route": "the multi-hop route taken (single without one)",
         "answer.support_best": "the share of the answer's content words in the best reference",
         "answer.support_any": "the share of the answer's content words in any reference or line of evidence",
     }
@@ -70,7 +69,7 @@ def outcome_signals(state: QueryState) -> dict[str, Signal]:
             "knowledge.agrees": None if knowledge is None else knowledge == answer,
             "answer.grader_tokens": grader_token_count(state.answer or ""),
             "answer.number": bool(_NUMBER.fullmatch(answer)), "answer.yes_no": answer in ("yes", "no"),
-            "answer.invalid": is_invalid(answer), "answer.route": state.route or "single",
+            "answer.invalid": is_invalid(answer),
             **support_signals(state)}
 
 

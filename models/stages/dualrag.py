@@ -17,9 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from models.retrieval.local import LocalRetriever, Request
+from models.stages.hanrag import ROUTE_SIGNAL, route_signal
 from models.stages.stage import STAGES, Stage, StageContext
 from models.stages.steps import finish, step
-from models.state import QueryState
+from models.state import QueryState, Signal
 from utils.answers import IDK
 from utils.llm_json import parse_llm_json
 
@@ -90,6 +91,11 @@ class DualRAGStage(Stage):
     reads = frozenset({"candidates"})
     writes = frozenset({"route", "sub_queries", "steps", "answer"})
     needs = frozenset({"llm", "embedder"})
+    signals = ROUTE_SIGNAL
+
+    @classmethod
+    def outcome(cls, state: QueryState) -> dict[str, Signal]:
+        return route_signal(state)
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
         self.answer(states, ctx)

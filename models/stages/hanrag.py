@@ -23,7 +23,7 @@ from models.retrieval.local import LocalRetriever, Request
 from models.stages.reasoning import parse_structured, reasoning_conversation
 from models.stages.stage import STAGES, Stage, StageContext
 from models.stages.steps import finish, step
-from models.state import QueryState, Reference
+from models.state import QueryState, Reference, Signal, StateField
 from utils.answers import IDK, INVALID
 from utils.llm_json import parse_llm_json
 
@@ -49,6 +49,21 @@ def route(states: list[QueryState], ctx: StageContext) -> None:
         state.route = read_route(output)
 
 
+# What the multi-hop methods add to a query, declared once here (by HANRAGStage) and written by hanrag, dualrag and
+# multihop: the route taken and the sub-questions asked; and the route as a signal, read off every query of a
+# strategy that names one of them.
+MULTI_HOP_FIELDS = {
+    "route": StateField(lambda: None, record=lambda value: value,
+                        doc="the multi-hop route taken (None where no multi-hop method read the query)"),
+    "sub_queries": StateField(list, record=list, doc="the sub-questions a multi-hop method asked"),
+}
+ROUTE_SIGNAL = {"answer.route": "the multi-hop route taken (single without one)"}
+
+
+def route_signal(state: QueryState) -> dict[str, Signal]:
+    return {"answer.route": state.route or "single"}
+
+
 @dataclass
 class HANRAGSettings:
     """HANRAG: the router's four routes (strategy hanrag, or multihop: hanrag)."""
@@ -70,10 +85,16 @@ class HANRAGStage(Stage):
     prompts = ("hanrag_router", "hanrag_relevance", "hanrag_decompose", "hanrag_refine", "hanrag_check",
                "hanrag_aggregate", "knowledge", "reasoning")
     settings = HANRAGSettings
+    fields = MULTI_HOP_FIELDS
+    signals = ROUTE_SIGNAL
     sections = ("reasoning",)
     reads = frozenset({"candidates"})
     writes = frozenset({"route", "sub_queries", "steps", "answer"})
     needs = frozenset({"llm", "embedder"})
+
+    @classmethod
+    def outcome(cls, state: QueryState) -> dict[str, Signal]:
+        return route_signal(state)
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
         route(states, ctx)

@@ -10,9 +10,9 @@ from typing import Any
 
 from models.config import SystemConfig
 from models.stages.dualrag import DualRAGStage
-from models.stages.hanrag import MULTI_HOP, HANRAGStage, route
+from models.stages.hanrag import MULTI_HOP, ROUTE_SIGNAL, HANRAGStage, route, route_signal
 from models.stages.stage import STAGES, Stage, StageContext
-from models.state import QueryState
+from models.state import QueryState, Signal
 
 
 @STAGES.register("multihop")
@@ -22,6 +22,11 @@ class MultiHopHandoff(Stage):
     reads = frozenset({"candidates"})
     writes = frozenset({"route", "sub_queries", "steps", "answer"})
     needs = frozenset({"llm", "embedder"})
+    signals = ROUTE_SIGNAL
+
+    @classmethod
+    def outcome(cls, state: QueryState) -> dict[str, Signal]:
+        return route_signal(state)
 
     @classmethod
     def active(cls, config: SystemConfig) -> bool:
