@@ -47,6 +47,7 @@ from typing import Any
 
 from models.config import REPO_ROOT
 from models.gate.answer_gate import gate_settings
+from models.llm.backend import Sample
 from models.stages.precheck import DynamicIDKSettings
 from utils.cli import command
 from utils.errors import HarnessError
@@ -195,8 +196,8 @@ class ReachLLM:
         asked = re.findall(r"^Question: (.*)$", text, re.MULTILINE)
         return self.by_query.get(asked[-1].strip()) if asked else None
 
-    def generate(self, conversations: list[list[dict[str, str]]], params: Any) -> list[list[str]]:
-        return [[self.reply(c)] * max(params.n, 1) for c in conversations]
+    def generate(self, conversations: list[list[dict[str, str]]], params: Any) -> list[list[Sample]]:
+        return [[Sample(self.reply(c))] * max(params.n, 1) for c in conversations]
 
     def reply(self, conversation: list[dict[str, str]]) -> str:
         name, question = self.prompt_name(conversation), self.question(conversation)

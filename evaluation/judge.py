@@ -29,7 +29,7 @@ from evaluation.containment import contains_gold
 from evaluation.record import Record
 from evaluation.verdicts import CONTAINS, CORRECT, MISS, PERSON, UNJUDGED, WRONG, Item
 from models.config import ConfigError, HFConfig, OpenAIConfig
-from models.llm.backend import LLM, GenParams, Probed, TopLogprobs, as_sample
+from models.llm.backend import LLM, GenParams, Probed, Sample, TopLogprobs
 from models.prompting import Prompt, PromptLibrary
 from models.registry import Registry
 from utils.answers import INVALID, contains_answer, is_idk, is_invalid, normalize_text
@@ -144,17 +144,17 @@ def p_correct(top: TopLogprobs, positions: int = 5) -> tuple[float, float] | Non
     return None
 
 
-def read_reply(sample: str) -> tuple[bool | None, str, float | None]:
+def read_reply(sample: Sample) -> tuple[bool | None, str, float | None]:
     """(verdict, reason, P(correct)) from one reply: the verdict from its text (parse_judgement), with the
     judge's probability of it where the reply carries log-probabilities; where the text says nothing usable but
     most of the probability at the first word is on verdict words, the verdict those probabilities give."""
-    judged, reason = parse_judgement(sample)
-    probability = p_correct(as_sample(sample).top_logprobs)
+    judged, reason = parse_judgement(sample.text)
+    probability = p_correct(sample.top_logprobs)
     if probability is None:
         return judged, reason, None
     p, mass = probability
     if judged is None and mass >= 0.5:
-        return p >= 0.5, f"log-probabilities: P(correct) = {p:.2f}; reply: {sample.strip()[:200]}", p
+        return p >= 0.5, f"log-probabilities: P(correct) = {p:.2f}; reply: {sample.text.strip()[:200]}", p
     return judged, reason, p
 
 

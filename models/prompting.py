@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,11 +24,12 @@ class PromptError(HarnessError, ValueError):
     """A prompt file that cannot be loaded or rendered; the message names the file."""
 
 
-class Messages(list):
-    """A rendered prompt: its messages (a plain list of {"role", "content"} for every backend) and `prompt`, the
-    name it was rendered from, which the scripted fake LLM of the tests answers by."""
+class Messages(list[dict[str, str]]):
+    """A rendered prompt: its messages (a list of {"role", "content"}, what every backend takes) and `prompt`, the
+    name of the prompt file it was rendered from, which the run's record keeps beside it ("" for messages built
+    otherwise). What a stage sends through StageContext.generate."""
 
-    def __init__(self, messages: list[dict[str, str]], prompt: str) -> None:
+    def __init__(self, messages: Iterable[dict[str, str]], prompt: str = "") -> None:
         super().__init__(messages)
         self.prompt = prompt
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -16,8 +17,8 @@ from evaluation.kg_fixture.app import answer, read_body
 from evaluation.kg_fixture.graph import KnowledgeGraph
 from models.config import REPO_ROOT
 from models.kg.client import ENDPOINTS, KGClient
-from models.llm.backend import Conversation, GenParams
-from models.prompting import PROMPT_DIR
+from models.llm.backend import LENGTH, STOP, Conversation, GenParams, Sample, cut_at_stop
+from models.prompting import PROMPT_DIR, Messages
 from utils.bag_embedder import BagOfWordsEmbedder
 
 SEED_REPLY = "Thinking.\n===START===\n## Answer: paris\n## False Premise: no\n===END==="
@@ -25,38 +26,69 @@ SEED_REPLY = "Thinking.\n===START===\n## Answer: paris\n## False Premise: no\n==
 
 def prompt_name(conversation: Conversation) -> str:
     """The name of the prompt file the conversation was rendered from, as the renderer tagged it (models.prompting
-    Messages); "unrendered" for a conversation built by hand."""
-    return getattr(conversation, "prompt", "unrendered")
+    Messages); "unrendered" for a conversation built by hand (the judge's)."""
+    return (conversation.prompt or "unrendered") if isinstance(conversation, Messages) else "unrendered"
 
 
-def by_prompt(**replies: Callable[[Conversation], str | None] | str | None) -> Callable[[Conversation], str | None]:
+Reply = str | Sample | None
+
+
+def by_prompt(**replies: Callable[[Conversation], Reply] | Reply) -> Callable[[Conversation], Reply]:
     """A reply function that answers each prompt (by name) with its own reply (a string or a function), and the
     others with SEED_REPLY. A name that is no prompt file is refused, so a misspelt key cannot pass unnoticed."""
     unknown = set(replies) - {path.stem for path in PROMPT_DIR.glob("*.yaml")}
     if unknown:
         raise ValueError(f"by_prompt: no prompt named {sorted(unknown)} in {PROMPT_DIR}")
 
-    def reply(conversation: Conversation) -> str | None:
+    def reply(conversation: Conversation) -> Reply:
         chosen = replies.get(prompt_name(conversation), SEED_REPLY)
         return chosen(conversation) if callable(chosen) else chosen
 
     return reply
 
 
-class ScriptedLLM:
-    """Answers each conversation with `reply(conversation)` (once per sample); records every call."""
+_TOKEN = re.compile(r"\s*\S+")
 
-    def __init__(self, reply: Callable[[Conversation], str | None] = lambda c: SEED_REPLY) -> None:
+
+class ScriptedLLM:
+    """A backend whose model's whole reply to a conversation is `reply(conversation)` (asked once per sample), and
+    which generates it as models/llm/hf.py does (HFBackend._generate, _generate_batch); records every call.
+
+    One of its tokens is a run of non-space characters with the spaces before it (a reply given as a Sample with
+    `tokens` is generated as those tokens). Generation stops after `params.max_tokens` tokens; where a string of
+    `params.stop` is in what was generated, the text is cut before it and the finish reason is STOP, else a reply
+    longer than max_tokens ends with LENGTH, else with the reply's own finish reason (STOP for a str); the text
+    is stripped. Past `params.deadline` no conversation is served ([] each), as hf starts no micro-batch then.
+    Log-probabilities only where a scripted Sample carries them, cut with its tokens: like a server that gives
+    none. A reply of None serves that conversation nothing."""
+
+    def __init__(self, reply: Callable[[Conversation], Reply] = lambda c: SEED_REPLY) -> None:
         self.reply = reply
         self.calls: list[tuple[list[Conversation], GenParams]] = []
 
-    def generate(self, conversations: list[Conversation], params: GenParams) -> list[list[str]]:
+    def generate(self, conversations: list[Conversation], params: GenParams) -> list[list[Sample]]:
         self.calls.append((conversations, params))
+        if params.deadline is not None and params.deadline.expired():
+            return [[] for _ in conversations]
         outputs = []
-        for conversation in conversations:  # reply is asked once per sample; None serves the conversation nothing
-            samples = [self.reply(conversation) for _ in range(params.n)]
-            outputs.append([] if samples[0] is None else [s for s in samples if s is not None])
+        for conversation in conversations:
+            replies = [self.reply(conversation) for _ in range(params.n)]
+            outputs.append([] if replies[0] is None else [generated(r, params) for r in replies if r is not None])
         return outputs
+
+
+def generated(reply: str | Sample, params: GenParams) -> Sample:
+    """`reply` as the fake generates it under `params` (ScriptedLLM)."""
+    scripted = reply if isinstance(reply, Sample) else Sample(reply)
+    tokens = list(scripted.tokens) or _TOKEN.findall(scripted.text)
+    kept = tokens[:params.max_tokens]
+    text = "".join(kept) if len(kept) < len(tokens) or scripted.tokens else scripted.text
+    reason = LENGTH if len(kept) < len(tokens) else scripted.finish_reason
+    if any(stop and stop in text for stop in params.stop):
+        text, reason = cut_at_stop(text, params.stop), STOP
+    logprobs = scripted.token_logprobs[:len(kept)] if scripted.tokens else ()
+    return Sample(text.strip(), reason, scripted.top_logprobs[:len(kept)], tuple(kept) if scripted.tokens else (),
+                  tuple(logprobs))
 
 
 HashEmbedder = BagOfWordsEmbedder  # bag of words hashed into 512 dimensions: texts sharing words are close
@@ -120,3 +152,8 @@ class RecordingKG(KGClient):
         reply.raw = urllib3.HTTPResponse(body=io.BytesIO(payload), headers=dict(reply.headers), status=status,
                                          preload_content=False)
         return reply
+
+
+def texts(outputs: list[list[Sample]]) -> list[list[str]]:
+    """The texts of a backend's samples, conversation by conversation."""
+    return [[sample.text for sample in samples] for samples in outputs]

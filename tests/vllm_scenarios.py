@@ -44,8 +44,8 @@ def samples(llm, clock: StepClock) -> list:
     out = []
     for n in (1, 3, 5):
         result = llm.generate([STORY, POEM], GenParams(n=n, temperature=0.8, seed=3, max_tokens=4, logprobs=True))
-        out.append([[(s.finish_reason, len(s.token_logprobs), len(s.tokens), bool(s.strip())) for s in conversation]
-                    for conversation in result])
+        out.append([[(s.finish_reason, len(s.token_logprobs), len(s.tokens), bool(s.text.strip()))
+                     for s in conversation] for conversation in result])
     return out
 
 
@@ -59,9 +59,9 @@ def stop_string(llm, clock: StepClock) -> list:
     """A stop string ends the sample (STOP) and is cut off with what follows: the text is the unconstrained
     greedy text up to the stop string's first occurrence. The stop string is the third word of that text."""
     free = llm.generate([STORY], GenParams(max_tokens=16))[0][0]
-    word = free.split()[2]
+    word = free.text.split()[2]
     cut = llm.generate([STORY], GenParams(max_tokens=16, stop=[word]))[0][0]
-    return [free.finish_reason, cut.finish_reason, cut == free[:free.find(word)].strip()]
+    return [free.finish_reason, cut.finish_reason, cut.text == free.text[:free.text.find(word)].strip()]
 
 
 def deadline(llm, clock: StepClock) -> list:
@@ -69,7 +69,7 @@ def deadline(llm, clock: StepClock) -> list:
     clock.steps = 0
     params = GenParams(n=2, temperature=0.8, seed=1, max_tokens=64, logprobs=True, deadline=Deadline(3.5, clock))
     result = llm.generate([STORY, POEM], params)
-    return [[(s.finish_reason, bool(s.strip()), len(s.token_logprobs) > 0) for s in conversation]
+    return [[(s.finish_reason, bool(s.text.strip()), len(s.token_logprobs) > 0) for s in conversation]
             for conversation in result]
 
 
@@ -77,14 +77,14 @@ def refused(llm, clock: StepClock, too_long: int) -> list:
     """A prompt over max_model_len (`too_long` words) gets [] while the others are answered."""
     long = [{"role": "user", "content": "word " * too_long}]
     result = llm.generate([SHORT, long, POEM], GenParams(max_tokens=3))
-    return [[(s.finish_reason, bool(s.strip())) for s in conversation] for conversation in result]
+    return [[(s.finish_reason, bool(s.text.strip())) for s in conversation] for conversation in result]
 
 
 def seed(llm, clock: StepClock) -> list:
     """A fixed seed gives the same samples twice; another seed gives other samples (on a real model)."""
     params = GenParams(n=3, temperature=1.0, seed=7, max_tokens=8)
     first, second = (llm.generate([STORY], params)[0] for _ in range(2))
-    return [len(first), [str(s) for s in first] == [str(s) for s in second]]
+    return [len(first), [s.text for s in first] == [s.text for s in second]]
 
 
 SCENARIOS: dict[str, Callable] = {"samples": samples, "stop_by_itself": stop_by_itself, "stop_string": stop_string,

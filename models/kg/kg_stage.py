@@ -121,7 +121,7 @@ class KGStage(Stage):
         outputs = ctx.generate(conversations, owners=states, max_tokens=settings.max_tokens, deadline=work)
         jobs = []
         for state, samples in zip(states, outputs):
-            output = samples[0] if samples else ""
+            output = samples[0].text if samples else ""
             today = query_date(state.query_time)
             kg = Lookup(client, work, today, settings, state.query, rows_.named_dates(state.query, today))
             if settings.method == "functions":

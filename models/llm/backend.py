@@ -21,43 +21,33 @@ STOP, LENGTH, DEADLINE = "stop", "length", "deadline"
 TopLogprobs = tuple[dict[str, float], ...]  # per generated token: the most likely tokens (text) and their log-probs
 
 
-class Sample(str):
-    """A generated text that knows why generation ended: STOP (end of sequence or a stop string), LENGTH
-    (max_tokens reached) or DEADLINE (cut by the batch deadline). A plain str counts as STOP.
+@dataclass(frozen=True)
+class Sample:
+    """One generated text and why generation ended: STOP (end of sequence or a stop string), LENGTH (max_tokens
+    reached) or DEADLINE (cut by the batch deadline).
 
     Where they were asked for (`GenParams.logprobs`, `GenParams.top_logprobs`) and the backend gives them:
     `tokens` and `token_logprobs` are the generated tokens (text, in order, before the text was cut at a stop
     string and stripped) and each one's log-probability; `top_logprobs` holds, for each generated token, the
     `GenParams.top_logprobs` most likely tokens with their log-probabilities. Else they are empty."""
 
-    finish_reason: str
-    top_logprobs: TopLogprobs
-    tokens: tuple[str, ...]
-    token_logprobs: tuple[float, ...]
+    text: str
+    finish_reason: str = STOP
+    top_logprobs: TopLogprobs = ()
+    tokens: tuple[str, ...] = ()
+    token_logprobs: tuple[float, ...] = ()
 
-    def __new__(cls, text: str, finish_reason: str = STOP, top_logprobs: TopLogprobs = (),
-                tokens: tuple[str, ...] = (), token_logprobs: tuple[float, ...] = ()) -> Sample:
-        if len(tokens) != len(token_logprobs):
-            raise ValueError(f"{len(tokens)} tokens, {len(token_logprobs)} log-probabilities")
-        sample = super().__new__(cls, text)
-        sample.finish_reason = finish_reason
-        sample.top_logprobs = top_logprobs
-        sample.tokens = tuple(tokens)
-        sample.token_logprobs = tuple(token_logprobs)
-        return sample
+    def __post_init__(self) -> None:
+        if not isinstance(self.text, str):
+            raise TypeError(f"a sample's text is a str, not {type(self.text).__name__}")
+        if len(self.tokens) != len(self.token_logprobs):
+            raise ValueError(f"{len(self.tokens)} tokens, {len(self.token_logprobs)} log-probabilities")
 
 
-def as_sample(text: str) -> Sample:
-    """`text` as a Sample: a plain str (a test's fake, a reply read back from a cache) is a finished generation
-    (STOP) without tokens."""
-    return text if isinstance(text, Sample) else Sample(text)
-
-
-def span_logprobs(sample: str, span: str) -> list[float]:
+def span_logprobs(sample: Sample, span: str) -> list[float]:
     """The log-probabilities of the generated tokens that spell `span` (its last occurrence in the generated
     text, as the stages read the last answer line): every token overlapping it. Empty where the sample carries
     no tokens or the span is not in their text."""
-    sample = as_sample(sample)
     tokens, logprobs = sample.tokens, sample.token_logprobs
     text = "".join(tokens)
     start = text.rfind(span) if span else -1
@@ -71,13 +61,13 @@ def span_logprobs(sample: str, span: str) -> list[float]:
     return chosen
 
 
-def cut_short(text: str, answer: str | None = None) -> str | None:
+def cut_short(sample: Sample, answer: str | None = None) -> str | None:
     """Why a generation ended before the model finished it (LENGTH or DEADLINE), or None when it finished, or
-    when `answer` (read from `text`) sits on a line that ended before the cut.
+    when `answer` (read from its text) sits on a line that ended before the cut.
 
     An answer read from a text cut short may be half a sentence, so the stages answer "i don't know" instead;
     a whole answer line followed by more of the model's text is not half a sentence."""
-    reason = as_sample(text).finish_reason
+    reason, text = sample.finish_reason, sample.text
     if reason == STOP:
         return None
     at = text.rfind(answer) if answer else -1
@@ -98,9 +88,8 @@ class GenParams:
 
 @runtime_checkable
 class LLM(Protocol):
-    def generate(self, conversations: list[Conversation], params: GenParams) -> list[list[str]]:
-        """n samples per conversation, in order; a conversation that could not be served gets []. Samples are
-        `Sample`s where the backend knows why generation ended."""
+    def generate(self, conversations: list[Conversation], params: GenParams) -> list[list[Sample]]:
+        """n samples per conversation, in order; a conversation that could not be served gets []."""
 
 
 @runtime_checkable
@@ -119,7 +108,7 @@ class TakesEmbeddings(Protocol):
     hidden_size: int
 
     def generate_with_embeddings(self, conversations: list[Conversation], embeddings: list[np.ndarray],
-                                 params: GenParams) -> list[list[str]]:
+                                 params: GenParams) -> list[list[Sample]]:
         """As `generate`, each conversation's retrieval placeholders replaced by its rows of `embeddings`."""
 
     def retrieval_placeholder(self) -> str:

@@ -245,17 +245,17 @@ class HFBackend:
             self._retrieval_id = self.tokenizer.convert_tokens_to_ids(RETRIEVAL_TOKEN)
         return RETRIEVAL_TOKEN
 
-    def generate(self, conversations: list[Conversation], params: GenParams) -> list[list[str]]:
+    def generate(self, conversations: list[Conversation], params: GenParams) -> list[list[Sample]]:
         return self._generate(conversations, None, params)
 
     def generate_with_embeddings(self, conversations: list[Conversation], embeddings: list[np.ndarray],
-                                 params: GenParams) -> list[list[str]]:
+                                 params: GenParams) -> list[list[Sample]]:
         """Like generate, with the k-th retrieval placeholder of conversation i replaced by embeddings[i][k]
         (rows of the model's hidden size) at the input-embedding layer."""
         return self._generate(conversations, embeddings, params)
 
     def _generate(self, conversations: list[Conversation], embeddings: list[np.ndarray] | None,
-                  params: GenParams) -> list[list[str]]:
+                  params: GenParams) -> list[list[Sample]]:
         """Micro-batch by micro-batch, each admitted only if the deadline affords reading its prompts.
 
         `_DeadlineClock` stops the decoding and gives up a read the deadline cannot finish, but a prompt read past
@@ -265,7 +265,7 @@ class HFBackend:
         not read even MIN_PROMPT_TOKENS each is not started (decided before encoding, which takes time too): those
         conversations get no sample. Prompts of at most MIN_PROMPT_TOKENS always go while the deadline has not
         passed."""
-        outputs: list[list[str]] = []
+        outputs: list[list[Sample]] = []
         step = max(1, self.config.micro_batch_size)
         n_run = params.n if params.temperature > 0 else 1
 
@@ -359,7 +359,7 @@ class HFBackend:
         return [slice(0, head), slice(length - (limit - head), length)]
 
     @torch.inference_mode()
-    def _generate_batch(self, inputs: dict[str, torch.Tensor], size: int, params: GenParams) -> list[list[str]]:
+    def _generate_batch(self, inputs: dict[str, torch.Tensor], size: int, params: GenParams) -> list[list[Sample]]:
         sample = params.temperature > 0
         n_run = params.n if sample else 1  # greedy decoding gives n identical samples: decode once
         if params.seed is not None:

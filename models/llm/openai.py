@@ -73,7 +73,7 @@ class OpenAIBackend:
             raise BackendUnavailable(f"{where}: no server answers ({type(err).__name__}): start it or fix the "
                                      "URL (local_evaluation.py --serve-llm serves the embedded model)") from None
 
-    def generate(self, conversations: list[Conversation], params: GenParams) -> list[list[str]]:
+    def generate(self, conversations: list[Conversation], params: GenParams) -> list[list[Sample]]:
         per_request = params.n if self.config.native_n else 1
         jobs = [(i, per_request) for i in range(len(conversations)) for _ in range(params.n // per_request)]
         def send(job: tuple[int, int]) -> tuple[list[str], str | None]:
@@ -84,7 +84,7 @@ class OpenAIBackend:
 
         with ThreadPoolExecutor(max_workers=max(1, self.config.concurrency)) as pool:
             replies = list(pool.map(send, jobs))
-        outputs: list[list[str]] = [[] for _ in conversations]
+        outputs: list[list[Sample]] = [[] for _ in conversations]
         for (index, _), (texts, _) in zip(jobs, replies):
             outputs[index].extend(texts)
         problems = Counter(problem for _, problem in replies if problem)
@@ -93,7 +93,7 @@ class OpenAIBackend:
                          len(jobs), "; ".join(f"{cause} (x{count})" for cause, count in problems.most_common()))
         return outputs
 
-    def _request(self, messages: Conversation, params: GenParams, n: int) -> list[str]:
+    def _request(self, messages: Conversation, params: GenParams, n: int) -> list[Sample]:
         """The samples of one request, retried on transient errors while the deadline allows; NoReply saying
         why when there are none."""
         retries = backoff(self.config.max_retries + 1, self.config.backoff_s, _TRANSIENT,
@@ -112,7 +112,7 @@ class OpenAIBackend:
         logger.debug("request to {} failed ({}: {}), attempt {}/{}", self.config.base_url, type(err).__name__, err,
                      state.attempt_number, self.config.max_retries + 1)
 
-    def _attempt(self, messages: Conversation, params: GenParams, n: int) -> list[str]:
+    def _attempt(self, messages: Conversation, params: GenParams, n: int) -> list[Sample]:
         """One request: its samples, a transient error to retry, or NoReply."""
         timeout = self._timeout(params.deadline)
         if timeout <= 0:

@@ -168,7 +168,7 @@ class VLLMBackend:
                                          logprobs=params.top_logprobs if params.logprobs or params.top_logprobs
                                          else None)
 
-    def generate(self, conversations: list[Conversation], params: GenParams) -> list[list[str]]:
+    def generate(self, conversations: list[Conversation], params: GenParams) -> list[list[Sample]]:
         """Prompts are the tokenizer's chat template, as token ids (a string would get a second BOS)."""
         if self._unservable(params, len(conversations)):
             return [[] for _ in conversations]
@@ -178,7 +178,7 @@ class VLLMBackend:
                           for c in conversations], params)
 
     def _generate_with_embeddings(self, conversations: list[Conversation], embeddings: list[np.ndarray],
-                                  params: GenParams) -> list[list[str]]:
+                                  params: GenParams) -> list[list[Sample]]:
         """Like generate, with the k-th retrieval placeholder of conversation i replaced by embeddings[i][k] (rows
         of the model's hidden size): the whole prompt goes as input embeddings (vLLM's prompt_embeds). A
         conversation without placeholders goes as token ids."""
@@ -204,7 +204,7 @@ class VLLMBackend:
             return True
         return False
 
-    def _run(self, prompts: list[dict], params: GenParams) -> list[list[str]]:
+    def _run(self, prompts: list[dict], params: GenParams) -> list[list[Sample]]:
         """The engine driven request by request: every prompt is added, the engine stepped while any is
         unfinished, and at the deadline the unfinished ones are aborted and keep the text they had (cut short:
         DEADLINE), so a slow batch returns what finished instead of outrunning its limit in one blocking call. A

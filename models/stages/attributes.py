@@ -199,7 +199,7 @@ class AttributesStage(Stage):
         outputs = ctx.generate(conversations, owners=states, max_tokens=settings.max_tokens,
                                temperature=settings.temperature, n=settings.n, seed=settings.seed)
         for state, samples in zip(states, outputs):
-            votes = [parse_icl(sample) for sample in samples]
+            votes = [parse_icl(sample.text) for sample in samples]
             state.domain = vote([d for d, _ in votes if d], DOMAINS, prefer_last=False)
             state.dynamism = vote([y for _, y in votes if y], DYNAMISM, prefer_last=True)
             # the share of the samples behind each label: the method's probability (the SVMs give none)

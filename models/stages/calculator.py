@@ -110,4 +110,4 @@ class CalculatorStage(Stage):
         outputs = ctx.generate(conversations, owners=states, max_tokens=settings.max_tokens,
                                temperature=settings.temperature, n=settings.n)
         for state, samples in zip(states, outputs):
-            state.calculations = calculations(samples, settings.max_results)
+            state.calculations = calculations([sample.text for sample in samples], settings.max_results)

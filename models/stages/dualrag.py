@@ -128,7 +128,7 @@ class DualRAGStage(Stage):
                        ctx.section("dualrag").max_tokens, states)
         needing = []
         for state, output in zip(states, outputs):
-            thought, need = read_reasoning(output)
+            thought, need = read_reasoning(output.text)
             if thought:
                 progress[id(state)].thoughts.append(thought)
             if need:
@@ -145,7 +145,7 @@ class DualRAGStage(Stage):
                        settings.max_tokens, states)
         requests: list[tuple[QueryState, str, Request]] = []
         for state, output in zip(states, outputs):
-            for entity, keywords in read_entities(output, list(progress[id(state)].outline), settings.max_entities,
+            for entity, keywords in read_entities(output.text, list(progress[id(state)].outline), settings.max_entities,
                                                   settings.max_keywords):
                 for keyword in keywords:
                     text = f"{entity} {keyword}".strip()
@@ -167,7 +167,7 @@ class DualRAGStage(Stage):
                        settings.summary_max_tokens, [s for s, _, _ in groups])
         updated: dict[int, QueryState] = {}
         for (state, entity, _), output in zip(groups, outputs):
-            note = " ".join(output.split())
+            note = " ".join(output.text.split())
             if note and NOTHING_NEW not in note.lower():
                 outline = progress[id(state)].outline
                 outline[entity] = f"{outline[entity]} {note}" if entity in outline else note

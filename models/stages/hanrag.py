@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from loguru import logger
 
+from models.llm.backend import Sample
 from models.retrieval.local import LocalRetriever, Request
 from models.stages.reasoning import parse_structured, reasoning_conversation
 from models.stages.stage import STAGES, Stage, StageContext
@@ -46,7 +47,7 @@ def route(states: list[QueryState], ctx: StageContext) -> None:
     outputs = step(ctx, [prompt.render(query=s.query, query_time=s.query_time) for s in states],
                    ctx.section("hanrag").max_tokens, states)
     for state, output in zip(states, outputs):
-        state.route = read_route(output)
+        state.route = read_route(output.text)
 
 
 # What the multi-hop methods add to a query, declared once here (by HANRAGStage) and written by hanrag, dualrag and
@@ -134,7 +135,7 @@ class HANRAGStage(Stage):
                                            max_sub_queries=settings.max_sub_queries) for s in states],
                        settings.max_tokens, states)
         for state, output in zip(states, outputs):
-            subs = [q.strip() for q in parse_llm_json(output, list) or [] if isinstance(q, str) and q.strip()]
+            subs = [q.strip() for q in parse_llm_json(output.text, list) or [] if isinstance(q, str) and q.strip()]
             state.sub_queries = subs[:settings.max_sub_queries] or [state.query]
         items = [(s, q) for s in states for q in s.sub_queries]
         facts: dict[int, list[dict[str, str]]] = {id(s): [] for s in states}
@@ -154,7 +155,7 @@ class HANRAGStage(Stage):
                                  for s in active], settings.max_tokens, active)
             asked = []
             for state, output in zip(active, outputs):
-                question = next_question(output)
+                question = next_question(output.text)
                 if question and question not in state.sub_queries:
                     state.sub_queries.append(question)
                     asked.append((state, question))
@@ -170,7 +171,7 @@ class HANRAGStage(Stage):
                            settings.max_tokens, active)
             # malformed JSON reads as "answerable": no more retrieval for that query
             active = [s for s, out in zip(active, outputs)
-                      if (parse_llm_json(out, dict) or {}).get("answerable") is False]
+                      if (parse_llm_json(out.text, dict) or {}).get("answerable") is False]
         self._aggregate(states, facts, ctx, "hanrag complex")
 
     def _aggregate(self, states: list[QueryState], facts: dict[int, list[dict[str, str]]], ctx: StageContext,
@@ -194,7 +195,7 @@ class HANRAGStage(Stage):
 
     @staticmethod
     def anrag(items: list[tuple[QueryState, str]], ctx: StageContext, retriever: LocalRetriever
-              ) -> list[tuple[str | None, str | None]]:
+              ) -> list[tuple[str | None, Sample | None]]:
         """ANRAG for (query, question) pairs: (the short answer or None, the raw answer output or None), in order.
         A question with no relevant reference gets (None, None) without an answer call."""
         settings = ctx.section("hanrag")
@@ -207,10 +208,10 @@ class HANRAGStage(Stage):
                         8, [s for s, _ in items], owners=[items[i][0] for i, _ in pairs])
         relevant: dict[int, list[Reference]] = {}
         for (i, ref), verdict in zip(pairs, verdicts):
-            if re.match(r"\W*yes\b", verdict.lower()):
+            if re.match(r"\W*yes\b", verdict.text.lower()):
                 relevant.setdefault(i, []).append(ref)
         answerable = [i for i in range(len(items)) if relevant.get(i)]
-        results: list[tuple[str | None, str | None]] = [(None, None)] * len(items)
+        results: list[tuple[str | None, Sample | None]] = [(None, None)] * len(items)
         if not answerable or not ctx.can_step(STEP_COSTED_AS):
             return results
         prompt = ctx.prompt("reasoning")
@@ -218,7 +219,7 @@ class HANRAGStage(Stage):
                                                 ctx.section("reasoning").max_reference_chars) for i in answerable]
         outputs = step(ctx, conversations, settings.answer_max_tokens, [items[i][0] for i in answerable])
         for i, output in zip(answerable, outputs):
-            parsed = parse_structured(output)
+            parsed = parse_structured(output.text)
             results[i] = (None if parsed is None else INVALID if parsed.false_premise else parsed.answer, output)
         logger.debug("ANRAG: {} questions, {} with relevant references", len(items), len(answerable))
         return results

@@ -132,7 +132,7 @@ def rewrite_as_propositions(states: list[QueryState], per_query: list[list[Refer
     except Exception as err:  # the retriever still works on sentences: never fail the batch for this
         logger.opt(exception=err).warning("proposition extraction failed, chunks are split into sentences: {}", err)
         return [{} for _ in per_query]
-    return [{i: read_propositions(samples[0]) if samples else [] for i, samples in zip(chosen, outputs)}
+    return [{i: read_propositions(samples[0].text) if samples else [] for i, samples in zip(chosen, outputs)}
             for chosen in picked]
 
 

@@ -58,10 +58,11 @@ def parse_structured(output: str) -> Parsed | None:
     return _read_block(output)
 
 
-def parse_whole(output: str) -> Parsed | None:
-    """parse_structured, and None for an answer the generation cut short (its line never ended)."""
-    parsed = parse_structured(output)
-    return None if parsed is not None and cut_short(output, parsed.answer) else parsed
+def parse_whole(sample: Sample) -> Parsed | None:
+    """parse_structured of the sample's text, and None for an answer the generation cut short (its line never
+    ended)."""
+    parsed = parse_structured(sample.text)
+    return None if parsed is not None and cut_short(sample, parsed.answer) else parsed
 
 
 def fit_references(references: list[Reference], max_chars: int) -> list[Reference]:
@@ -112,7 +113,7 @@ def place_embeddings(conversation: Conversation, vectors: np.ndarray, placeholde
         return placeholder
 
     placed = Messages([dict(message, content=_MARKER_RE.sub(swap, message["content"].replace(placeholder, "")))
-                       for message in conversation], getattr(conversation, "prompt", ""))
+                       for message in conversation], conversation.prompt)
     return placed, vectors[order].reshape(len(order), vectors.shape[-1])
 
 
@@ -182,10 +183,10 @@ class ReasoningStage(Stage):
                                temperature=settings.temperature, stop=[END], embeddings=embeddings, logprobs=True)
         unparsed: list[QueryState] = []
         for state, samples in zip(states, outputs):
-            if not samples or not samples[0].strip():
+            if not samples or not samples[0].text.strip():
                 state.finish(IDK, "reasoning: the LLM returned nothing")
                 continue
-            state.llm_output = samples[0]
+            state.llm_output = samples[0].text
             parsed = parse_whole(samples[0])
             if parsed is None:  # no answer, or half of one: the summariser answers
                 unparsed.append(state)
@@ -244,7 +245,7 @@ class ReasoningStage(Stage):
                                deadline=deadline, logprobs=True)
         answered: list[tuple[QueryState, Conversation]] = []
         for state, conversation, samples in zip(states, conversations, outputs):
-            answer = first_line(samples[0]) if samples else ""
+            answer = first_line(samples[0].text) if samples else ""
             if answer and (reason := cut_short(samples[0], answer)):
                 state.finish(IDK, f"the summariser's generation was cut short ({reason})")
             elif answer:
@@ -259,4 +260,4 @@ class ReasoningStage(Stage):
                                    max_tokens=settings.summariser_max_tokens, temperature=settings.sample_temperature,
                                    n=settings.samples, deadline=deadline)
             for state, samples in zip(states_, sampled):
-                agreement(state, [line for sample in samples if (line := first_line(sample))], len(samples))
+                agreement(state, [line for sample in samples if (line := first_line(sample.text))], len(samples))

@@ -47,8 +47,8 @@ from loguru import logger
 
 from models.config import STAGE_SECTIONS, BudgetConfig, SystemConfig, add_section
 from models.estimates import StagePlan
-from models.llm.backend import GenParams, Sample, as_sample
-from models.prompting import Prompt, PromptLibrary
+from models.llm.backend import GenParams, Sample
+from models.prompting import Messages, Prompt, PromptLibrary
 from models.registry import Registry, RegistryError
 from models.resources import RESOURCES, Resource, add_resource
 from models.state import (
@@ -266,7 +266,7 @@ class StageContext:
         `budget.stage_min_s` of the stage named `costed_as` (1 s where the table leaves it out)."""
         return self.deadline.can_afford(self.budget.stage_min_s.get(costed_as, 1.0) + self.budget.answer_reserve_s)
 
-    def generate(self, conversations: list, *, owners: Sequence[QueryState], max_tokens: int,
+    def generate(self, conversations: Sequence[Messages], *, owners: Sequence[QueryState], max_tokens: int,
                  temperature: float = 0.0, n: int = 1, stop: list[str] | None = None, seed: int | None = None,
                  deadline: Deadline | None = None, embeddings: list[np.ndarray] | None = None,
                  states: Iterable[QueryState] = (), logprobs: bool = False) -> list[list[Sample]]:
@@ -290,9 +290,9 @@ class StageContext:
                               len(conversations), self.stage.name)
         if self._record_prompts:
             for owner, conversation, samples in zip(owners, conversations, outputs):
-                owner.prompts.append({"stage": self.stage.name, "prompt": getattr(conversation, "prompt", ""),
+                owner.prompts.append({"stage": self.stage.name, "prompt": conversation.prompt,
                                       "messages": [dict(message) for message in conversation],
-                                      "replies": [str(sample) for sample in samples]})
+                                      "replies": [sample.text for sample in samples]})
         return outputs
 
 
@@ -305,15 +305,14 @@ def run_alone(stage: Stage, states: list[QueryState], config: SystemConfig, reso
 
 
 def well_formed(outputs: Any, count: int, stage: str) -> list[list[Sample]]:
-    """A backend's outputs as `count` lists of strings, whatever it returned (a wrong length, a non-list, a
-    sample that is not text): what is missing or unusable is no sample, which the stages read as no answer for
-    that query alone. Logged when anything had to be dropped."""
+    """A backend's outputs as `count` lists of Samples, whatever it returned (a wrong length, a non-list, a sample
+    that is not a Sample): what is missing or unusable is no sample, which the stages read as no answer for that
+    query alone. Logged when anything had to be dropped."""
     rows = outputs if isinstance(outputs, list) else []
-    fixed = [[as_sample(s) for s in row if isinstance(s, str)] if isinstance(row, list) else []
-             for row in rows[:count]]
+    fixed = [[s for s in row if isinstance(s, Sample)] if isinstance(row, list) else [] for row in rows[:count]]
     fixed += [[] for _ in range(count - len(fixed))]
     if len(rows) != count or any(not isinstance(row, list) or len(row) != len(kept) for row, kept in zip(rows, fixed)):
-        logger.error("stage {}: the LLM backend returned {} for {} conversations; what was not a list of texts "
+        logger.error("stage {}: the LLM backend returned {} for {} conversations; what was not a list of Samples "
                      "counts as no reply", stage, f"{len(rows)} outputs" if isinstance(outputs, list)
                      else type(outputs).__name__, count)
     return fixed

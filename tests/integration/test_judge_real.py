@@ -13,7 +13,7 @@ import pytest
 from evaluation.judge import LLMJudge, build_judge, judge_records, parse_judgement
 from evaluation.verdicts import CORRECT, MISS, UNJUDGED, WRONG, Item
 from models.config import OpenAIConfig
-from models.llm.backend import BackendUnavailable, Conversation, GenParams
+from models.llm.backend import BackendUnavailable, Conversation, GenParams, Sample
 from models.llm.openai import OpenAIBackend
 from models.prompting import PromptLibrary, load_prompt
 from tests.servers import free_port  # a port nothing listens on once it returns
@@ -40,13 +40,13 @@ BY_RULES = [({"query": "who directed the movie inception?", "answer": "christoph
               "alt_answers": [], "prediction": "1889"}, WRONG)]  # a false premise the prediction does not see
 
 
-def record_replies(judge: LLMJudge) -> list[tuple[Conversation, str]]:
+def record_replies(judge: LLMJudge) -> list[tuple[Conversation, Sample]]:
     """Every (conversation, reply) the judge's backend gives, in order; a conversation without a sample is left
     out."""
-    asked: list[tuple[Conversation, str]] = []
+    asked: list[tuple[Conversation, Sample]] = []
     generate = judge.llm.generate
 
-    def recording(conversations: list[Conversation], params: GenParams) -> list[list[str]]:
+    def recording(conversations: list[Conversation], params: GenParams) -> list[list[Sample]]:
         outputs = generate(conversations, params)
         asked.extend((conversation, samples[0]) for conversation, samples in zip(conversations, outputs) if samples)
         return outputs
@@ -55,18 +55,18 @@ def record_replies(judge: LLMJudge) -> list[tuple[Conversation, str]]:
     return asked
 
 
-def replies_about(judge: LLMJudge, item: Item, asked: list[tuple[Conversation, str]]) -> list[str]:
+def replies_about(judge: LLMJudge, item: Item, asked: list[tuple[Conversation, Sample]]) -> list[Sample]:
     conversation = judge.prompt.render(query=item.query, answers=[item.answer, *item.alt_answers],
                                        prediction=grader_cut(item.prediction))
     return [reply for asked_about, reply in asked if list(asked_about) == list(conversation)]
 
 
-def expected_verdict(judge: LLMJudge, item: Item, asked: list[tuple[Conversation, str]]) -> str:
+def expected_verdict(judge: LLMJudge, item: Item, asked: list[tuple[Conversation, Sample]]) -> str:
     """What the judge must say of `item` given its replies: the reply that says correct or incorrect (asked again
     only until one does), else correct where the gold answer is in the prediction, else unjudged."""
     replies = replies_about(judge, item, asked)
     assert 1 <= len(replies) <= 1 + judge.retries
-    readable = [parse_judgement(reply)[0] for reply in replies]
+    readable = [parse_judgement(reply.text)[0] for reply in replies]
     assert all(judged is None for judged in readable[:-1])
     if readable[-1] is not None:
         return CORRECT if readable[-1] else WRONG

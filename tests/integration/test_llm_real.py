@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from models.config import OpenAIConfig
-from models.llm.backend import DEADLINE, LENGTH, GenParams, cut_short
+from models.llm.backend import DEADLINE, LENGTH, STOP, GenParams, cut_short
 from models.llm.hf import MIN_PROMPT_TOKENS, PREFILL_CHUNK_MAX, PREFILL_SHARE, HFBackend, _new_tokens
 from models.llm.openai import OpenAIBackend
 from utils.time_budget import Deadline
@@ -85,8 +85,8 @@ def prompt_length(llm: HFBackend, conversation: list[dict[str, str]]) -> int:
 
 def test_hf_generates_a_batch_greedily(hf_llm):
     out = hf_llm.generate([QUESTION, OTHER], GenParams(max_tokens=16))
-    assert len(out) == 2 and all(len(samples) == 1 and samples[0] for samples in out)
-    assert "paris" in out[0][0].lower()
+    assert len(out) == 2 and all(len(samples) == 1 and samples[0].text for samples in out)
+    assert "paris" in out[0][0].text.lower()
     assert hf_llm.generate([OTHER, QUESTION], GenParams(max_tokens=16)) == out[::-1]  # left padding is harmless
 
 
@@ -94,7 +94,7 @@ def test_hf_samples_n_and_stops(hf_llm):
     out = hf_llm.generate([QUESTION], GenParams(max_tokens=24, temperature=1.0, n=3, seed=0))
     assert len(out[0]) == 3
     stopped = hf_llm.generate([QUESTION], GenParams(max_tokens=24, stop=["Paris"]))[0][0]
-    assert "Paris" not in stopped
+    assert "Paris" not in stopped.text
 
 
 def test_hf_says_why_generation_ended(hf_llm):
@@ -165,13 +165,13 @@ def test_hf_respects_the_deadline(hf_llm, encoded):
 def test_hf_gives_the_log_probabilities_of_each_token(hf_llm):
     ((plain,), (other,)) = hf_llm.generate([QUESTION, OTHER], GenParams(max_tokens=8))
     ((scored,), (other_scored,)) = hf_llm.generate([QUESTION, OTHER], GenParams(max_tokens=8, top_logprobs=3))
-    assert (scored, other_scored) == (plain, other) and plain.top_logprobs == ()  # asking changes no text
+    assert (scored.text, other_scored.text) == (plain.text, other.text) and plain.top_logprobs == ()  # same text
     for sample in (scored, other_scored):
         assert 0 < len(sample.top_logprobs) <= 8 and all(len(step) == 3 for step in sample.top_logprobs)
         for step in sample.top_logprobs:
             assert all(lp <= 0 for lp in step.values()) and sum(math.exp(lp) for lp in step.values()) <= 1 + 1e-4
         first = max(sample.top_logprobs[0], key=sample.top_logprobs[0].get)
-        assert sample.startswith(first.strip())  # greedy: the text begins with the most likely first token
+        assert sample.text.startswith(first.strip())  # greedy: the text begins with the most likely first token
 
 
 def test_hf_gives_the_chosen_tokens_log_probabilities_greedy_and_sampled(hf_llm):
@@ -186,7 +186,7 @@ def test_hf_gives_the_chosen_tokens_log_probabilities_greedy_and_sampled(hf_llm)
         (samples,) = hf_llm.generate([QUESTION], params)
         for sample in samples:
             assert sample.tokens and len(sample.tokens) == len(sample.token_logprobs) <= 8
-            assert "".join(sample.tokens).strip().startswith(sample.strip()[:10])
+            assert "".join(sample.tokens).strip().startswith(sample.text.strip()[:10])
             each = [hf_llm.tokenizer(token, add_special_tokens=False)["input_ids"] for token in sample.tokens]
             if all(len(token_ids) == 1 for token_ids in each):  # each decoded token encodes back to one id
                 ids = torch.tensor([[token_ids[0] for token_ids in each]])
@@ -217,8 +217,8 @@ def test_openai_backend_talks_to_transformers_serve(served_model):
     base_url, model, log = served_model
     backend = OpenAIBackend(OpenAIConfig(base_url=base_url, model=model, concurrency=2))
     out = backend.generate([QUESTION, OTHER], GenParams(max_tokens=16, stop=["."], deadline=Deadline(NEVER_S)))
-    assert all(len(samples) == 1 and samples[0] and "." not in samples[0] for samples in out)
-    assert "paris" in out[0][0].lower()
+    assert all(len(samples) == 1 and samples[0].text and "." not in samples[0].text for samples in out)
+    assert "paris" in out[0][0].text.lower()
     assert log.read_text().count("POST /v1/chat/completions") >= 2
     ((cut,),) = backend.generate([OTHER], GenParams(max_tokens=1, deadline=Deadline(NEVER_S)))
     assert cut_short(cut) == LENGTH  # the server's finish_reason "length"
@@ -232,3 +232,30 @@ def test_the_converted_folder_names_a_tokenizer_class_transformers_4_knows(hf_ll
     config = json.loads((hf_llm.folder / "tokenizer_config.json").read_text())
     assert config["tokenizer_class"] == "PreTrainedTokenizerFast"
     assert AutoTokenizer.from_pretrained(hf_llm.folder)("Paris")["input_ids"] == hf_llm.tokenizer("Paris")["input_ids"]
+
+
+COLOURS = [{"role": "user", "content": "Name the three primary colours in one sentence."}]
+
+
+def test_the_scripted_fake_generates_as_the_hf_backend_does(hf_llm):
+    """tests/fakes.py ScriptedLLM, scripted with the model's own whole reply, held to the hf backend on the same
+    parameters: a max_tokens under the reply ends both with LENGTH on a prefix of it; a stop string in the reply
+    cuts both at the same place with STOP; a whole reply ends both with the reply's own end; a deadline already
+    passed serves neither. (The fake's tokens are words, the model's are BPE pieces: the prefixes differ in length,
+    not in kind.)"""
+    from tests.fakes import ScriptedLLM
+
+    (whole,) = hf_llm.generate([COLOURS], GenParams(max_tokens=160))[0]
+    assert whole.finish_reason == STOP and len(whole.text.split()) > 5, whole
+    fake = ScriptedLLM(lambda conversation: whole.text)
+    word = whole.text.split()[3]
+    for params in (GenParams(max_tokens=3), GenParams(max_tokens=160, stop=[word]), GenParams(max_tokens=160),
+                   GenParams(max_tokens=3, n=2), GenParams(deadline=Deadline(0))):
+        real, scripted = hf_llm.generate([COLOURS], params), fake.generate([COLOURS], params)
+        assert [len(samples) for samples in real] == [len(samples) for samples in scripted], params
+        for mine, theirs in zip(scripted[0], real[0]):
+            assert mine.finish_reason == theirs.finish_reason, params
+            assert whole.text.startswith(mine.text) and whole.text.startswith(theirs.text), params
+            if params.stop or params.max_tokens == 160:
+                assert mine.text == theirs.text, params
+    assert real == [[]]  # the deadline case, last

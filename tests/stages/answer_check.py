@@ -82,7 +82,7 @@ class AnswerCheck(Stage):
         replies = ctx.generate(conversations, owners=answered, max_tokens=settings.max_tokens)
         for state, samples in zip(answered, replies):
             state.signals["answer_check.similarity"] = similarity(state.answer, state.references[0].text)
-            supported = bool(samples) and samples[0].strip().lower().startswith("yes")
+            supported = bool(samples) and samples[0].text.strip().lower().startswith("yes")
             state.support = "supported" if supported else "unsupported"
             if not supported and settings.withhold:
                 state.finish(IDK, "answer_check: the references do not support the answer")

@@ -74,12 +74,12 @@ def test_a_backend_returning_the_wrong_shape_costs_the_missing_queries_only(make
     class Short(ScriptedLLM):
         def generate(self, conversations, params):
             outputs = super().generate(conversations, params)
-            return outputs[:-1] + [[None, 42]]  # the last conversation's samples are not text
+            return outputs[:-1] + [[None, 42, "a str"]]  # the last conversation's samples are not Samples
 
     batch = to_batch(sample_examples[:3])
     answers = make_system(Short(echo)).batch_generate_answer(batch)
     assert answers == [*batch["query"][:2], "i don't know"]
-    assert "what was not a list of texts counts as no reply" in caplog_loguru.text
+    assert "what was not a list of Samples counts as no reply" in caplog_loguru.text
 
 
 _text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)

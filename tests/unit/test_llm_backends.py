@@ -10,6 +10,7 @@ import pytest
 from models.config import OpenAIConfig
 from models.llm.backend import LENGTH, BackendUnavailable, GenParams, cut_at_stop, cut_short
 from models.llm.openai import OpenAIBackend
+from tests.fakes import texts
 from tests.openai_fake import ChatServer
 from utils.time_budget import Deadline
 
@@ -34,7 +35,7 @@ def test_openai_sends_prompts_cuts_stop_and_uses_env_key(chat_server, monkeypatc
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     out = _backend(chat_server.url).generate([[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]],
                                              GenParams(max_tokens=5, stop=["STOP"]))
-    assert out == [["a"], ["b"]]
+    assert texts(out) == [["a"], ["b"]]
     assert {r["auth"] for r in chat_server.requests} == {"Bearer sk-test"}
     assert chat_server.requests[0]["body"]["max_tokens"] == 5 and chat_server.requests[0]["body"]["stop"] == ["STOP"]
 
@@ -43,15 +44,15 @@ def test_openai_reports_a_generation_cut_at_max_tokens(chat_server):
     conversation = [[{"role": "user", "content": "one two three"}]]
     ((cut,),) = _backend(chat_server.url).generate(conversation, GenParams(max_tokens=2))
     ((whole,),) = _backend(chat_server.url).generate(conversation, GenParams(max_tokens=50))
-    assert (cut, cut_short(cut)) == ("one two", LENGTH) and cut_short(whole) is None
+    assert (cut.text, cut_short(cut)) == ("one two", LENGTH) and cut_short(whole) is None
 
 
 def test_openai_n_as_separate_requests_or_native(chat_server):
     conversation = [[{"role": "user", "content": "a"}]]
     sampled = GenParams(n=3, temperature=0.7)
-    assert _backend(chat_server.url).generate(conversation, sampled) == [["a STOP tail"] * 3]
+    assert texts(_backend(chat_server.url).generate(conversation, sampled)) == [["a STOP tail"] * 3]
     assert len(chat_server.requests) == 3 and {r["body"]["n"] for r in chat_server.requests} == {1}
-    assert _backend(chat_server.url, native_n=True).generate(conversation, sampled) == [["a STOP tail"] * 3]
+    assert texts(_backend(chat_server.url, native_n=True).generate(conversation, sampled)) == [["a STOP tail"] * 3]
     assert len(chat_server.requests) == 4 and chat_server.requests[-1]["body"]["n"] == 3
 
 
@@ -67,14 +68,14 @@ def test_native_n_against_servers_that_refuse_or_ignore_it_is_said(caplog_loguru
         vllm.close()
         transformers.close()
     assert greedy == [[]] and "n must be 1 when using greedy sampling" in caplog_loguru.text
-    assert ignored == [["a"]] and transformers.warnings  # the server keeps the stop string; the backend cuts it
+    assert texts(ignored) == [["a"]] and transformers.warnings  # the server keeps the stop string; the backend cuts it
     assert "returned 1 of 3 samples" in caplog_loguru.text and "llm.openai.native_n" in caplog_loguru.text
 
 
 @pytest.mark.parametrize("chat_server", [(2, 503)], indirect=True)
 def test_openai_retries_transient_errors(chat_server):
     out = _backend(chat_server.url, max_retries=3).generate([[{"role": "user", "content": "a"}]], GenParams())
-    assert out == [["a STOP tail"]] and len(chat_server.requests) == 3
+    assert texts(out) == [["a STOP tail"]] and len(chat_server.requests) == 3
 
 
 @pytest.mark.parametrize("chat_server", [(5, 503)], indirect=True)
@@ -120,7 +121,7 @@ def test_openai_returns_the_log_probabilities_a_server_offers():
         plain = _backend(server.url).generate([[{"role": "user", "content": "q"}]], GenParams())[0][0]
     finally:
         server.close()
-    assert sample == "Correct. same person" and len(sample.top_logprobs) == 3
+    assert sample.text == "Correct. same person" and len(sample.top_logprobs) == 3
     assert sample.top_logprobs[0] == pytest.approx({"Correct.": math.log(0.9), " Incorrect": math.log(0.08)})
     assert sample.tokens == ("Correct.", "same", "person")
     assert sample.token_logprobs == pytest.approx((math.log(0.9),) * 3)
@@ -144,7 +145,7 @@ def test_openai_gives_each_generated_token_s_own_log_probability_whatever_its_ra
     body = unlikely.requests[0]["body"]
     assert body["logprobs"] is True and "top_logprobs" not in body
     assert (sample.tokens, sample.token_logprobs, sample.top_logprobs) == (("Incorrect",), (-1.9,), ({},))
-    assert ignored == "Incorrect" and ignored.tokens == ignored.token_logprobs == ()
+    assert ignored.text == "Incorrect" and ignored.tokens == ignored.token_logprobs == ()
     assert caplog_loguru.text.count("gives no log-probabilities") == 1
 
 
@@ -159,7 +160,7 @@ def test_openai_without_log_probabilities_answers_from_the_text(caplog_loguru):
     finally:
         ignoring.close()
         refusing.close()
-    assert ignored == first == second == [["Correct."]] and ignored[0][0].top_logprobs == ()
+    assert texts(ignored) == texts(first) == texts(second) == [["Correct."]] and ignored[0][0].top_logprobs == ()
     assert backend.logprobs_refused and "refused log-probabilities" in caplog_loguru.text
     # refused once, asked again without; the next request does not ask for them
     assert ["logprobs" in r["body"] for r in refusing.requests] == [True, False, False]
@@ -189,7 +190,7 @@ def test_openai_a_reply_without_choices_or_message_is_no_sample():
     odd = ChatServer(raw_body=lambda body: b'{"choices": [{"index": 0, "finish_reason": "stop"}]}')
     try:
         assert _backend(empty.url).generate([[{"role": "user", "content": "a"}]], GenParams()) == [[]]
-        assert _backend(odd.url).generate([[{"role": "user", "content": "a"}]], GenParams()) == [[""]]
+        assert texts(_backend(odd.url).generate([[{"role": "user", "content": "a"}]], GenParams())) == [[""]]
     finally:
         empty.close()
         odd.close()

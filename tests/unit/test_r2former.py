@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from models.config import ConfigError, load_config
+from models.prompting import Messages
 from models.retrieval.r2former_head import (
     R2Former,
     R2FormerConfig,
@@ -144,12 +145,14 @@ def test_relevance_order(probs, threshold, min_keep, expected):
 
 def test_place_embeddings_follows_the_markers_in_prompt_order():
     vectors = np.arange(12, dtype=np.float32).reshape(3, 4)
-    conversation = [{"role": "system", "content": "rules"},
-                    {"role": "user", "content": f"t \ue0002\ue001 x {PLACEHOLDER} \ue0000\ue001 y"}]
+    conversation = Messages([{"role": "system", "content": "rules"},
+                             {"role": "user", "content": f"t \ue0002\ue001 x {PLACEHOLDER} \ue0000\ue001 y"}],
+                            "reasoning")
     placed, rows = place_embeddings(conversation, vectors, PLACEHOLDER)
+    assert placed.prompt == "reasoning"
     assert placed[1]["content"] == f"t {PLACEHOLDER} x  {PLACEHOLDER} y"  # a placeholder from the page is dropped
     np.testing.assert_array_equal(rows, vectors[[2, 0]])
-    assert place_embeddings(conversation[:1], vectors, PLACEHOLDER)[1].shape == (0, 4)
+    assert place_embeddings(Messages(conversation[:1], "reasoning"), vectors, PLACEHOLDER)[1].shape == (0, 4)
 
 
 def test_config_checks_r2ag(tmp_path):
@@ -261,8 +264,9 @@ def test_prompt_mode_records_the_conversations_sent_with_embeddings(make_system,
     result = system.answer_batch(to_batch(sample_examples[:2]))
     (conversations, _), = llm.embedded
     for trace, conversation in zip(result.trace, conversations):
+        # the reply as a backend generates it: cut before the stop string the reasoning stage sends
         assert trace["prompts"] == [{"stage": "reasoning", "prompt": "reasoning", "messages": list(conversation),
-                                     "replies": [SEED_REPLY]}]
+                                     "replies": [SEED_REPLY.removesuffix("===END===").strip()]}]
         assert PLACEHOLDER in trace["prompts"][0]["messages"][1]["content"]  # as the backend saw it
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from evaluation import manifest
 from models.config import REPO_ROOT, load_config
+from models.llm.backend import Sample
 from models.prompting import PromptLibrary
 from models.stages.knowledge import KnowledgeStage
 from models.stages.stage import Batch
@@ -30,7 +31,7 @@ class ServedLLM(ScriptedLLM):
 
     def __init__(self, reply) -> None:
         super().__init__(reply)
-        self.served: list[list[list[str]]] = []
+        self.served: list[list[list[Sample]]] = []
 
     def generate(self, conversations, params):
         outputs = super().generate(conversations, params)
@@ -106,7 +107,7 @@ def test_each_query_records_the_prompts_it_was_sent_in_order(make_system, cpu_co
     sent = [(conversation, samples) for conversations, outputs in zip((c for c, _ in llm.calls), llm.served)
             for conversation, samples in zip(conversations, outputs)]
     for i, trace in enumerate(traces):
-        expected = [{"prompt": prompt_name(c), "messages": list(c), "replies": samples}
+        expected = [{"prompt": prompt_name(c), "messages": list(c), "replies": [s.text for s in samples]}
                     for c, samples in sent if owner(c) == i]
         recorded = [{key: entry[key] for key in ("prompt", "messages", "replies")} for entry in trace["prompts"]]
         assert recorded == expected

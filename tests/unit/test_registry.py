@@ -27,7 +27,7 @@ class SupportCheck(Stage):
         conversations = [prompt.render(question=s.query, answer=s.answer, references=[r.text for r in s.references])
                          for s in answered]
         for state, samples in zip(answered, ctx.generate(conversations, owners=answered, max_tokens=4)):
-            if not samples or not samples[0].strip().lower().startswith("yes"):
+            if not samples or not samples[0].text.strip().lower().startswith("yes"):
                 state.finish(IDK, "support_check: the references do not support the answer")
 
 

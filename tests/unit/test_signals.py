@@ -24,7 +24,7 @@ def test_span_logprobs_takes_the_tokens_that_spell_the_span_s_last_occurrence():
     sample = Sample("a b. a b", tokens=("a", " b", ".", " a", " b"), token_logprobs=(-1.0, -2.0, -3.0, -4.0, -5.0))
     assert span_logprobs(sample, "a b") == [-4.0, -5.0]
     assert span_logprobs(sample, "b. a") == [-2.0, -3.0, -4.0]  # partly covered tokens count
-    assert span_logprobs(sample, "zzz") == [] and span_logprobs("a b", "a") == []  # absent; no tokens
+    assert span_logprobs(sample, "zzz") == [] and span_logprobs(Sample("a b"), "a") == []  # absent; no tokens
 
 
 def test_the_answer_line_s_log_probabilities_and_the_retrieval_signals(make_system, sample_examples):

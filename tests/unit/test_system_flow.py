@@ -56,7 +56,8 @@ def test_parse_structured(output, expected):
     assert parse_structured(output) == expected
 
 
-def test_answers_are_normalised_and_trimmed(make_system, sample_examples):
+def test_answers_are_normalised_and_trimmed(make_system, cpu_config, sample_examples):
+    cpu_config.reasoning.max_tokens = 512  # the long answer is generated whole; the answer step trims it
     replies = iter(["===START===\n## Answer: I Don\u2019t Know.\n===END===",
                     "===START===\n## Answer: Invalid question.\n===END===",
                     "===START===\n## Answer: " + "word, " * 200 + "\n===END===", None])

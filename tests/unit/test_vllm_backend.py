@@ -11,6 +11,7 @@ import torch
 from models.config import LLMConfig, VLLMConfig
 from models.llm.backend import DEADLINE, LENGTH, STOP, BackendUnavailable, GenParams, create_llm, cut_short
 from models.llm.vllm import load_input_embeddings
+from tests.fakes import texts
 from tests.vllm_fake import FakeLLMEngine, RequestOutputKind, SamplingParams, install, model_folder
 from utils.time_budget import Deadline
 
@@ -113,7 +114,7 @@ def test_vllm_backend_maps_config_and_params(fake_vllm):
     assert fake_vllm["init"]["tensor_parallel_size"] == 4 and fake_vllm["init"]["quantization"] == "gptq"
     assert fake_vllm["init"]["enable_prompt_embeds"] is False
     out = llm.generate([HI, HELLO], GenParams(max_tokens=2, temperature=0.7, n=3, stop=["X"], seed=5))
-    assert out == [["out out", "red red", "sun sun"]] * 2 and cut_short(out[0][0]) == LENGTH
+    assert texts(out) == [["out out", "red red", "sun sun"]] * 2 and cut_short(out[0][0]) == LENGTH
     engine, tokenizer = fake_vllm["engine"], fake_vllm["tokenizer"]
     ids = [tokenizer.encode(text, add_special_tokens=False) for text in ("<s> user: hi assistant:",
                                                                         "<s> user: hello assistant:")]
@@ -142,7 +143,7 @@ def test_every_sample_of_n_comes_back_in_order_with_its_own_finish_reason(monkey
     ((*samples,), (*others,)) = llm.generate([HI, HELLO], GenParams(max_tokens=4, temperature=0.7, n=n,
                                                                     top_logprobs=1))
     expected = ["out out", "red red red", "sun sun sun sun", "ice ice ice ice", "owl owl owl owl"][:n]
-    assert samples == others == expected
+    assert [s.text for s in samples] == [s.text for s in others] == expected
     assert [s.finish_reason for s in samples] == [STOP, STOP, LENGTH, LENGTH, LENGTH][:n]
     assert samples[0].top_logprobs == ({" out": -0.1},) * 2
     assert (samples[0].tokens, samples[0].token_logprobs) == ((" out",) * 2, (-0.1,) * 2)
@@ -159,7 +160,7 @@ def test_at_the_deadline_finished_children_are_kept_and_the_rest_cut_short(monke
     built = install(monkeypatch, FakeLLMEngine(words=1, on_step=clock.tick))
     llm = create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model="/w/llama")))
     out = llm.generate([HI, HELLO], GenParams(max_tokens=10, temperature=0.7, n=3, deadline=Deadline(1.5, clock)))
-    assert out == [["out", "red red", "sun sun"]] * 2
+    assert texts(out) == [["out", "red red", "sun sun"]] * 2
     assert [s.finish_reason for s in out[0]] == [STOP, STOP, DEADLINE] and cut_short(out[0][2]) == DEADLINE
     engine = built["engine"]
     assert engine.steps == 2 and engine.aborted == ["crag-0", "crag-1"] and not engine.has_unfinished_requests()
@@ -170,7 +171,7 @@ def test_vllm_a_prompt_the_engine_refuses_costs_its_conversation_only(fake_vllm,
     llm = create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model="/w/llama", max_model_len=8)))
     long = [{"role": "user", "content": " ".join(["word"] * 20)}]
     out = llm.generate([[{"role": "user", "content": "hi"}], long], GenParams(max_tokens=3))
-    assert out == [["out out out"], []] and len(fake_vllm["engine"].added) == 1
+    assert texts(out) == [["out out out"], []] and len(fake_vllm["engine"].added) == 1
     assert "vllm refused prompt crag-1: The decoder prompt (length 23) is longer" in caplog_loguru.text
 
 
@@ -185,7 +186,7 @@ def test_vllm_r2ag_sends_whole_prompts_as_input_embeddings(fake_vllm, tmp_path):
     conversations = [[{"role": "system", "content": "answer"}, {"role": "user", "content": f"a {mark}b c {mark}"}],
                      [{"role": "user", "content": "no references"}]]
     out = llm.generate_with_embeddings(conversations, [vectors, np.zeros((0, 8))], GenParams(max_tokens=3))
-    assert out == [["out out out"]] * 2
+    assert texts(out) == [["out out out"]] * 2
     (_, first, _), (_, second, _) = fake_vllm["engine"].added
     tokenizer = fake_vllm["tokenizer"]
     assert second == {"prompt_token_ids": tokenizer.apply_chat_template(conversations[1], add_generation_prompt=True,

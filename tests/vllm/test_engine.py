@@ -91,4 +91,4 @@ def test_prompt_embeddings_of_the_model_s_own_rows_give_the_token_prompt_s_greed
     params = GenParams(max_tokens=16)
     [[by_ids]] = backend.generate([SHORT], params)
     [[by_rows]] = backend.generate_with_embeddings([as_rows], [table[ids].numpy()], params)
-    assert by_ids and by_rows == by_ids and by_rows.finish_reason == by_ids.finish_reason == STOP
+    assert by_ids.text and by_rows.text == by_ids.text and by_rows.finish_reason == by_ids.finish_reason == STOP

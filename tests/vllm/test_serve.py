@@ -83,25 +83,25 @@ def test_n_samples_in_one_request_each_with_its_finish_reason_and_log_probabilit
     assert llm.config.native_n
     [samples] = llm.generate([STORY], GenParams(n=3, temperature=0.8, seed=2, max_tokens=5, logprobs=True))
     assert len(samples) == 3 and not llm.n_ignored
-    assert all(s.finish_reason == LENGTH and len(s.token_logprobs) == 5 and s.strip() for s in samples)
+    assert all(s.finish_reason == LENGTH and len(s.token_logprobs) == 5 and s.text.strip() for s in samples)
     assert all(lp <= 0 for s in samples for lp in s.token_logprobs)
 
 
 def test_stop_strings_and_a_natural_end(server):
     llm = backend(server)
     [[free]] = llm.generate([STORY], GenParams(max_tokens=16))
-    word = free.split()[2]
+    word = free.text.split()[2]
     [[cut]] = llm.generate([STORY], GenParams(max_tokens=16, stop=[word]))
-    assert cut.finish_reason == STOP and cut == free[:free.find(word)].strip()
+    assert cut.finish_reason == STOP and cut.text == free.text[:free.text.find(word)].strip()
     [[short]] = llm.generate([SHORT], GenParams(max_tokens=48))
-    assert short.finish_reason == STOP and short.strip()
+    assert short.finish_reason == STOP and short.text.strip()
 
 
 def test_concurrent_requests_are_all_answered(server):
     llm = backend(server)
     questions = [[{"role": "user", "content": f"What is {i} plus {i}?"}] for i in range(12)]
     answers = llm.generate(questions, GenParams(max_tokens=6))
-    assert len(answers) == 12 and all(len(a) == 1 and a[0].strip() for a in answers)
+    assert len(answers) == 12 and all(len(a) == 1 and a[0].text.strip() for a in answers)
 
 
 def test_a_wrong_model_name_stops_the_run_at_start(server):

@@ -152,7 +152,7 @@ ENGINE_SCRIPT = """
     def main():
         llm = VLLMBackend(VLLMConfig(model=sys.argv[1], dtype="float32", max_model_len=512, enforce_eager=True))
         print("PIDS", json.dumps([p.pid for p in psutil.Process().children(recursive=True)]), flush=True)
-        print(llm.generate([[{"role": "user", "content": "Say hi."}]], GenParams(max_tokens=4))[0][0], flush=True)
+        print(llm.generate([[{"role": "user", "content": "Say hi."}]], GenParams(max_tokens=4))[0][0].text, flush=True)
         if sys.argv[2] == "close":
             llm.close()
 
@@ -230,6 +230,6 @@ def test_the_real_engine_answers_with_the_quantizer_s_w4a16(smollm2):
     try:
         [[answer]] = llm.generate([[{"role": "user", "content": "What is the capital of France?"}]],
                                   GenParams(max_tokens=8))
-        assert answer.strip()
+        assert answer.text.strip()
     finally:
         llm.close()
