@@ -5,6 +5,7 @@ BACKENDS) and judges (evaluation/judge.py JUDGES) are registered in one."""
 from __future__ import annotations
 
 import importlib
+import typing
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
@@ -21,7 +22,7 @@ class RegistryError(HarnessError, ValueError):
 class Registry(Generic[T]):
     """`kind` names what is registered in messages ("stage"); every entry must subclass `base`."""
 
-    def __init__(self, kind: str, base: type[T]) -> None:
+    def __init__(self, kind: str, base: type) -> None:  # `type`: a Protocol (LLM) is a base too
         self.kind = kind
         self.base = base
         self._entries: dict[str, type[T] | str] = {}  # a class, or "module:Class" until first asked for
@@ -34,8 +35,8 @@ class Registry(Generic[T]):
                 raise RegistryError(f"{self.kind} {name!r}: {cls!r} is not a subclass of {self.base.__name__}")
             if name in self._entries and self._entries[name] is not cls:
                 taken = self._entries[name]
-                raise RegistryError(f"{self.kind} {name!r} is already registered by "
-                                    f"{taken.__module__}.{taken.__qualname__}")
+                where = taken if isinstance(taken, str) else f"{taken.__module__}.{taken.__qualname__}"
+                raise RegistryError(f"{self.kind} {name!r} is already registered by {where}")
             self._entries[name] = cls
             return cls
 
@@ -57,7 +58,7 @@ class Registry(Generic[T]):
             cls = getattr(importlib.import_module(module), attribute)
             if not (isinstance(cls, type) and issubclass(cls, self.base)):
                 raise RegistryError(f"{self.kind} {name!r}: {entry} is not a subclass of {self.base.__name__}")
-            self._entries[name] = entry = cls
+            self._entries[name] = entry = typing.cast(type[T], cls)
         return entry
 
     def __contains__(self, name: object) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,7 +81,7 @@ class QueryState:
     interaction_id: str
     query: str
     query_time: str
-    pages: list[dict[str, Any]]
+    pages: list[Mapping[str, Any]]
     references: list[Reference] = field(default_factory=list)
     # Embeddings from the references stage, rows aligned with `references` (a stage that re-orders or drops
     # references re-orders these too); kept in memory only, never cached.

@@ -36,7 +36,8 @@ class CragSystem:
         closing = closing_stages(self.config)
         for name in {name for cls in [*classes, *closing] for name in cls.prompts}:  # a broken prompt file fails
             self.prompts.get(name)                                        # before any model loads, not in a batch
-        needed = {name for cls in [*classes, AnswerStage, *closing] for name in cls.needs}
+        every: list[type[Stage]] = [*classes, AnswerStage, *closing]
+        needed = {name for cls in every for name in cls.needs}
         self.resources = build_resources(self.config, self.prompts, needed,
                                          {"llm": llm, "embedder": embedder, **(given or {})})
         # a service that did not answer (no KG server): the stages that need it leave, so no call goes to it

@@ -97,8 +97,8 @@ def load_config(path: str | os.PathLike | None = None, overlays: Sequence[str | 
     # the built-in stages' sections and the configured modules' are in every config, defaults or not, so the
     # resolved config (and its hash) depends on the config alone, never on what this process imported before
     named = [name for name in config.strategy_names() if name in STAGE_SECTIONS]
-    chosen = {*declared, *named, *declared_sections([*STAGE_MODULES, *modules])}
-    config.stage_settings = {name: _parts(name, declared.get(name, {}), source) for name in sorted(chosen)}
+    wanted = {*declared, *named, *declared_sections([*STAGE_MODULES, *modules])}
+    config.stage_settings = {name: _parts(name, declared.get(name, {}), source) for name in sorted(wanted)}
     for part in (part for parts in config.stage_settings.values() for part in parts):
         if callable(check := getattr(part, "check", None)):
             try:
@@ -172,7 +172,8 @@ def _build(cls: type, data: dict[str, Any], source: str, prefix: str, extra: dic
             raise ConfigError(f"{source}: unknown key '{where}'{did_you_mean(key, public)}")
         meta = known[key].metadata
         if meta.get("merge") and isinstance(value, dict):  # a table added to its defaults (strategies)
-            value = {**known[key].default_factory(), **{k: _splice(v) for k, v in value.items()}}
+            defaults = typing.cast(typing.Callable[[], dict[str, Any]], known[key].default_factory)()
+            value = {**defaults, **{k: _splice(v) for k, v in value.items()}}
         kwargs[key] = _coerce(hints[key], value, source, where)
         if (table := meta.get("choices")) and kwargs[key] not in (names := CHOICES.get(table, [])):
             raise ConfigError(f"{source}: '{where}' is {kwargs[key]!r}{did_you_mean(kwargs[key], names)}")
@@ -198,7 +199,7 @@ def _splice(value: Any) -> Any:
 
 def _coerce(hint: Any, value: Any, source: str, where: str) -> Any:
     origin = typing.get_origin(hint)
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         if not isinstance(value, dict):
             raise ConfigError(f"{source}: '{where}' must be a mapping")
         return _build(hint, value, source, f"{where}.")

@@ -51,6 +51,7 @@ def config_keys() -> list[ConfigKey]:
 def field_docs(cls: type) -> dict[str, str]:
     """The attribute docstrings of a dataclass (the string literal right after each field), whitespace folded."""
     (node,) = ast.parse(textwrap.dedent(inspect.getsource(cls))).body
+    assert isinstance(node, ast.ClassDef)
     docs: dict[str, str] = {}
     for statement, after in zip(node.body, node.body[1:]):
         if (isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)
@@ -66,11 +67,12 @@ def _section_keys(cls: type, prefix: str) -> typing.Iterator[ConfigKey]:
         if f.metadata.get("internal"):
             continue
         key, hint, doc = prefix + f.name, hints[f.name], docs.get(f.name, "")
-        if dataclasses.is_dataclass(hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             yield ConfigKey(key, "section", "", "", doc)
             yield from _section_keys(hint, f"{key}.")
         else:
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            default = f.default if f.default is not dataclasses.MISSING else (
+                typing.cast(typing.Callable[[], Any], f.default_factory)())
             yield ConfigKey(key, _type_text(hint), yaml_text(default), _allowed_text(hint, f.metadata), doc)
 
 

@@ -90,7 +90,8 @@ def _content_hash(name: str) -> str:
 def columns_for(examples: list[dict[str, Signal]]) -> list[Column]:
     """The columns of a set of examples' signals: a number and its missing flag per numeric signal, one column per
     category value seen; sorted by signal name so a gate reads the same on every machine."""
-    numeric, categories = set(), {}
+    numeric: set[str] = set()
+    categories: dict[str, set[str]] = {}
     for signals in examples:
         for name, value in signals.items():
             if isinstance(value, str):

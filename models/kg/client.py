@@ -289,7 +289,8 @@ class KGClient:
                         failed = err
                         raise
         except _Failed:
-            assert failed is not None
+            pass
+        assert failed is not None  # the loop ends by returning or by raising _Failed, which set it
         self._log(endpoint.name, failed.kind, f"{failed.failure} after {sent} attempt(s) at {url}")
         if failed.kind == "connection":
             self._count_failure(failed.kind)
@@ -453,7 +454,7 @@ def _method(endpoint: Endpoint):
     params += [inspect.Parameter(a.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=a.type,
                                  default=inspect.Parameter.empty if a.required else None) for a in endpoint.args]
     params.append(inspect.Parameter("deadline", inspect.Parameter.KEYWORD_ONLY, default=None))
-    call.__signature__ = inspect.Signature(params)
+    vars(call)["__signature__"] = inspect.Signature(params)  # what inspect.signature(client.method) reads
     return call
 
 

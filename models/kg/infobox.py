@@ -172,7 +172,7 @@ def _unit_row(key: str, order: list[str], lower: Mapping[str, str], used: set[st
         unit_key = key
     else:
         value_key = key
-        unit_key = next((k for s in _UNIT_NAME_SUFFIXES if (k := _find(lower, lkey + s))), None)
+        unit_key = next((k for s in _UNIT_NAME_SUFFIXES if (k := _find(lower, lkey + s))), "")
     if value_key and unit_key and value_key not in used and unit_key not in used:
         value, unit = cleaned(value_key), cleaned(unit_key)
         if value and _BARE_NUMBER.match(value):

@@ -21,6 +21,8 @@ knowledge-graph results.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -119,7 +121,7 @@ class KGStage(Stage):
             prompt = ctx.prompt("kg_entities")
             conversations = [prompt.render(query=s.query, query_time=s.query_time, domain=s.domain) for s in states]
         outputs = ctx.generate(conversations, owners=states, max_tokens=settings.max_tokens, deadline=work)
-        jobs = []
+        jobs: list[tuple[QueryState, Lookup, Callable[[], Any]]] = []
         for state, samples in zip(states, outputs):
             output = samples[0].text if samples else ""
             today = query_date(state.query_time)
@@ -128,14 +130,14 @@ class KGStage(Stage):
                 calls, refused = read_calls(output, settings.max_calls)
                 if refused:
                     logger.info("{}: KG calls refused before sending: {}", state.interaction_id, refused)
-                jobs.append((state, kg, lambda kg=kg, calls=calls: function_lookup(kg, calls)))
+                jobs.append((state, kg, functools.partial(function_lookup, kg, calls)))
                 continue
             read = read_entities(output, state.domain, state.query)
             if read is None:
                 logger.info("{}: KG entity extraction unreadable; no KG lookup", state.interaction_id)
                 continue
             domain, entities = read
-            jobs.append((state, kg, lambda kg=kg, d=domain, e=entities, t=today: rule_lookup(kg, d, e, t)))
+            jobs.append((state, kg, functools.partial(rule_lookup, kg, domain, entities, today)))
         with ThreadPoolExecutor(max_workers=max(1, settings.concurrency)) as pool:
             futures = [pool.submit(job) for _, _, job in jobs]
         for (state, _, _), future in zip(jobs, futures):

@@ -252,7 +252,7 @@ def music_rules(kg: Lookup, entities: dict[str, Any]) -> None:
                      "music_grammy_get_award_date_by_artist", "music_get_artist_all_works"):
             kg.show(name, **({"band_name": artist} if name == "music_get_members" else {"artist_name": artist}))
     day = str(entities.get("date") or "").strip()
-    day = day if re.fullmatch(r"\d{4}-\d{2}-\d{2}", day) else None
+    day = day if re.fullmatch(r"\d{4}-\d{2}-\d{2}", day) else ""
     for song in kg.names("music_search_song_entity_by_name", entities.get("song_name"), limit=2):
         for name in ("music_get_song_author", "music_get_song_release_date", "music_get_song_release_country",
                      "music_grammy_get_award_count_by_song"):
@@ -384,7 +384,7 @@ def read_calls(output: str, max_calls: int) -> tuple[list[tuple[str, dict[str, A
                    "args is not an object" if not isinstance(args, dict) else endpoint.problem(args))
         if problem:
             refused.append(f"{name!r}: {problem}")
-        elif len(accepted) < max_calls:
+        elif len(accepted) < max_calls and isinstance(name, str) and isinstance(args, dict):
             accepted.append((name, args))
         else:
             refused.append(f"{name!r}: over the limit of {max_calls} calls")

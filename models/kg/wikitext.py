@@ -196,6 +196,7 @@ def _url(pos: list[str], named: dict[str, str]) -> str:
     return re.sub(r"^(https?:)?//", "", pos[0].strip()).rstrip("/")
 
 
+_SUPERSCRIPT = {"2": "²", "3": "³"}
 _TEMPLATES: dict[str, Callable[[list[str], dict[str, str]], str]] = {
     "convert": convert, "cvt": convert,
     "coord": _coord, "coor": _coord,
@@ -276,7 +277,6 @@ def _render_template(template: Template) -> str:
 _DROP_TAGS = frozenset({"ref", "references", "gallery", "timeline", "imagemap", "templatestyles", "score",
                         "graph", "mapframe", "maplink", "indicator", "section", "syntaxhighlight", "source"})
 _BREAK_TAGS = frozenset({"br", "hr", "li", "dt", "dd", "p", "div", "tr", "td", "th", "ul", "ol", "dl", "table"})
-_SUPERSCRIPT = {"2": "²", "3": "³"}
 _LINK_DROP_NAMESPACES = ("file:", "image:", "media:", "category:")
 
 

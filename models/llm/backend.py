@@ -3,6 +3,7 @@ protocol), and the registry that builds one from config."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -134,7 +135,8 @@ BACKENDS.register_lazy("vllm", "models.llm.vllm:VLLMBackend")
 
 
 def create_llm(config: LLMConfig) -> LLM:
-    return BACKENDS.get(config.backend)(getattr(config, config.backend))
+    backend: Callable[[object], LLM] = BACKENDS.get(config.backend)  # each backend class takes its own section
+    return backend(getattr(config, config.backend))
 
 
 def cut_at_stop(text: str, stop: list[str]) -> str:

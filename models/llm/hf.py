@@ -10,6 +10,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -70,7 +71,7 @@ def converted_folder(gguf: Path, cache_dir: str | None) -> Path:
         return target
     logger.info("converting {} to an HF folder under {} (once; ~25 s)", gguf.name, target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    model: Any = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # The weights are de-quantised at load; drop the GGUF marker so the folder saves as plain safetensors.
     model.hf_quantizer = None
@@ -216,14 +217,16 @@ class HFBackend:
         started = time.perf_counter()
         hf_logging.disable_progress_bar()  # load time is logged below; per-tensor bars only clutter stderr
         self.folder = resolve_model_folder(config)
-        self.tokenizer = AutoTokenizer.from_pretrained(self.folder)
+        # Any: transformers' annotations do not say what these objects' calls return (BatchEncoding or list[int],
+        # tensors or tuples), so the code below states it where it reads them
+        self.tokenizer: Any = AutoTokenizer.from_pretrained(self.folder)
         if self.tokenizer.chat_template is None:
             raise BackendUnavailable(f"{self.folder}: the tokenizer has no chat template")
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.model = AutoModelForCausalLM.from_pretrained(
-            self.folder, dtype=getattr(torch, config.dtype)).to(config.device).eval()
+        loaded: Any = AutoModelForCausalLM.from_pretrained(self.folder, dtype=getattr(torch, config.dtype))
+        self.model: Any = loaded.to(config.device).eval()
         self._now = device_clock(config.device)  # every time this backend measures, on the device's clock
         # R2AG's placeholder token id, once it is in the vocabulary (a folder saved with it has it already).
         self._retrieval_id: int | None = self.tokenizer.get_vocab().get(RETRIEVAL_TOKEN)
@@ -242,7 +245,7 @@ class HFBackend:
         if self._retrieval_id is None:
             self.tokenizer.add_tokens([RETRIEVAL_TOKEN], special_tokens=True)
             self.model.resize_token_embeddings(len(self.tokenizer), mean_resizing=False)
-            self._retrieval_id = self.tokenizer.convert_tokens_to_ids(RETRIEVAL_TOKEN)
+            self._retrieval_id = int(self.tokenizer.convert_tokens_to_ids(RETRIEVAL_TOKEN))
         return RETRIEVAL_TOKEN
 
     def generate(self, conversations: list[Conversation], params: GenParams) -> list[list[Sample]]:
@@ -270,8 +273,9 @@ class HFBackend:
         n_run = params.n if params.temperature > 0 else 1
 
         def give_up(count: int, affordable: float) -> None:
+            left = params.deadline.remaining() if params.deadline is not None else 0.0
             logger.warning("deadline: {:.2f} s left reads {:.0f} prompt tokens at {:.0f} tokens/s; {} conversations "
-                           "not generated", params.deadline.remaining(), affordable, self._prefill_tps, count)
+                           "not generated", left, affordable, self._prefill_tps, count)
             outputs.extend([] for _ in range(count))
 
         for start in range(0, len(conversations), step):
@@ -315,8 +319,8 @@ class HFBackend:
         """The chat-templated ids of `conversation`, cut to `limit` (default max_input_tokens), and the rows of
         `embeddings` whose placeholders survived the cut (one row per placeholder, in order; a count mismatch is
         a ValueError)."""
-        ids = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True,
-                                                 return_dict=True)["input_ids"]
+        ids: list[int] = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True,
+                                                            return_dict=True)["input_ids"]
         spans = self._kept_spans(len(ids), limit or self.config.max_input_tokens)
         kept_ids = [token for span in spans for token in ids[span]]
         if embeddings is None:
@@ -332,8 +336,9 @@ class HFBackend:
         """Input embeddings of `input_ids` (B, T) with the retrieval placeholders of row b overwritten, in order,
         by the rows of embeddings[b]; differentiable in `embeddings` (R2-Former training)."""
         self.retrieval_placeholder()
+        assert self._retrieval_id is not None  # retrieval_placeholder() set it
         embeds = self.model.get_input_embeddings()(input_ids)
-        mask = input_ids == self._retrieval_id
+        mask = torch.eq(input_ids, self._retrieval_id)
         source = torch.cat([e.reshape(-1, embeds.shape[-1]) for e in embeddings]) if embeddings else embeds[:0, 0]
         if int(mask.sum()) != source.shape[0]:
             raise ValueError(f"{int(mask.sum())} retrieval placeholders in the batch, {source.shape[0]} embeddings")
@@ -341,10 +346,11 @@ class HFBackend:
 
     def _encode(self, conversations: list[Conversation], embeddings: list[np.ndarray] | None,
                 limit: int | None = None) -> dict[str, torch.Tensor]:
-        fitted = [self.prompt_ids(c, None if embeddings is None else np.asarray(e, dtype=np.float32), limit)
-                  for c, e in zip(conversations, embeddings or [None] * len(conversations))]
-        batch = self.tokenizer.pad({"input_ids": [ids for ids, _ in fitted]}, padding=True, return_tensors="pt")
-        batch = {k: v.to(self.config.device) for k, v in batch.items()}
+        rows_in: list[np.ndarray | None] = list(embeddings) if embeddings is not None else [None] * len(conversations)
+        fitted = [self.prompt_ids(c, None if e is None else np.asarray(e, dtype=np.float32), limit)
+                  for c, e in zip(conversations, rows_in)]
+        padded = self.tokenizer.pad({"input_ids": [ids for ids, _ in fitted]}, padding=True, return_tensors="pt")
+        batch: dict[str, torch.Tensor] = {k: v.to(self.config.device) for k, v in padded.items()}
         if embeddings is None:
             return batch
         rows = [torch.from_numpy(e) for _, e in fitted]

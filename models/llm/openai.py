@@ -76,7 +76,7 @@ class OpenAIBackend:
     def generate(self, conversations: list[Conversation], params: GenParams) -> list[list[Sample]]:
         per_request = params.n if self.config.native_n else 1
         jobs = [(i, per_request) for i in range(len(conversations)) for _ in range(params.n // per_request)]
-        def send(job: tuple[int, int]) -> tuple[list[str], str | None]:
+        def send(job: tuple[int, int]) -> tuple[list[Sample], str | None]:
             try:
                 return self._request(conversations[job[0]], params, job[1]), None
             except NoReply as err:
@@ -195,7 +195,8 @@ def read_choices(body: bytes) -> list[dict]:
     choices = []
     for choice in data["choices"]:
         choice = choice if isinstance(choice, dict) else {}
-        message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+        message = choice.get("message")
+        message = message if isinstance(message, dict) else {}
         content = message.get("content")
         choices.append({"text": content if isinstance(content, str) else "",
                         "finish_reason": LENGTH if choice.get("finish_reason") == "length" else STOP,

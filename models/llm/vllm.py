@@ -10,6 +10,7 @@ import itertools
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -62,7 +63,8 @@ def embeds_prompt(tokenizer, table: torch.Tensor, conversation: Conversation, ro
         raise ValueError(f"{len(pieces) - 1} retrieval placeholders in the prompt, {len(rows)} embeddings")
     if rows.ndim != 2 or rows.shape[1] != table.shape[1]:  # vLLM would crash on it (ModelConfig.enable_prompt_embeds)
         raise ValueError(f"retrieval embeddings of shape {rows.shape}, the model's hidden size is {table.shape[1]}")
-    ids, slots = [], []
+    ids: list[int] = []
+    slots: list[int] = []
     for k, piece in enumerate(pieces):
         if k:
             slots.append(len(ids))
@@ -185,12 +187,13 @@ class VLLMBackend:
         if self._unservable(params, len(conversations)):
             return [[] for _ in conversations]
         tokenizer = self.engine.get_tokenizer()
+        table = self._with_table(self._table)  # reached through generate_with_embeddings, which checked it
         prompts = []
         for conversation, rows in zip(conversations, embeddings):
             rows = np.asarray(rows, dtype=np.float32)
             if rows.size or any(RETRIEVAL_TOKEN in message["content"] for message in conversation):
-                rows = rows.reshape(len(rows), -1) if rows.size else rows.reshape(0, self._table.shape[1])
-                prompts.append(embeds_prompt(tokenizer, self._table, conversation, rows))
+                rows = rows.reshape(len(rows), -1) if rows.size else rows.reshape(0, table.shape[1])
+                prompts.append(embeds_prompt(tokenizer, table, conversation, rows))
             else:
                 prompts.append({"prompt_token_ids": list(tokenizer.apply_chat_template(
                     conversation, add_generation_prompt=True, tokenize=True))})
@@ -217,12 +220,13 @@ class VLLMBackend:
                 engine.add_request(request_id, prompt, sampling, lora_request=self._lora)
             except ValueError as err:
                 logger.warning("vllm refused prompt {}: {}", request_id, " ".join(str(err).split())[:200])
-                request_id = None
+                ids.append(None)
+                continue
             ids.append(request_id)
         # SamplingParams' default output kind (CUMULATIVE): each RequestOutput carries whole texts so far, but with
         # n > 1 only one child's (its `index`), and a finished child is not sent again (ParentRequest.get_outputs,
         # vllm/v1/engine/parallel_sampling.py), so samples are kept per request and index.
-        samples: dict[str, dict[int, object]] = {}
+        samples: dict[str, dict[int, Any]] = {}  # vLLM's CompletionOutput
         finished: set[str] = set()
         while engine.has_unfinished_requests():
             if params.deadline is not None and params.deadline.expired():
@@ -236,7 +240,8 @@ class VLLMBackend:
                 if output.finished:
                     finished.add(output.request_id)
         return [[Sample(choice.text.strip(), _finish(choice), top_logprobs(choice.logprobs, params.top_logprobs),
-                        *chosen(choice)) for _, choice in sorted(samples.get(i, {}).items())] for i in ids]
+                        *chosen(choice)) for _, choice in sorted(samples.get(i, {}).items())] if i is not None else []
+                for i in ids]
 
 
 def _finish(choice) -> str:

@@ -67,7 +67,10 @@ class Embedder:
             self.openvino = OpenVINOEncoder(self.model, path, self.name, self.precision, config.cache_dir)
         # sentence-transformers 5 renamed it; the submission's pin (requirements.txt) has only the old name.
         dimension = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
-        self.dimension = int(dimension())
+        size = dimension()
+        if size is None:
+            raise BackendUnavailable(f"embedder model {path}: it does not say its embedding dimension")
+        self.dimension = int(size)
 
     def encode(self, texts: list[str], deadline: Deadline | None = None) -> np.ndarray:
         """Unit vectors of `texts`, in order. With a deadline, embedded one batch at a time and stopped when it
@@ -112,4 +115,5 @@ class Embedder:
     def _prefix(self, rows: list[np.ndarray | None]) -> np.ndarray:
         """The rows before the first text left unembedded (a window cut short embeds some later texts too)."""
         done = next((i for i, row in enumerate(rows) if row is None), len(rows))
-        return np.vstack(rows[:done]) if done else np.zeros((0, self.dimension), dtype=np.float32)
+        return np.vstack([row for row in rows[:done] if row is not None]) if done else \
+            np.zeros((0, self.dimension), dtype=np.float32)

@@ -163,6 +163,9 @@ class FaissEngine(_Engine):
         except ImportError as err:
             raise HashIndexError("the FAISS engines need faiss-cpu: pip install faiss-cpu") from err
         self.faiss, self.kind = faiss, kind
+        # SWIG objects: their attributes (use_heap, storage, xb, hnsw) are not in faiss's type information
+        self.index: Any
+        self.storage: Any
         if kind == "faiss-flat":
             self.index = faiss.IndexBinaryFlat(bits)
             self.index.use_heap = False  # counts units per distance (the widening radius): fast for large alpha
@@ -249,12 +252,12 @@ class HashIndex:
         if len(codes) != len(vectors):
             raise ValueError(f"{len(codes)} codes for {len(vectors)} vectors")
         start = len(self)
-        sources = np.arange(start, start + len(vectors)) if sources is None else np.asarray(sources)
-        if len(sources) != len(vectors):
-            raise ValueError(f"{len(sources)} sources for {len(vectors)} vectors")
+        source_ids = np.arange(start, start + len(vectors)) if sources is None else np.asarray(sources)
+        if len(source_ids) != len(vectors):
+            raise ValueError(f"{len(source_ids)} sources for {len(vectors)} vectors")
         if start and keep_vectors != (self.vectors is not None):
             raise ValueError("keep_vectors must be the same for every add")
-        self.sources = np.concatenate([self.sources, sources]).astype(np.int32)
+        self.sources = np.concatenate([self.sources, source_ids]).astype(np.int32)
         if keep_vectors:
             self.vectors = vectors if self.vectors is None else np.vstack([self.vectors, vectors])
         self.engine.add(codes)
@@ -265,7 +268,7 @@ class HashIndex:
         queries = np.asarray(queries, dtype=np.float32).reshape(-1, self.model.dim)
         if k <= 0 or len(self) == 0:
             return [[] for _ in queries]
-        exact = settings.exact and self.vectors is not None
+        stored = self.vectors if settings.exact else None
         relaxed = self.model.relaxed(queries)
         results = []
         for query, v_q, candidates in zip(queries, relaxed, self.engine.candidates(self.model.codes(queries),
@@ -273,10 +276,10 @@ class HashIndex:
             scores = asymmetric_scores(v_q, self.codes[candidates]) / self.model.bits
             keep = np.argsort(-scores, kind="stable")[:max(settings.depth, k)]
             candidates, scores = candidates[keep], scores[keep]
-            if exact:
+            if stored is not None:
                 ascending = np.argsort(candidates)  # a memory-mapped store is read in file order
                 scores = np.empty(len(candidates), dtype=np.float32)
-                scores[ascending] = np.asarray(self.vectors[candidates[ascending]], dtype=np.float32) @ query
+                scores[ascending] = np.asarray(stored[candidates[ascending]], dtype=np.float32) @ query
                 order = np.argsort(-scores, kind="stable")
                 candidates, scores = candidates[order], scores[order]
             results.append(self._by_source(candidates, scores, k))
@@ -307,7 +310,8 @@ class HashIndex:
                   "codes": self.codes, "sources": self.sources}
         if self.vectors is not None:
             arrays["vectors"] = np.asarray(self.vectors, dtype=np.float32)
-        layout, offset = {}, 0
+        layout: dict[str, dict[str, Any]] = {}
+        offset = 0
         for name, array in arrays.items():
             layout[name] = {"offset": offset, "dtype": array.dtype.str, "shape": list(array.shape)}
             offset += _aligned(array.nbytes)

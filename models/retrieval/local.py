@@ -57,7 +57,7 @@ class LocalRetriever:
         entities = sorted({r.entity for r in requests if r.entity})
         vectors = self.embedder.encode([r.text for r in requests] + entities)
         by_entity = dict(zip(entities, vectors[len(requests):]))
-        results = []
+        results: list[list[Reference]] = []
         for request, query in zip(requests, vectors):
             refs, pool = self.pool(request.state)
             if not refs:

@@ -41,7 +41,10 @@ class AnswerStage(Stage):
     def __init__(self, strategy: Sequence[type[Stage]] = ()) -> None:
         """`strategy`: the stages the strategy names, switched on or not, whose `outcome` signals it adds."""
         self.strategy = [cls for cls in strategy if cls.signals]
-        self.signals = {**type(self).signals, **{k: v for cls in self.strategy for k, v in cls.signals.items()}}
+
+    def declared_signals(self) -> set[str]:
+        """Its own signals and those of the strategy's stages, which their `outcome` gives."""
+        return set(self.signals).union(*(cls.signals for cls in self.strategy))
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
         for state in states:

@@ -105,7 +105,7 @@ class DualRAGStage(Stage):
         settings = ctx.section("dualrag")
         retriever = LocalRetriever(ctx.resource("embedder"))
         progress = {id(s): Progress() for s in states}
-        active, retrieved = list(states), []
+        active, retrieved = list(states), list[QueryState]()
         for state in states:
             state.route = state.route or "dualrag"
         for _ in range(settings.max_iter):

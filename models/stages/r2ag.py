@@ -98,15 +98,16 @@ class R2AGStage(Stage):
         head, settings = ctx.resource("r2former"), ctx.settings
         if head is None:
             raise RuntimeError("r2ag stage without an R2-Former head")
-        scored = [s for s in states if s.references and s.reference_vectors is not None
+        scored = [(s, s.query_vector, s.reference_vectors) for s in states
+                  if s.references and s.query_vector is not None and s.reference_vectors is not None
                   and len(s.reference_vectors) == len(s.references)]
-        with_vectors = {id(s) for s in scored}
+        with_vectors = {id(s) for s, _, _ in scored}
         for state in states:
             if state.references and id(state) not in with_vectors:
                 logger.warning("{}: references carry no embeddings; R2AG leaves them as ranked", state.interaction_id)
-        features = [retrieval_features(s.query_vector, s.reference_vectors) for s in scored]
+        features = [retrieval_features(query, rows) for _, query, rows in scored]
         probabilities, _ = head.run(features)
-        for state, feats, probs in zip(scored, features, probabilities):
+        for (state, _, rows), feats, probs in zip(scored, features, probabilities):
             refs = [replace(ref, relevance=float(p)) for ref, p in zip(state.references, probs)]
             if head.prompting:
                 state.references = refs
@@ -114,5 +115,5 @@ class R2AGStage(Stage):
                 continue
             kept = relevance_order(probs, settings.threshold, settings.min_keep)
             state.references = [refs[i] for i in kept]
-            state.reference_vectors = state.reference_vectors[kept]
+            state.reference_vectors = rows[kept]
             logger.debug("{}: R2AG kept {} of {} references", state.interaction_id, len(kept), len(refs))

@@ -42,7 +42,7 @@ def _read_block(text: str) -> Parsed | None:
     if not answer or _PLACEHOLDER.match(answer):
         return None
     premise = _PREMISE.search(text)
-    return Parsed(answer, bool(premise) and premise.group(1).lower() in ("yes", "true"))
+    return Parsed(answer, premise is not None and premise.group(1).lower() in ("yes", "true"))
 
 
 def parse_structured(output: str) -> Parsed | None:
@@ -91,7 +91,7 @@ def prompt_evidence(state: QueryState, max_chars: int, markers: int = 0) -> tupl
     return texts, tables
 
 
-def reasoning_conversation(prompt: Prompt, state: QueryState, max_chars: int, markers: int = 0) -> Conversation:
+def reasoning_conversation(prompt: Prompt, state: QueryState, max_chars: int, markers: int = 0) -> Messages:
     """The reasoning prompt for `state`; with `markers`, its first references carry retrieval markers."""
     texts, tables = prompt_evidence(state, max_chars, markers)
     values = dict(query=state.query, query_time=state.query_time, references=texts, tables=tables,
@@ -102,8 +102,8 @@ def reasoning_conversation(prompt: Prompt, state: QueryState, max_chars: int, ma
     return prompt.render(**values)
 
 
-def place_embeddings(conversation: Conversation, vectors: np.ndarray, placeholder: str
-                     ) -> tuple[Conversation, np.ndarray]:
+def place_embeddings(conversation: Messages, vectors: np.ndarray, placeholder: str
+                     ) -> tuple[Messages, np.ndarray]:
     """The conversation with each reference marker replaced by the placeholder token, and the rows of `vectors`
     (one per reference) in the order the markers appear. A placeholder already in the text is removed first."""
     order: list[int] = []
@@ -130,7 +130,7 @@ def agreement(state: QueryState, votes: list[str], samples: int) -> None:
     """`reasoning.agreement`: the share of `samples` sampled answers whose vote (an unreadable sample has none)
     equals the query's answer after normalisation; None when no sample came."""
     state.signals["reasoning.agreement"] = (
-        sum(normalize_text(v) == normalize_text(state.answer) for v in votes) / samples if samples else None)
+        sum(normalize_text(v) == normalize_text(state.answer or "") for v in votes) / samples if samples else None)
 
 
 def first_line(output: str) -> str:
@@ -197,13 +197,14 @@ class ReasoningStage(Stage):
             state.signals["references.in_prompt"] = len(fit_references(state.references,
                                                                        settings.max_reference_chars))
         if settings.samples:
-            self._agreement([(s, c, e) for s, c, e in zip(states, conversations, embeddings or [None] * len(states))
+            rows: list[np.ndarray | None] = list(embeddings) if embeddings is not None else [None] * len(states)
+            self._agreement([(s, c, e) for s, c, e in zip(states, conversations, rows)
                              if s.answer is not None and not s.done], ctx)
         if unparsed:
             self._summarise(unparsed, ctx)
 
     @staticmethod
-    def _agreement(answered: list[tuple[QueryState, Conversation, np.ndarray | None]], ctx: StageContext) -> None:
+    def _agreement(answered: list[tuple[QueryState, Messages, np.ndarray | None]], ctx: StageContext) -> None:
         """Self-consistency: `reasoning.samples` more answers at `sample_temperature` for each answered query, and
         the share that agree with its answer after normalisation (`reasoning.agreement`; None when none came)."""
         if not answered:

@@ -101,6 +101,10 @@ class Stage:
         default."""
         return {}
 
+    def declared_signals(self) -> set[str]:
+        """The signals this stage may write: those it declares in `signals`."""
+        return set(self.signals)
+
     def setup(self, config: SystemConfig, resources: dict[str, Any]) -> None:
         """Start-up work (load a classifier, read demonstrations), once, before the first batch."""
 
@@ -120,9 +124,9 @@ class StageRegistry(Registry[Stage]):
         def check(cls: type[Stage]) -> type[Stage]:
             if not (isinstance(cls, type) and issubclass(cls, Stage)):
                 return add(cls)  # refused there, with the base class named
-            own = [(name, cls.settings, False)] if cls.settings is not None else []
-            shared = [(section, keys, True) for section, keys in cls.section_keys.items()]
-            with declaring(f"stage {name!r}", cls.__module__, own + shared, cls.fields, cls.resources):
+            keys = [(name, cls.settings, False)] if cls.settings is not None else []
+            keys += [(section, part, True) for section, part in cls.section_keys.items()]
+            with declaring(f"stage {name!r}", cls.__module__, keys, cls.fields, cls.resources):
                 _check(name, cls)
                 registered = add(cls)
             cls.name = name
@@ -142,7 +146,7 @@ def declaring(what: str, owner: str, sections: Iterable[tuple[str, type, bool]],
     """Register what `what` (a stage, a retriever) declared in module `owner` adds: config keys (section name,
     dataclass, whether the section is shared), QueryState fields and resources. Where that or the block raises a
     ValueError, nothing of it stays registered; a clash is a RegistryError naming `what`."""
-    tables = (STAGE_SECTIONS, ADDED_FIELDS, RESOURCES)
+    tables: tuple[dict[str, Any], ...] = (STAGE_SECTIONS, ADDED_FIELDS, RESOURCES)
     saved = [dict(table) for table in tables]
     try:
         try:
@@ -341,7 +345,7 @@ def _run_isolated(stage: Stage, group: list[QueryState], batch: Batch, needed: f
     saved = [_snapshot(stage, state) for state in group]
     try:
         stage.run(group, batch.context(stage))
-        undeclared = sorted({name for state in group for name in state.signals} - set(stage.signals)
+        undeclared = sorted({name for state in group for name in state.signals} - stage.declared_signals()
                             - {name for snapshot in saved for name in snapshot["signals"]})
         if undeclared:
             raise RegistryError(f"stage {stage.name!r} wrote signals it does not declare in `signals`: {undeclared}")
