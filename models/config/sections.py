@@ -299,8 +299,8 @@ class ReasoningConfig:
     """Reply tokens of the backup summariser, used when the reasoning output cannot be parsed."""
     samples: int = field(default=0, metadata=at_least(0))
     """Extra answers sampled beside the answer (which stays the answer), from the prompt that gave it (reasoning, or
-    the backup summariser); the share that agree is the reasoning.agreement signal for the answer gate
-    (self-consistency). 0: none, no extra call."""
+    the backup summariser); the share that agree is the reasoning.agreement signal (self-consistency). 0: none, no
+    extra call."""
     sample_temperature: float = field(default=0.7, metadata=at_least(0.01))
     """Sampling temperature of those extra answers."""
 
