@@ -141,7 +141,7 @@ class SystemConfig:
         config stays as it is."""
         current = self.section(name) if part is None else self.section(name, part)
         changed = dataclasses.replace(current, **changes)
-        if name not in self.stage_settings:
+        if part is None and name in CORE_SECTIONS:  # SystemConfig's own keys, beside any parts stages add
             return dataclasses.replace(self, **{name: changed})
         return dataclasses.replace(self, stage_settings={
             section: [changed if p is current else p for p in parts] for section, parts in self.stage_settings.items()})

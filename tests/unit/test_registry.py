@@ -338,6 +338,8 @@ def test_a_retriever_declares_what_it_needs_and_becomes_a_choice(registries_rest
         config = load_config(write(tmp_path / "c.yaml", "references:\n  retriever: sparse\n  sparse_k1: 2.0\n"))
         assert config.references.retriever == "sparse" and config.section("references", SparseKeys).sparse_k1 == 2.0
         assert config.resolved()["references"]["sparse_k1"] == 2.0 and config.references.top_k == 10
+        fewer = config.with_keys("references", top_k=3)  # SystemConfig's own key of a section stages add keys to
+        assert (fewer.references.top_k, fewer.section("references", SparseKeys).sparse_k1) == (3, 2.0)
         with pytest.raises(ConfigError, match="unknown key 'references.sparse_k2'; did you mean 'sparse_k1'"):
             load_config(write(tmp_path / "typo.yaml", "references:\n  sparse_k2: 2.0\n"))
 
