@@ -10,15 +10,13 @@ from models.config.loader import (
     import_stage_modules,
     load_config,
 )
-from models.config.reference import ConfigKey, config_keys, field_docs, yaml_text
+from models.config.reference import ConfigKey, config_keys, yaml_text
 from models.config.schema import (
-    CHOICES,
     DEFAULT_STRATEGIES,
     REPO_ROOT,
     STAGE_MODULES,
     STAGE_SECTIONS,
     SystemConfig,
-    add_choice,
     add_section,
     resolve_path,
 )
@@ -40,12 +38,13 @@ from models.config.sections import (
     RerankConfig,
     VLLMConfig,
 )
+from models.config.validation import CHOICES, Choice, add_choice, field_docs
 from utils.errors import ConfigError
 
 __all__ = [
     "CHOICES", "CONFIG_ENV", "DEFAULT_CONFIG", "DEFAULT_STRATEGIES", "DOMAINS", "DYNAMISM",
     "REPO_ROOT", "STAGE_MODULES", "STAGE_SECTIONS", "AttributesConfig", "BudgetConfig", "CalculatorConfig",
-    "ConfigError", "ConfigKey", "Dynamism", "EmbedderConfig", "HFConfig",
+    "Choice", "ConfigError", "ConfigKey", "Dynamism", "EmbedderConfig", "HFConfig",
     "ICLConfig", "KnowledgeConfig", "LLMConfig", "OpenAIConfig",
     "ReasoningConfig", "ReferencesConfig", "RerankConfig", "SystemConfig", "VLLMConfig",
     "add_choice", "add_config_arguments", "add_section", "config_from_args", "config_keys", "config_path",

@@ -5,19 +5,18 @@ type, a choice or range it breaks is a ConfigError naming the file, the key and 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import importlib
 import os
-import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 
 from models.config.schema import (
-    CHOICES,
     CORE_SECTIONS,
     REPO_ROOT,
     STAGE_MODULES,
@@ -25,7 +24,7 @@ from models.config.schema import (
     SystemConfig,
     declared_sections,
 )
-from models.config.sections import range_text
+from models.config.validation import public_fields, validate
 from utils.errors import ConfigError
 from utils.names import did_you_mean
 
@@ -93,7 +92,11 @@ def load_config(path: str | os.PathLike | None = None, overlays: Sequence[str | 
     declared = {key: data.pop(key) for key in list(data) if key in STAGE_SECTIONS and key not in CORE_SECTIONS}
     for key in [key for key in STAGE_SECTIONS if key in CORE_SECTIONS and isinstance(data.get(key), dict)]:
         declared[key] = _split(key, data, source)
-    config = _build(SystemConfig, data, source, "", {"source": source}, also=STAGE_SECTIONS)
+    keys = list(dict.fromkeys([*public_fields(SystemConfig), *STAGE_SECTIONS]))
+    for key in data:  # checked here: pydantic would take the fields the loader sets (source) as keys
+        if key not in keys:
+            raise ConfigError(f"{source}: unknown key '{key}'{did_you_mean(key, keys)}")
+    config = validate(SystemConfig, {**_with_tables(data), "source": source}, source)
     # the built-in stages' sections and the configured modules' are in every config, defaults or not, so the
     # resolved config (and its hash) depends on the config alone, never on what this process imported before
     named = [name for name in config.strategy_names() if name in STAGE_SECTIONS]
@@ -112,11 +115,9 @@ def _split(name: str, data: dict[str, Any], source: str) -> dict[str, Any]:
     """Of SystemConfig's section `name` in `data`, the keys stages declare in it (`Stage.section_keys`), taken out;
     a key neither declares is refused with the closest of both."""
     section = data[name]
-    core = {f.name for f in dataclasses.fields(CORE_SECTIONS[name])}
-    declared = {f.name for _, settings in STAGE_SECTIONS[name] for f in dataclasses.fields(settings)}
-    for key in section:
-        if key not in core | declared:
-            raise ConfigError(f"{source}: unknown key '{name}.{key}'{did_you_mean(key, [*core, *declared])}")
+    core = public_fields(CORE_SECTIONS[name])
+    declared = [key for _, settings in STAGE_SECTIONS[name] for key in public_fields(settings)]
+    _refuse_unknown(name, section, [*core, *declared], source)
     data[name] = {key: value for key, value in section.items() if key in core}
     return {key: value for key, value in section.items() if key in declared}
 
@@ -127,14 +128,18 @@ def _parts(name: str, data: Any, source: str) -> list[Any]:
     is built (a ValueError is a config error)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: '{name}' must be a mapping")
-    parts = [settings for _, settings in STAGE_SECTIONS[name]]
-    fields = [{f.name for f in dataclasses.fields(settings)} for settings in parts]
-    for key in data:
-        if not any(key in keys for keys in fields):
-            known = [key for keys in fields for key in sorted(keys)]
+    parts = [(settings, public_fields(settings)) for _, settings in STAGE_SECTIONS[name]]
+    _refuse_unknown(name, data, [key for _, keys in parts for key in keys], source)
+    return [validate(settings, {k: v for k, v in data.items() if k in keys}, source, f"{name}.")
+            for settings, keys in parts]
+
+
+def _refuse_unknown(name: str, section: dict[str, Any], known: list[str], source: str) -> None:
+    """A key of section `name` that none of its parts declares is refused, with the closest of them all (each part
+    is checked alone, against its own keys)."""
+    for key in section:
+        if key not in known:
             raise ConfigError(f"{source}: unknown key '{name}.{key}'{did_you_mean(key, known)}")
-    return [_build(settings, {k: v for k, v in data.items() if k in keys}, source, f"{name}.")
-            for settings, keys in zip(parts, fields)]
 
 
 def _read_yaml(path: Path, fix: str) -> dict[str, Any]:
@@ -158,77 +163,19 @@ def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _build(cls: type, data: dict[str, Any], source: str, prefix: str, extra: dict[str, Any] | None = None,
-           also: typing.Iterable[str] = ()) -> Any:
-    """`cls` from `data`, each key checked and coerced; `also`: other keys of this level (the declared sections),
-    for the closest name of an unknown one. A ValueError of the dataclass's own checks names the source."""
-    hints = typing.get_type_hints(cls)
-    known = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs: dict[str, Any] = dict(extra or {})
-    for key, value in data.items():
-        where = f"{prefix}{key}"
-        if key not in known or known[key].metadata.get("internal"):
-            public = [name for name, f in known.items() if not f.metadata.get("internal")] + list(also)
-            raise ConfigError(f"{source}: unknown key '{where}'{did_you_mean(key, public)}")
-        meta = known[key].metadata
-        if meta.get("merge") and isinstance(value, dict):  # a table added to its defaults (strategies)
-            defaults = typing.cast(typing.Callable[[], dict[str, Any]], known[key].default_factory)()
-            value = {**defaults, **{k: _splice(v) for k, v in value.items()}}
-        kwargs[key] = _coerce(hints[key], value, source, where)
-        if (table := meta.get("choices")) and kwargs[key] not in (names := CHOICES.get(table, [])):
-            raise ConfigError(f"{source}: '{where}' is {kwargs[key]!r}{did_you_mean(kwargs[key], names)}")
-        low, high = meta.get("range", (None, None))
-        if kwargs[key] is not None and (
-                (low is not None and kwargs[key] < low) or (high is not None and kwargs[key] > high)):
-            allowed = range_text(low, high) if low is None or high is None else f"in {range_text(low, high)}"
-            raise ConfigError(f"{source}: '{where}' must be {allowed}, got {kwargs[key]!r}")
-    try:
-        return cls(**kwargs)
-    except ConfigError:
-        raise
-    except ValueError as err:  # a check across the section's keys (R2AGSettings.__post_init__)
-        raise ConfigError(f"{source}: {err}") from err
+def _with_tables(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with each table SystemConfig adds to its defaults (field metadata `merge`: strategies) merged over
+    them, the lists inside its lists spliced in (YAML aliases of shared stage lists)."""
+    merged = dict(data)
+    for f in dataclasses.fields(SystemConfig):
+        if f.metadata.get("merge") and isinstance(data.get(f.name), dict):
+            defaults = copy.deepcopy(typing.cast(Callable[[], Any], f.default_factory)())
+            merged[f.name] = {**defaults, **{key: _splice(value) for key, value in data[f.name].items()}}
+    return merged
 
 
 def _splice(value: Any) -> Any:
-    """A list with the lists inside it spliced in (YAML aliases of shared stage lists)."""
+    """A list with the lists inside it spliced in."""
     if not isinstance(value, list):
         return value
     return [item for part in value for item in (part if isinstance(part, list) else [part])]
-
-
-def _coerce(hint: Any, value: Any, source: str, where: str) -> Any:
-    origin = typing.get_origin(hint)
-    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{source}: '{where}' must be a mapping")
-        return _build(hint, value, source, f"{where}.")
-    if origin is Literal:
-        choices = typing.get_args(hint)
-        if value not in choices or isinstance(value, bool):
-            raise ConfigError(f"{source}: '{where}' is {value!r}{did_you_mean(value, choices)}")
-        return value
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(hint)
-        if value is None and type(None) in args:
-            return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _coerce(inner, value, source, where)
-    if origin is list:
-        (item_t,) = typing.get_args(hint)
-        if not isinstance(value, list):
-            raise ConfigError(f"{source}: '{where}' must be a list")
-        return [_coerce(item_t, item, source, f"{where}[{i}]") for i, item in enumerate(value)]
-    if origin is dict:
-        key_t, val_t = typing.get_args(hint)
-        if not isinstance(value, dict):
-            raise ConfigError(f"{source}: '{where}' must be a mapping")
-        return {
-            _coerce(key_t, k, source, f"{where}.{k}"): _coerce(val_t, v, source, f"{where}.{k}")
-            for k, v in value.items()
-        }
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
-        raise ConfigError(f"{source}: '{where}' must be {hint.__name__}, got {value!r}")
-    return value

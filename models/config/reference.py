@@ -1,13 +1,10 @@
 """Every key the loader accepts, as the generated configuration reference shows it (docs/reference/config.md,
-`make docs`): read from the schema's dataclasses, their attribute docstrings and the sections stages declare."""
+`make docs`): read from the schema's dataclasses, their attribute docstrings (as pydantic reads them) and the
+sections stages declare."""
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import functools
-import inspect
-import textwrap
 import types
 import typing
 from dataclasses import dataclass
@@ -16,8 +13,8 @@ from typing import Any, Literal
 import yaml
 
 from models.config.loader import import_stage_modules
-from models.config.schema import CHOICES, CORE_SECTIONS, STAGE_MODULES, STAGE_SECTIONS, SystemConfig
-from models.config.sections import range_text
+from models.config.schema import CORE_SECTIONS, STAGE_MODULES, STAGE_SECTIONS, SystemConfig
+from models.config.validation import CHOICES, Choice, bounds, field_docs, range_text, unwrap
 
 
 @dataclass(frozen=True)
@@ -47,33 +44,20 @@ def config_keys() -> list[ConfigKey]:
     return keys
 
 
-@functools.cache
-def field_docs(cls: type) -> dict[str, str]:
-    """The attribute docstrings of a dataclass (the string literal right after each field), whitespace folded."""
-    (node,) = ast.parse(textwrap.dedent(inspect.getsource(cls))).body
-    assert isinstance(node, ast.ClassDef)
-    docs: dict[str, str] = {}
-    for statement, after in zip(node.body, node.body[1:]):
-        if (isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)
-                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
-                and isinstance(after.value.value, str)):
-            docs[statement.target.id] = " ".join(after.value.value.split())
-    return docs
-
-
 def _section_keys(cls: type, prefix: str) -> typing.Iterator[ConfigKey]:
-    hints, docs = typing.get_type_hints(cls), field_docs(cls)
+    hints, docs = typing.get_type_hints(cls, include_extras=True), field_docs(cls)
     for f in dataclasses.fields(cls):
         if f.metadata.get("internal"):
             continue
-        key, hint, doc = prefix + f.name, hints[f.name], docs.get(f.name, "")
+        key, doc = prefix + f.name, docs.get(f.name, "")
+        hint, metadata = unwrap(hints[f.name])
         if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             yield ConfigKey(key, "section", "", "", doc)
             yield from _section_keys(hint, f"{key}.")
         else:
             default = f.default if f.default is not dataclasses.MISSING else (
                 typing.cast(typing.Callable[[], Any], f.default_factory)())
-            yield ConfigKey(key, _type_text(hint), yaml_text(default), _allowed_text(hint, f.metadata), doc)
+            yield ConfigKey(key, _type_text(hints[f.name]), yaml_text(default), _allowed_text(hint, metadata), doc)
 
 
 def yaml_text(value: Any) -> str:
@@ -84,6 +68,8 @@ def yaml_text(value: Any) -> str:
 
 def _type_text(hint: Any) -> str:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Annotated:
+        return _type_text(args[0])
     if origin is Literal:
         return " | ".join(dict.fromkeys(type(choice).__name__ for choice in args))
     if origin in (typing.Union, types.UnionType):
@@ -93,15 +79,13 @@ def _type_text(hint: Any) -> str:
     return hint.__name__
 
 
-def _allowed_text(hint: Any, metadata: typing.Mapping[str, Any]) -> str:
-    if table := metadata.get("choices"):
-        return ", ".join(CHOICES.get(table, []))
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is Literal:
-        return ", ".join(str(choice) for choice in args)
-    if origin in (typing.Union, types.UnionType):
-        return " | ".join(filter(None, (_allowed_text(arg, {}) for arg in args if arg is not type(None))))
-    if origin is list:
-        inner = _allowed_text(args[0], {})
+def _allowed_text(hint: Any, metadata: list[Any]) -> str:
+    """The choices or the range of a key whose type is `hint` (unwrapped) and `Annotated` metadata `metadata`."""
+    if choice := next((item for item in metadata if isinstance(item, Choice)), None):
+        return ", ".join(CHOICES.get(choice.table, []))
+    if typing.get_origin(hint) is Literal:
+        return ", ".join(str(choice) for choice in typing.get_args(hint))
+    if typing.get_origin(hint) is list:
+        inner = _allowed_text(*unwrap(typing.get_args(hint)[0]))
         return f"each: {inner}" if inner else ""
-    return range_text(*metadata.get("range", (None, None)))
+    return range_text(*bounds(metadata))

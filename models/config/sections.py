@@ -1,31 +1,19 @@
-"""The config's sections: one dataclass per section, whose fields are its keys (type, default, range or choices) and
-whose attribute docstrings document them (the generated configuration reference reads them)."""
+"""The config's sections: one dataclass per section, whose fields are its keys (type, default, range as an
+`annotated_types` constraint, choices as a Literal or a `Choice`) and whose attribute docstrings document them (the
+generated configuration reference reads them through pydantic; models/config/validation.py checks them)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Literal
+
+from annotated_types import Ge
+
+from models.config.validation import Choice
 
 DOMAINS = ("finance", "sports", "music", "movie", "open")
 DYNAMISM = ("static", "slow-changing", "fast-changing", "real-time")
 Dynamism = Literal["static", "slow-changing", "fast-changing", "real-time"]
-
-
-def at_least(low: float) -> dict[str, Any]:
-    """Field metadata: the smallest value the key accepts."""
-    return {"range": (low, None)}
-
-
-def range_text(low: float | None, high: float | None) -> str:
-    """A `range` metadata as text: "at least 0", "at most 1", "0..1"; "" for no bounds."""
-    if low is None:
-        return "" if high is None else f"at most {high}"
-    return f"at least {low}" if high is None else f"{low}..{high}"
-
-
-def between(low: float, high: float) -> dict[str, Any]:
-    """Field metadata: the range of values the key accepts (both ends included)."""
-    return {"range": (low, high)}
 
 
 @dataclass
@@ -40,9 +28,9 @@ class HFConfig:
     dtype: Literal["float32", "float16", "bfloat16", "auto"] = "float32"
     """Weights and activations dtype; auto: the model's. float32 also on CUDA (configs/overlays/cuda.yaml), so
     answers compare with make eval's CPU run."""
-    max_input_tokens: int = field(default=2048, metadata=at_least(64))
+    max_input_tokens: Annotated[int, Ge(64)] = 2048
     """Prompt tokens at most; a longer prompt is cut, its head and tail kept."""
-    micro_batch_size: int = field(default=8, metadata=at_least(1))
+    micro_batch_size: Annotated[int, Ge(1)] = 8
     """Conversations per forward pass; each micro-batch starts only if the batch deadline affords reading its
     prompts (longer prompts are cut to what it affords)."""
     cache_dir: str | None = None
@@ -61,15 +49,15 @@ class OpenAIConfig:
     api_key_env: str = "OPENAI_API_KEY"
     """The environment variable holding the API key; unset or empty: "EMPTY" (a server started without --api-key
     takes any key)."""
-    concurrency: int = field(default=8, metadata=at_least(1))
+    concurrency: Annotated[int, Ge(1)] = 8
     """Requests in flight at once; a vLLM server batches them on the GPU."""
-    max_retries: int = field(default=3, metadata=at_least(0))
+    max_retries: Annotated[int, Ge(0)] = 3
     """Retries of a request that failed on a transient error, while the batch deadline affords the wait."""
-    backoff_s: float = field(default=0.5, metadata=at_least(0))
+    backoff_s: Annotated[float, Ge(0)] = 0.5
     """Seconds before the first retry, doubled at each further retry."""
-    request_timeout_s: float = field(default=60.0, metadata=at_least(0.1))
+    request_timeout_s: Annotated[float, Ge(0.1)] = 60.0
     """Seconds for a whole request, not one read (cut to what the batch deadline leaves)."""
-    max_reply_bytes: int = field(default=2_000_000, metadata=at_least(1024))
+    max_reply_bytes: Annotated[int, Ge(1024)] = 2_000_000
     """A longer reply is dropped unread (no answer), so a runaway server cannot fill memory."""
     native_n: bool = False
     """true when the server honours n > 1 in one request (vLLM does, reading the prompt once); false: n requests
@@ -134,7 +122,7 @@ class EmbedderConfig:
     """torch device: cpu, cuda or cuda:N."""
     batch_size: int = 64
     """Texts per encoding batch."""
-    max_seq_length: int | None = field(default=None, metadata=at_least(1))
+    max_seq_length: Annotated[int, Ge(1)] | None = None
     """Tokens of a text that are read, the rest cut; null: the model folder's own limit (MiniLM's 256)."""
     backend: Literal["torch", "openvino"] = "torch"
     """torch: sentence-transformers as it loads; openvino: its transformer converted once to OpenVINO (cached under
@@ -175,13 +163,13 @@ class RerankConfig:
 class ReferencesConfig:
     """Web page processing and ranking. Page settings are those of utils.web_pages.PageSettings."""
 
-    workers: int = field(default=0, metadata=at_least(0))
+    workers: Annotated[int, Ge(0)] = 0
     """Page processes: 0 one per CPU, 1 in this process."""
     cache: bool = True
     """Keep processed pages by content hash, so re-runs never parse a page twice."""
     cache_dir: str | None = None
     """Where the page cache lives (pages/ under it); null: $CRAG_CACHE_DIR, else ~/.cache/crag-harness."""
-    timeout_s: float = field(default=10.0, metadata=at_least(0))
+    timeout_s: Annotated[float, Ge(0)] = 10.0
     """Seconds the pages of one batch may take at most (the batch deadline also applies)."""
     chunk_chars: int = 1000
     """A question chunk (FAQ) collects the text after it up to this many characters."""
@@ -197,24 +185,24 @@ class ReferencesConfig:
     """A page's HTML is cut to this many characters before parsing."""
     extractor: Literal["resiliparse", "trafilatura"] = "resiliparse"
     """Main-text extractor of a page (docs/decisions/page-extractor.md); cached pages are kept per extractor."""
-    max_pages: int = field(default=20, metadata=at_least(0))
+    max_pages: Annotated[int, Ge(0)] = 20
     """A query with more pages than this (Task 3: 50) has only the best this many by title and snippet parsed, the
     rest giving their snippets; 0: every page is parsed."""
-    candidates_per_page: int = field(default=0, metadata=at_least(0))
+    candidates_per_page: Annotated[int, Ge(0)] = 0
     """With this set, a query's candidates to embed are also capped at this many per page read (the BM25
     shortlist picks them); 0: only max_candidates caps them."""
-    max_candidates: int = field(default=500, metadata=at_least(1))
+    max_candidates: Annotated[int, Ge(1)] = 500
     """A query's candidates (chunks, tables, snippets) beyond this are shortlisted by BM25 before embedding, so that
     one huge page (thousands of candidates) does not spend the batch's time."""
-    top_k: int = field(default=10, metadata=at_least(1))
+    top_k: Annotated[int, Ge(1)] = 10
     """Chunks and snippets kept per query."""
-    table_budget_chars: int = field(default=4000, metadata=at_least(0))
+    table_budget_chars: Annotated[int, Ge(0)] = 4000
     """The best tables of a query are kept while their total length fits this many characters."""
     use_snippets: bool = True
     """The search results' snippets are candidates too, beside the page chunks."""
     rerank: RerankConfig = field(default_factory=RerankConfig)
     """Optional cross-encoder re-ranking, off while rerank.model is null."""
-    retriever: str = field(default="dense", metadata={"choices": "retriever"})
+    retriever: Annotated[str, Choice("retriever")] = "dense"
     """How candidates are ranked: dense (cosine over chunks) or a retriever the references stage registers, as hash
     (HASH-RAG over propositions, needs hash.model)."""
 
@@ -227,11 +215,11 @@ class ReferencesConfig:
 class ICLConfig:
     """Few-shot attribute prediction (`attributes.method: icl`)."""
 
-    shots_per_class: int = field(default=5, metadata=at_least(0))
+    shots_per_class: Annotated[int, Ge(0)] = 5
     """Demonstrations per domain and per dynamism class, drawn from attributes.labelled_file."""
-    n: int = field(default=5, metadata=at_least(1))
+    n: Annotated[int, Ge(1)] = 5
     """Samples per question, majority vote; a dynamism tie goes to the more dynamic label."""
-    temperature: float = field(default=0.7, metadata=at_least(0))
+    temperature: Annotated[float, Ge(0)] = 0.7
     """Sampling temperature of the votes."""
     max_tokens: int = 24
     """Reply tokens per sample."""
@@ -273,9 +261,9 @@ class CalculatorConfig:
 
     enabled: bool = True
     """Run the calculator."""
-    n: int = field(default=5, metadata=at_least(1))
+    n: Annotated[int, Ge(1)] = 5
     """Samples of expressions per query."""
-    temperature: float = field(default=0.7, metadata=at_least(0))
+    temperature: Annotated[float, Ge(0)] = 0.7
     """Sampling temperature of the samples."""
     max_tokens: int = 192
     """Reply tokens per sample."""
@@ -297,11 +285,11 @@ class ReasoningConfig:
     """References enter the prompt best first while they fit this many characters."""
     summariser_max_tokens: int = 32
     """Reply tokens of the backup summariser, used when the reasoning output cannot be parsed."""
-    samples: int = field(default=0, metadata=at_least(0))
+    samples: Annotated[int, Ge(0)] = 0
     """Extra answers sampled beside the answer (which stays the answer), from the prompt that gave it (reasoning, or
     the backup summariser); the share that agree is the reasoning.agreement signal (self-consistency). 0: none, no
     extra call."""
-    sample_temperature: float = field(default=0.7, metadata=at_least(0.01))
+    sample_temperature: Annotated[float, Ge(0.01)] = 0.7
     """Sampling temperature of those extra answers."""
 
 
@@ -310,11 +298,11 @@ class ReasoningConfig:
 class BudgetConfig:
     """Time limits, in seconds."""
 
-    per_query_s: float = field(default=30.0, metadata=at_least(0.1))
+    per_query_s: Annotated[float, Ge(0.1)] = 30.0
     """Seconds per query: a batch of B queries has B x per_query_s less safety_margin_s."""
-    safety_margin_s: float = field(default=2.0, metadata=at_least(0))
+    safety_margin_s: Annotated[float, Ge(0)] = 2.0
     """Seconds kept back as a margin: the batch deadline falls this long before B x per_query_s."""
-    answer_reserve_s: float = field(default=0.5, metadata=at_least(0))
+    answer_reserve_s: Annotated[float, Ge(0)] = 0.5
     """Seconds kept for the answer step: a stage's work ends this long before the deadline."""
     stage_min_s: dict[str, float] = field(
         default_factory=lambda: {"references": 0.5, "reasoning": 1.0}

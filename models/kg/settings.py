@@ -3,10 +3,10 @@ that the client and the rules read them without importing the stage."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
+from typing import Annotated, Literal
 
-from models.config.sections import at_least
+from annotated_types import Ge
 
 
 @dataclass
@@ -18,26 +18,26 @@ class KGSettings:
     calls (at most max_calls), each checked against the endpoint table before it is made."""
     base_url: str | None = None
     """The mock API; null: $CRAG_MOCK_API_URL, else http://localhost:8000 (make eval serves data/kg)."""
-    connect_timeout_s: float = field(default=1.0, metadata=at_least(0.01))
+    connect_timeout_s: Annotated[float, Ge(0.01)] = 1.0
     """Seconds to connect, per attempt."""
-    read_timeout_s: float = field(default=5.0, metadata=at_least(0.01))
+    read_timeout_s: Annotated[float, Ge(0.01)] = 5.0
     """Seconds an attempt waits for the reply."""
-    retries: int = field(default=2, metadata=at_least(0))
+    retries: Annotated[int, Ge(0)] = 2
     """Retries on connection errors, timeouts and HTTP 5xx, while the batch deadline affords the wait."""
-    backoff_s: float = field(default=0.2, metadata=at_least(0))
+    backoff_s: Annotated[float, Ge(0)] = 0.2
     """Seconds before the first retry, doubled at each further retry."""
-    down_after: int = field(default=3, metadata=at_least(1))
+    down_after: Annotated[int, Ge(1)] = 3
     """Failures in a row without an answer (no connection, a whole read timeout) that mark the server down."""
-    down_s: float = field(default=30.0, metadata=at_least(0))
+    down_s: Annotated[float, Ge(0)] = 30.0
     """Seconds a down server's calls answer nothing at once; then calls resume only once a probe (GET /) answers."""
-    max_reply_bytes: int = field(default=16_000_000, metadata=at_least(1024))
+    max_reply_bytes: Annotated[int, Ge(1024)] = 16_000_000
     """A longer reply is refused as it arrives (no result). The largest real replies are a few MB: 16 MB leaves a
     margin of about 3 (docs/decisions/kg-reply-cap.md)."""
-    concurrency: int = field(default=8, metadata=at_least(1))
+    concurrency: Annotated[int, Ge(1)] = 8
     """Calls in flight for a batch."""
-    max_calls: int = field(default=6, metadata=at_least(1))
+    max_calls: Annotated[int, Ge(1)] = 6
     """method functions: calls per query, at most."""
-    max_chars: int = field(default=1000, metadata=at_least(0))
+    max_chars: Annotated[int, Ge(0)] = 1000
     """The KG text of one query is cut to this many characters (whole rows, best first)."""
     max_tokens: int = 160
     """Reply tokens of the entity extraction (rules) or of the function list (functions)."""

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
+from annotated_types import Ge
 from loguru import logger
 
 from models.config import SystemConfig, resolve_path
-from models.config.sections import at_least
 from models.prompting import PromptLibrary
 from models.resources import Resource
 from models.retrieval.dense import best_first
@@ -38,9 +38,9 @@ class HashSettings:
     references.retriever hash."""
     engine: HashEngine = "numpy"
     """The Hamming search: numpy (popcount, widening radius), faiss-flat or faiss-hnsw."""
-    alpha: int = field(default=200, metadata=at_least(1))
+    alpha: Annotated[int, Ge(1)] = 200
     """Propositions taken nearest by Hamming distance."""
-    depth: int = field(default=100, metadata=at_least(1))
+    depth: Annotated[int, Ge(1)] = 100
     """Of those, the best kept by the asymmetric score <v_q, h_p>."""
     exact: bool = True
     """Order the kept propositions by cosine (false: by <v_q, h_p>)."""

@@ -7,14 +7,14 @@ features, which the reasoning stage turns into embeddings before each reference.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from dataclasses import dataclass, replace
+from typing import Annotated, Any, Literal
 
 import numpy as np
+from annotated_types import Ge, Interval
 from loguru import logger
 
 from models.config import SystemConfig, resolve_path
-from models.config.sections import at_least, between
 from models.llm.backend import TakesEmbeddings
 from models.prompting import PromptLibrary
 from models.resources import Resource
@@ -34,9 +34,9 @@ class R2AGSettings:
     mode: Literal["relevance", "prompt"] = "relevance"
     """relevance: re-order and filter the references by query-document-matching probability (any backend); prompt:
     inject a retrieval embedding before each reference (hf, or vllm with enable_prompt_embeds; else relevance)."""
-    threshold: float = field(default=0.5, metadata=between(0, 1))
+    threshold: Annotated[float, Interval(ge=0, le=1)] = 0.5
     """relevance mode: references under this probability are dropped (but see min_keep)."""
-    min_keep: int = field(default=3, metadata=at_least(0))
+    min_keep: Annotated[int, Ge(0)] = 3
     """relevance mode: the best min_keep references always stay."""
     device: str = "cpu"
     """torch device; cpu also beside GPUs: the R2-Former is small, and the GPUs stay the LLM's."""

@@ -143,6 +143,10 @@ def test_listed_types_choices_and_ranges_read_as_written():
     assert keys["kg.retries"].allowed == "at least 0" and keys["r2ag.threshold"].allowed == "0..1"
     assert keys["llm.vllm.model"].default == "''" and keys["prompts"].default == "{}"
     assert "docs/decisions/kg-reply-cap.md" in keys["kg.max_reply_bytes"].doc
+    assert keys["embedder.max_seq_length"].allowed == "at least 1"  # a range on an optional key
+    assert keys["references.retriever"].allowed.split(", ")[:2] == ["dense", "hash"]  # a registry's names
+    # pydantic leaves out a field's doc that equals its section class's doc; the reference shows it all the same
+    assert keys["reasoning"].doc == "The final answer prompt."
 
 
 @pytest.mark.parametrize("path", BASES, ids=lambda p: p.name)
