@@ -6,16 +6,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 from loguru import logger
 
 from models.config import ConfigError, EmbedderConfig
 from models.llm.backend import BackendUnavailable
-from models.retrieval.openvino_encoder import OpenVINOEncoder
 from utils.hardware import bf16_supported
 from utils.time_budget import Deadline
+
+if TYPE_CHECKING:  # imports torch: loaded with the backend, not with the config (which imports every stage)
+    from models.retrieval.openvino_encoder import OpenVINOEncoder
 
 T = TypeVar("T")
 
@@ -64,6 +66,8 @@ class Embedder:
             self.model.max_seq_length = config.max_seq_length
         self.openvino: OpenVINOEncoder | None = None
         if config.backend == "openvino":
+            from models.retrieval.openvino_encoder import OpenVINOEncoder
+
             self.openvino = OpenVINOEncoder(self.model, path, self.name, self.precision, config.cache_dir)
         # sentence-transformers 5 renamed it; the submission's pin (requirements.txt) has only the old name.
         dimension = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension

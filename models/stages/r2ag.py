@@ -8,7 +8,7 @@ features, which the reasoning stage turns into embeddings before each reference.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 from annotated_types import Ge, Interval
@@ -18,9 +18,11 @@ from models.config import SystemConfig, resolve_path
 from models.llm.backend import TakesEmbeddings
 from models.prompting import PromptLibrary
 from models.resources import Resource
-from models.retrieval.r2former_head import R2FormerError, R2FormerHead, load_checkpoint, retrieval_features
 from models.stages.stage import STAGES, Stage, StageContext
 from models.state import QueryState, StateField
+
+if TYPE_CHECKING:  # the head imports torch: loaded when R2AG is on, not with the config
+    from models.retrieval.r2former_head import R2FormerHead
 
 
 @dataclass
@@ -53,6 +55,8 @@ def build_r2former(config: SystemConfig, prompts: PromptLibrary, built: dict[str
     settings = config.section("r2ag", R2AGSettings)
     if not settings.enabled:
         return None
+    from models.retrieval.r2former_head import R2FormerError, R2FormerHead, load_checkpoint
+
     llm = built["llm"]
     prompting = settings.mode == "prompt"
     if prompting and not isinstance(llm, TakesEmbeddings):
@@ -105,6 +109,8 @@ class R2AGStage(Stage):
         for state in states:
             if state.references and id(state) not in with_vectors:
                 logger.warning("{}: references carry no embeddings; R2AG leaves them as ranked", state.interaction_id)
+        from models.retrieval.r2former_head import retrieval_features
+
         features = [retrieval_features(query, rows) for _, query, rows in scored]
         probabilities, _ = head.run(features)
         for (state, _, rows), feats, probs in zip(scored, features, probabilities):
