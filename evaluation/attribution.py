@@ -86,11 +86,11 @@ def attribute_records(lines: list[dict[str, Any]], pages_of: Callable[[list[str]
     gives the page texts of the questions by interaction_id, asked once for all the misses."""
     records = records_of(lines)
     missed = [r for r in records if r.verdict in (MISS, WRONG)]  # unjudged answers are not known misses
-    texts = pages_of([r.interaction_id for r in missed]) if missed else {}
+    texts = pages_of([r.interaction_id or "" for r in missed]) if missed else {}  # "": no pages to read
     for record in records:
         record.attribution = None
     for record in missed:
-        record.attribution = attribute(record, texts.get(record.interaction_id))
+        record.attribution = attribute(record, texts.get(record.interaction_id or ""))
 
 
 def attribution_table(lines: list[dict[str, Any]]) -> dict[str, dict[str, int]]:

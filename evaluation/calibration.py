@@ -71,7 +71,7 @@ def join_verdicts(verdicts: Path = GATE_VERDICTS, sources: Sequence[Path] = GOLD
                 raise DataError(f"{source}:{number}: {example['query']!r} is in {gold[key]['source']} too, with "
                                 "other gold answers")
             gold.setdefault(key, found)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for number, line in enumerate(_lines(verdicts), start=1):
         if not line.strip():
             continue

@@ -32,14 +32,14 @@ def compare_records(lines_a: list[dict[str, Any]], lines_b: list[dict[str, Any]]
     common = [(r, by_id[r.interaction_id]) for r in a if r.interaction_id in by_id]
     flipped: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for ra, rb in common:
-        kind = FLIPS.get((ra.verdict, rb.verdict))
+        kind = FLIPS.get((ra.scored_verdict, rb.scored_verdict))
         if kind:
             flipped[kind].append({"interaction_id": ra.interaction_id, "query": ra.query, "answer": ra.answer,
                                   "alt_answers": ra.alt_answers or [], "domain": ra.domain,
                                   "question_type": ra.question_type, "a": ra.prediction, "b": rb.prediction,
                                   "verdicts": [ra.verdict, rb.verdict], "reasons": [ra.reason, rb.reason]})
     only_a = len(a) - len(common)
-    return {**paired_difference([ra.verdict for ra, _ in common], [rb.verdict for _, rb in common]),
+    return {**paired_difference([ra.scored_verdict for ra, _ in common], [rb.scored_verdict for _, rb in common]),
             "flipped": {kind: flipped[kind] for kind in dict.fromkeys(FLIPS.values()) if flipped[kind]},
             "only_in_a": only_a, "only_in_b": len(b) - len(common)}
 

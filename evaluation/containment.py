@@ -24,7 +24,7 @@ to start with it.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from decimal import Decimal
 
 from utils.answers import normalize_text, whole_words
@@ -44,7 +44,7 @@ _TENS = {word: 10 * value for value, word in enumerate("twenty thirty forty fift
                                                          start=2)}
 
 
-def _words(words: Sequence[str]) -> str:
+def _words(words: Iterable[str]) -> str:
     return "|".join(sorted(words, key=len, reverse=True))
 
 

@@ -9,10 +9,10 @@ import io
 import json
 import re
 import tarfile
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from loguru import logger
 
@@ -145,7 +145,7 @@ class _Concatenated(io.RawIOBase):
 
     def __init__(self, paths: list[Path]) -> None:
         self._paths = iter(paths)
-        self._handle: BinaryIO | None = None
+        self._handle: io.BufferedReader | None = None
 
     def readable(self) -> bool:
         return True
@@ -191,7 +191,7 @@ def _raw_lines(path: Path) -> Iterator[str]:
         yield from handle
 
 
-def data_lines(path: Path) -> Iterator[str]:
+def data_lines(path: Path) -> Generator[str, None, None]:
     """The lines of a data file (.jsonl, .jsonl.bz2, a Task 3 archive); a corrupt or truncated file (bz2, tar, not
     UTF-8) is a DataError naming the last good line."""
     check_data_file(path)

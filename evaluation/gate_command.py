@@ -85,7 +85,7 @@ def gated_verdicts(gate: Gate, records: list[dict[str, Any]]) -> tuple[list[str]
     is read without it first (its withheld answers' verdicts), so this gives that run's own gated verdicts."""
     before, after, withheld = [], [], 0
     for record in (r.without_gate() for r in records_of(records)):
-        verdict = record.verdict
+        verdict = record.scored_verdict
         before.append(verdict)
         signals = record.signals
         if verdict in (CORRECT, WRONG, UNJUDGED) and signals is not None and gate.p_correct(signals) < gate.threshold:
@@ -120,7 +120,7 @@ def gate_summary(lines: list[dict[str, Any]]) -> dict[str, Any] | None:
     gated = [r.gate for r in records if r.gate is not None]
     result: dict[str, Any] = {}
     if gated:
-        before, after = [r.without_gate().verdict for r in records], [r.verdict for r in records]
+        before, after = [r.without_gate().scored_verdict for r in records], [r.scored_verdict for r in records]
         result["gate"] = {"threshold": gated[0]["threshold"], "scored": len(gated),
                           "withheld": sum(r.withheld is not None for r in records),
                           "ungated": {**Scores.of(before).as_dict(), "ci95": intervals(before)},
@@ -136,8 +136,8 @@ def gate_summary(lines: list[dict[str, Any]]) -> dict[str, Any] | None:
             return {"risk_coverage": {"ordered_by": None, "note": f"no curve: {err}"}}
         p = {id(r): own.p_correct(r.signals) for r in records if r.signals}
         ordered_by = "a gate fit on this run's own verdicts (in-sample, so optimistic)"
-    scored = [(p[id(r)], r.without_gate().verdict) for r in records
-              if id(r) in p and r.without_gate().verdict in (CORRECT, WRONG)]
+    scored = [(p[id(r)], r.without_gate().scored_verdict) for r in records
+              if id(r) in p and r.without_gate().scored_verdict in (CORRECT, WRONG)]
     result["risk_coverage"] = {"ordered_by": ordered_by, "questions": len(records), "answers": len(scored),
                                "points": risk_coverage(scored, len(records))}
     return result

@@ -154,7 +154,7 @@ def cross_validate(labelled: Labelled, seed: int = 0) -> CrossValidated:
     splits = list(StratifiedGroupKFold(folds, shuffle=True, random_state=seed).split(x, y, groups))
     losses = {c: -cross_val_score(LogisticRegression(C=c, max_iter=2000), x, y, cv=splits,
                                   scoring="neg_log_loss").mean() for c in C_GRID}
-    c = min(losses, key=losses.get)  # the first of equals: the strongest regularisation
+    c = min(losses, key=lambda key: losses[key])  # the first of equals: the strongest regularisation
     oof = cross_val_predict(LogisticRegression(C=c, max_iter=2000), x, y, cv=splits, method="predict_proba")[:, 1]
     return CrossValidated(columns, x, mean, scale, y, folds, c, oof, best_threshold(oof, y))
 

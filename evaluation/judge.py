@@ -20,14 +20,14 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from loguru import logger
 from tqdm import tqdm
 
 from evaluation.containment import contains_gold
 from evaluation.record import Record
-from evaluation.verdicts import CONTAINS, CORRECT, MISS, PERSON, UNJUDGED, WRONG, Item
+from evaluation.verdicts import CONTAINS, CORRECT, MISS, PERSON, UNJUDGED, WRONG, Item, Judge
 from models.config import ConfigError, HFConfig, OpenAIConfig
 from models.llm.backend import LLM, GenParams, Probed, Sample, TopLogprobs
 from models.prompting import Prompt, PromptLibrary
@@ -128,7 +128,7 @@ def p_correct(top: TopLogprobs, positions: int = 5) -> tuple[float, float] | Non
     token). Verdict words are the tokens that begin "correct" or "incorrect"/"wrong" (two letters or more, any
     case and leading space); None where no alternative there is one."""
     for step in top[:positions]:
-        if not step or not _letters(max(step, key=step.get)):
+        if not step or not _letters(max(step, key=lambda token: step[token])):
             continue
         mass = {True: 0.0, False: 0.0}
         for token, logprob in step.items():
@@ -158,7 +158,7 @@ def read_reply(sample: Sample) -> tuple[bool | None, str, float | None]:
     return judged, reason, p
 
 
-class LLMJudge:
+class LLMJudge(Judge):
     """Judges items with `llm` (any backend) through `prompt`; `name` identifies the judge model in the cache.
 
     Each batch of `batch_size` items is one backend call (remote backends send its requests concurrently);
@@ -184,6 +184,7 @@ class LLMJudge:
     @classmethod
     def from_spec(cls, spec: str, model_name: str | None) -> LLMJudge:
         """The embedded SmolLM2 (`local`) or the model `model_name` at the server `spec`, probed."""
+        llm: LLM
         if spec == "local":
             from models.llm.hf import HFBackend, resolve_model_folder
 
@@ -191,6 +192,7 @@ class LLMJudge:
         else:
             from models.llm.openai import OpenAIBackend
 
+            assert model_name, "check_judge refuses a URL judge without --judge-model"
             llm, name = OpenAIBackend(OpenAIConfig(base_url=spec, model=model_name)), f"{spec}#{model_name}"
         judge = cls(llm, PromptLibrary().get("judge"), name, JsonCache(cache_root(None) / "judge"))
         judge.probe()
@@ -269,7 +271,7 @@ class LLMJudge:
         return failed
 
 
-class ContainsJudge:
+class ContainsJudge(Judge):
     """The containment rules (`judge_by_containment`) as a judge: no model, no cache, the same verdict every time.
     Its verdicts are "contains" under "judged by", apart from an LLM judge's; it never stands in for the
     organisers' LLM judge (`for_organisers`), so their column is what it is without a judge."""
@@ -294,20 +296,6 @@ class ContainsJudge:
             verdict, self.reasons[self.key(item)] = judge_by_containment(item)
             verdicts.append(verdict)
         return verdicts
-
-
-@runtime_checkable
-class Judge(Protocol):
-    """What judges the predictions the rules leave open (`kind`, `name`, `for_organisers`, and each verdict's
-    `reasons` and `p_correct` by key, beside these)."""
-
-    @classmethod
-    def from_spec(cls, spec: str, model_name: str | None) -> Judge:
-        """The judge `--judge spec` (and `--judge-model`) names, ready to judge; ConfigError where it cannot be."""
-
-    def key(self, item: Item) -> str: ...
-
-    def judge(self, items: Sequence[Item]) -> list[str]: ...
 
 
 # --judge's kinds: contains, person:FILE, and an LLM (local, or a server's base URL); `rules` is no judge (None).

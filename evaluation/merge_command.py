@@ -30,8 +30,9 @@ def merge(folder: RunFolder) -> int:
 def merge_shards(out_dir: Path, predictions: Path) -> list[dict]:
     """The records of every shard folder under out_dir, written together to `predictions` (shard order); the
     shards' manifests must agree on what changes answers."""
-    folders = sorted(out_dir.glob("shard-*-of-*"), key=lambda p: [int(n) for n in re.findall(r"\d+", p.name)])
-    counts = {re.fullmatch(r"shard-(\d+)-of-(\d+)", f.name).group(2) for f in folders}
+    shards = {f: m for f in out_dir.glob("shard-*-of-*") if (m := re.fullmatch(r"shard-(\d+)-of-(\d+)", f.name))}
+    folders = sorted(shards, key=lambda p: [int(n) for n in re.findall(r"\d+", p.name)])
+    counts = {match.group(2) for match in shards.values()}
     if not folders or len(counts) != 1:
         raise EvaluationError(
             f"merge: {out_dir} needs shard-i-of-n folders of one n (found {[f.name for f in folders]})"

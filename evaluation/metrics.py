@@ -78,7 +78,7 @@ def intervals(verdicts: list[str], seed: int = 0) -> dict[str, list[float]] | No
                                                                       w.mean(axis)]),
                        paired=True, vectorized=True, method="percentile", n_resamples=RESAMPLES,
                        random_state=np.random.default_rng(seed))  # one call: the three share their resamples
-    low, high = result.confidence_interval
+    low, high = (np.asarray(bound) for bound in result.confidence_interval)  # one value per statistic
     return {name: [float(low[i]), float(high[i])] for i, name in enumerate(("score", "accuracy", "hallucination"))}
 
 

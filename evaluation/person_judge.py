@@ -9,7 +9,7 @@ from pathlib import Path
 
 from loguru import logger
 
-from evaluation.verdicts import CORRECT, MISS, PERSON, UNJUDGED, WRONG, Item
+from evaluation.verdicts import CORRECT, MISS, PERSON, UNJUDGED, WRONG, Item, Judge
 from models.config import ConfigError
 from utils.cache import content_key
 from utils.grader_tokens import grader_cut
@@ -17,7 +17,7 @@ from utils.grader_tokens import grader_cut
 PERSON_VERDICTS = {"correct": CORRECT, "incorrect": WRONG, "miss": MISS}
 
 
-class PersonJudge:
+class PersonJudge(Judge):
     """A person's verdicts, read from a JSON Lines file of {query, prediction, human} records (`human`: correct,
     incorrect or miss, as in data/judge/calibration.jsonl), for the predictions the rules leave open. A verdict
     belongs to its question and its prediction as the grader reads it (cut to 75 Llama-2 tokens, whitespace

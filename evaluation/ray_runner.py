@@ -162,7 +162,8 @@ class Replica:
         _log_at(log_level)
         self.clock = clock
         started = time.perf_counter()
-        self.model, self.error = None, None
+        self.model: Any = None  # the user's model
+        self.error: str | None = None
         try:
             self.model = factory()
         except Exception as err:  # said by ready(), which the driver raises as one line
@@ -281,8 +282,9 @@ class Dispatcher:
             self._dispatch()
             if not self.waiting:
                 return
-            self.log.bar.set_postfix_str(f"{len(self.alive)} replicas, {self._busy()} busy{self.earlier}",
-                                         refresh=False)
+            if self.log.bar is not None:
+                self.log.bar.set_postfix_str(f"{len(self.alive)} replicas, {self._busy()} busy{self.earlier}",
+                                             refresh=False)
             done, _ = ray.wait(list(self.waiting), num_returns=1, timeout=POLL_S)
             for ref in done:
                 actor, job = self.waiting.pop(ref)
@@ -302,8 +304,10 @@ class Dispatcher:
             if job is not None:
                 self.retries.remove(job)
             elif not self.exhausted:
-                batch = take(self.queue, actor.batch_size)
-                self.exhausted = len(batch) < actor.batch_size
+                size = actor.batch_size
+                assert size is not None, "a free actor has answered ready() with its batch size"
+                batch = take(self.queue, size)
+                self.exhausted = len(batch) < size
                 job = Job(batch) if batch else None
             if job is None:
                 self.free.append(actor)

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Generic, TypeVar, overload
 
+from evaluation.verdicts import UNJUDGED
+
 T = TypeVar("T")
 
 
@@ -133,6 +135,11 @@ class Record:
         """The answer the answer gate withheld, None where it withheld none."""
         withheld = (self.gate or {}).get("withheld")
         return withheld if isinstance(withheld, str) else None
+
+    @property
+    def scored_verdict(self) -> str:
+        """The verdict as scores count it: UNJUDGED where no judge has given one."""
+        return self.verdict or UNJUDGED
 
     def without_gate(self) -> Record:
         """The record as it would be without the answer gate: the withheld answer as its prediction, with its

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from evaluation import manifest
 from evaluation.choices import Answering, RunFolder
@@ -21,6 +22,9 @@ from evaluation.session import conclude, prepare
 from evaluation.worker import ModelWorker
 from models.config import SystemConfig
 from utils.trees import differences
+
+if TYPE_CHECKING:  # ray is imported with --ray only
+    from evaluation.ray_runner import Cluster
 
 TASK3_PAGES = 50  # Task 3 gives 50 pages a question, Tasks 1 and 2 give 5
 
@@ -107,7 +111,8 @@ class LazyWorker:
     """A ModelWorker started on first use, so a resume with every answer there loads no model."""
 
     def __init__(self, build: Callable[[], object]) -> None:
-        self._build, self._worker = build, None
+        self._build = build
+        self._worker: ModelWorker | None = None
 
     def __getattr__(self, name: str) -> object:
         if self._worker is None:
@@ -121,7 +126,7 @@ class LazyWorker:
 
 
 def answer(config: SystemConfig, data: Path, answering: Answering, stats: ReadStats, selection: Selection,
-           predictions: Path, cluster: object | None = None) -> list[dict]:
+           predictions: Path, cluster: Cluster | None = None) -> list[dict]:
     """The model over the selected examples: in a child process, so that a batch over its limit can be stopped, or
     (`cluster`, --ray) in Ray replicas."""
     examples = read_examples(data, stats, selection=selection)

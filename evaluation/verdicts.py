@@ -1,6 +1,6 @@
-"""The words every judge speaks and every report reads: the verdicts, the judges' names in `judged_by`, and the
-item a judge reads. A leaf module: the judges (evaluation/judge.py, evaluation/person_judge.py) and their readers
-import it, not each other.
+"""The words every judge speaks and every report reads: the verdicts, the judges' names in `judged_by`, the item
+a judge reads, and the base class of the judges. A leaf module: the judges (evaluation/judge.py,
+evaluation/person_judge.py) and their readers import it, not each other.
 
 Verdicts: correct (+1), miss (0, "i don't know"), wrong (-1), unjudged (the LLM judge failed: reported on its own,
 never counted as a hallucination).
@@ -8,6 +8,8 @@ never counted as a hallucination).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 CORRECT, MISS, WRONG, UNJUDGED = "correct", "miss", "wrong", "unjudged"
@@ -22,3 +24,26 @@ class Item:
     answer: str
     alt_answers: tuple[str, ...]
     prediction: str
+
+
+class Judge(ABC):
+    """What judges the predictions the rules leave open (evaluation/judge.py's JUDGES registers each kind)."""
+
+    kind: str  # what the records' judged_by says: llm, person, contains
+    name: str  # the judge's model or file, as reports name it
+    for_organisers: bool  # whether it also judges for the organisers' rules (their LLM judge would be asked)
+    reasons: dict[str, str]  # each verdict's reason, by key
+    p_correct: dict[str, float]  # P(correct) of each verdict, by key, where the backend gives log-probabilities
+
+    @classmethod
+    @abstractmethod
+    def from_spec(cls, spec: str, model_name: str | None) -> Judge:
+        """The judge `--judge spec` (and `--judge-model`) names, ready to judge; ConfigError where it cannot be."""
+
+    @abstractmethod
+    def key(self, item: Item) -> str:
+        """The item's key in `reasons` and `p_correct`."""
+
+    @abstractmethod
+    def judge(self, items: Sequence[Item]) -> list[str]:
+        """A verdict per item, in order."""

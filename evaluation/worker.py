@@ -36,10 +36,11 @@ def _serve(factory: Callable[[], Any], connection: multiprocessing.connection.Co
     # workers it starts end with the evaluation, even when it is killed with kill -9.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent(parent_pid, forked_by_main_thread)
-    status, model = reply(factory)
+    status, built = reply(factory)
     if status == "error":  # the parent raises it as a one-line error
-        connection.send((status, model))
+        connection.send((status, built))
         return
+    model: Any = built  # the user's model
     connection.send(("ready", None))
     while True:
         try:
@@ -67,7 +68,7 @@ class ModelWorker:
     def __init__(self, factory: Callable[[], Any]) -> None:
         self.factory = factory
         self.load_seconds = 0.0
-        self._process: multiprocessing.Process | None = None
+        self._process: multiprocessing.process.BaseProcess | None = None
         self._connection: multiprocessing.connection.Connection | None = None
         self._start()
 
@@ -76,9 +77,9 @@ class ModelWorker:
         self._connection, child = context.Pipe()
         started = time.perf_counter()
         # not a daemon: the model starts page workers of its own, and daemons may not have children
-        self._process = context.Process(target=_serve, name="crag-model", daemon=False, args=(
+        self._process = process = context.Process(target=_serve, name="crag-model", daemon=False, args=(
             self.factory, child, os.getpid(), threading.current_thread() is threading.main_thread()))
-        self._process.start()
+        process.start()
         child.close()
         try:
             status, message = self._receive(None)

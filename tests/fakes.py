@@ -6,7 +6,7 @@ import io
 import json
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import requests
@@ -66,8 +66,8 @@ class ScriptedLLM:
         self.reply = reply
         self.calls: list[tuple[list[Conversation], GenParams]] = []
 
-    def generate(self, conversations: list[Conversation], params: GenParams) -> list[list[Sample]]:
-        self.calls.append((conversations, params))
+    def generate(self, conversations: Sequence[Conversation], params: GenParams) -> list[list[Sample]]:
+        self.calls.append((list(conversations), params))
         if params.deadline is not None and params.deadline.expired():
             return [[] for _ in conversations]
         outputs = []

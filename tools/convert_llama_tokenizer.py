@@ -35,12 +35,14 @@ def read_constants(tarball: Path) -> tuple[str, str]:
         if member is None:
             raise SystemExit(f"{tarball}: no {MEMBER}")
         source = member.read().decode("utf-8")
-    found = {name: re.search(rf'const {name} = "([A-Za-z0-9+/=]+)"', source) for name in
-             ("llama_vocab_base64", "llama_merges_binary")}
-    missing = [name for name, match in found.items() if match is None]
+    found: dict[str, str] = {}
+    for name in ("llama_vocab_base64", "llama_merges_binary"):
+        if match := re.search(rf'const {name} = "([A-Za-z0-9+/=]+)"', source):
+            found[name] = match.group(1)
+    missing = [name for name in ("llama_vocab_base64", "llama_merges_binary") if name not in found]
     if missing:
         raise SystemExit(f"{tarball}: {MEMBER} lacks {', '.join(missing)}")
-    return found["llama_vocab_base64"].group(1), found["llama_merges_binary"].group(1)  # type: ignore[union-attr]
+    return found["llama_vocab_base64"], found["llama_merges_binary"]
 
 
 def decode_vocab(vocab_base64: str) -> list[str]:

@@ -99,7 +99,8 @@ def stages_page() -> str:
 
     classes = [STAGES.get(name) for name in sorted(STAGES)] + [AnswerStage]
     def estimates(cls: type[Stage]) -> str:
-        return "yes" if cls.estimate.__func__ is not Stage.estimate.__func__ else "-"
+        overridden = getattr(cls.estimate, "__func__", None) is not getattr(Stage.estimate, "__func__", None)
+        return "yes" if overridden else "-"
 
     rows = [f"| `{cls.name}` | `{cls.__module__}` | {names(cls.prompts)} | {names(cls.sections)} | {names(cls.reads)} "
             f"| {names(cls.writes)} | {names(cls.needs)} | {estimates(cls)} |" for cls in classes]

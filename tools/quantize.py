@@ -305,7 +305,8 @@ def quantize(model_dir: Path, out: Path, scheme: Scheme, method: str, texts: lis
     target = saved_dtype(config, dtype)
     compute = torch.float32 if device == "cpu" else getattr(torch, target)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=compute).to(device).eval()
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=compute)  # transformers types .to() for a model
+    model = model.to(device).eval()
     groups = scheme_groups(scheme)
     if method == "gptq":
         ids = tokenize(tokenizer, texts or [], max_seq_length)

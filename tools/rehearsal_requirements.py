@@ -68,7 +68,7 @@ def cpu_build_requirements(version: str) -> list[str]:
 
 
 @command
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = CommandParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requirements", type=Path, default=Path("requirements.txt"))
     args = parser.parse_args(argv)
@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> None:
     sys.stdout.write("\n".join([f"# {args.requirements} without its vllm pin", *own,
                                 f"# {CPU_BUILD}=={version}'s own requirements (tools/rehearsal_requirements.py)",
                                 *cpu_build_requirements(version)]) + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -52,7 +52,7 @@ def batches(path: Path, batch_size: Callable[[], int]) -> Iterator[dict[str, lis
     is not JSON is logged and skipped, as the organisers' loop does; a missing key is a DataError."""
     opener = bz2.open if path.suffix == ".bz2" else open
     with opener(path, "rt", encoding="utf-8") as lines:
-        size, batch = batch_size(), {key: [] for key in BATCH_KEYS}
+        size, batch = batch_size(), {key: list[Any]() for key in BATCH_KEYS}
         for number, line in enumerate(lines, 1):
             try:
                 item = json.loads(line)

@@ -78,7 +78,7 @@ def pairs_from_crag(examples: list[dict], config: SystemConfig, embedder: Embedd
 
 def read_pairs(path: Path, limit: int | None) -> Pairs:
     """The rows of a .jsonl of {"query", "positives", "negatives"?}; a bad row is a DataError naming its line."""
-    database, queries, positives = _Database(), [], []
+    database, queries, positives = _Database(), list[str](), list[set[int]]()
     with path.open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip() or (limit is not None and len(queries) >= limit):

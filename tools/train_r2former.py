@@ -21,6 +21,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -53,7 +54,7 @@ def lists_from_crag(examples: list[dict], config: SystemConfig, embedder: Embedd
 
 def read_pairs(path: Path, limit: int | None) -> list[tuple[int, dict]]:
     """(line number, row) of a .jsonl of {"query", "references", "labels", "answer"?}; a bad row is a DataError."""
-    rows = []
+    rows: list[tuple[int, dict]] = []
     with path.open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip() or (limit is not None and len(rows) >= limit):
@@ -88,9 +89,10 @@ def lists_from_pairs(rows: list[tuple[int, dict]], embedder: Embedder) -> list[R
 
 def _ranked(state: QueryState, answers: list[str] | None, answer: str | None,
             labels: np.ndarray | None = None) -> list[RankedList]:
-    if not state.references or state.reference_vectors is None:
+    if not state.references or state.reference_vectors is None or state.query_vector is None:
         return []
     if labels is None:
+        assert answers is not None, "a list without labels is labelled by its answers"
         labels = np.array([not is_invalid(answers[0]) and contains_answer(r.text, answers) for r in state.references])
     return [RankedList(state, labels, retrieval_features(state.query_vector, state.reference_vectors), answer)]
 
@@ -116,14 +118,16 @@ class LMLoss:
     def __call__(self, item: RankedList, projected: torch.Tensor) -> torch.Tensor:
         """-log p(answer block | reasoning prompt with `projected` (k, hidden) before the references)."""
         conversation = reasoning_conversation(self.prompt, item.state, self.max_chars, len(projected))
-        conversation, rows = place_embeddings(conversation, projected, self.placeholder)
-        ids, rows = self.llm.prompt_ids(conversation, rows)
+        # a Tensor indexes and reshapes as an array does, and stays a Tensor: the gradients reach the R2-Former
+        conversation, placed = place_embeddings(conversation, cast(np.ndarray, projected), self.placeholder)
+        ids, rows = self.llm.prompt_ids(conversation, placed)
         tokenizer = self.llm.tokenizer
+        assert item.answer is not None, "the LM loss needs the list's answer"
         target = tokenizer(answer_block(item.answer), add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         device = self.llm.config.device
         input_ids = torch.tensor([ids + target], device=device)
         labels = torch.tensor([[-100] * len(ids) + target], device=device)
-        embeds = self.llm.inject(input_ids, [rows])
+        embeds = self.llm.inject(input_ids, [cast(torch.Tensor, rows)])
         return self.llm.model(inputs_embeds=embeds, labels=labels).loss
 
 
@@ -184,11 +188,16 @@ def train_r2former(args: argparse.Namespace) -> int:
     check_data_file(args.data)
     config = load_config(args.config)
     crag = is_crag_format(args.data, "reference lists")
-    rows = list(read_examples(args.data, limit=args.limit)) if crag else read_pairs(args.data, args.limit)
-    if not crag:  # the labels are in the file: a file that cannot train fails before the embedder loads
-        check_labels([np.asarray(row["labels"], dtype=bool) for _, row in rows], args.data)
-    embedder = Embedder(config.embedder)
-    lists = lists_from_crag(rows, config, embedder) if crag else lists_from_pairs(rows, embedder)
+    if crag:
+        examples = list(read_examples(args.data, limit=args.limit))
+        embedder = Embedder(config.embedder)
+        lists = lists_from_crag(examples, config, embedder)
+    else:
+        pairs = read_pairs(args.data, args.limit)
+        # the labels are in the file: a file that cannot train fails before the embedder loads
+        check_labels([np.asarray(row["labels"], dtype=bool) for _, row in pairs], args.data)
+        embedder = Embedder(config.embedder)
+        lists = lists_from_pairs(pairs, embedder)
     if len(lists) < MIN_LISTS:
         raise DataError(f"{args.data}: {len(lists)} usable reference lists; at least {MIN_LISTS} are needed")
     check_labels([item.labels for item in lists], args.data)

@@ -108,8 +108,11 @@ class Tuner:
             for i, state in zip(chunk, states):
                 cached[i] = state_to_json(state)
                 self.cache.put(keys[i], cached[i])
-        return [state_from_json(value, [p for p in e["search_results"] if isinstance(p, dict)])
-                for value, e in zip(cached, examples)]
+        states = []
+        for value, example in zip(cached, examples):
+            assert value is not None  # each one missing was computed above
+            states.append(state_from_json(value, [p for p in example["search_results"] if isinstance(p, dict)]))
+        return states
 
     def variant_answers(self, states: list[QueryState], variant: str, label: str = "") -> list[str]:
         prompts = PromptLibrary({**self.system.config.prompts, self.prompt: variant})
@@ -123,7 +126,7 @@ class Tuner:
             for stage in self.downstream:
                 run_stage(stage, batch, shared)
             run_stage(self.system.answer_stage, batch, shared, always=True)
-            answers.extend(s.answer for s in batch)
+            answers.extend(s.answer or "" for s in batch)  # the answer step answers every query
         return answers
 
 
@@ -215,12 +218,13 @@ def grid_variants(path: Path, out_dir: Path) -> tuple[str, list[str]]:
     return str(grid["prompt"]), files
 
 
-def variant_path(variant: str) -> Path | None:
-    """A variant file as given (from the working folder), else from the repository; None if neither exists."""
+def variant_path(variant: str) -> Path:
+    """A variant file as given (from the working folder), else from the repository; a ConfigError if neither
+    exists."""
     for candidate in (Path(variant), REPO_ROOT / variant):
         if candidate.is_file():
             return candidate.resolve()
-    return None
+    raise ConfigError(f"--variant {variant}: no such prompt file")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -263,9 +267,8 @@ def tune(args: argparse.Namespace, system: CragSystem | None) -> int:
         args.variant = args.variant + grid_files
     if len(args.variant) < 1:
         raise ConfigError("give prompt files with --variant, or a --grid file")
-    missing = [v for v in args.variant if variant_path(v) is None]
-    if missing:
-        raise ConfigError(f"--variant {missing[0]}: no such prompt file")
+    for variant in args.variant:  # every file is there before a model loads
+        variant_path(variant)
     config = system.config if system is not None else config_from_args(args)
     check_prompts(config.prompts, config.source)
     check_prompt_name(args.prompt, f"--prompt {args.prompt!r}")

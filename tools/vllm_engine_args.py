@@ -71,7 +71,7 @@ def class_fields(cls: ast.ClassDef) -> list[dict]:
     fields = []
     for node in cls.body:
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            annotation = _source(node.annotation)
+            annotation = ast.unparse(node.annotation)
             if annotation.startswith(("ClassVar", "typing.ClassVar")):
                 continue
             fields.append({"name": node.target.id, "annotation": annotation, "default": _source(node.value)})

@@ -62,7 +62,7 @@ def initial_layer(database: np.ndarray, bits: int, init: str, rng: np.random.Gen
         raise ValueError(f"unknown hash initialisation '{init}': use pca or random")
     mean = database.mean(axis=0)
     _, _, directions = np.linalg.svd(database - mean, full_matrices=False)
-    rows = []
+    rows: list[np.ndarray] = []
     while sum(len(r) for r in rows) < bits:
         take = min(bits - sum(len(r) for r in rows), len(directions))
         rotation = np.linalg.qr(rng.standard_normal((take, take)))[0]

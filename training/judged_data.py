@@ -250,7 +250,7 @@ def build(folders: Iterable[Path], folds: int, raft: bool = True, seed: int = 0,
     built, sources = Built(), []
     for folder in folders:
         source = Source.read(folder)
-        counted = Counter()
+        counted: Counter[str] = Counter()
         by_fold: dict[int, list[Record]] = {}
         for record in source.records:
             by_fold.setdefault(fold_of(record.interaction_id or "", folds), []).append(record)

@@ -111,13 +111,16 @@ def train(model_dir: Path, rows: list[dict[str, Any]], out: Path, settings: Trai
     peft_config = None if settings.lora_rank == 0 else LoraConfig(
         r=settings.lora_rank, lora_alpha=settings.lora_alpha, lora_dropout=settings.lora_dropout,
         target_modules="all-linear", task_type="CAUSAL_LM")
-    common = dict(output_dir=str(out / CHECKPOINTS), per_device_train_batch_size=settings.batch_size,
-                  gradient_accumulation_steps=settings.grad_accum, learning_rate=settings.learning_rate,
-                  num_train_epochs=settings.epochs, max_steps=settings.max_steps, warmup_steps=settings.warmup_ratio,
-                  seed=settings.seed, data_seed=settings.seed, bf16=bf16, use_cpu=device == "cpu",
-                  save_strategy="steps", save_steps=settings.save_steps, save_total_limit=2, logging_steps=1,
-                  report_to=[], max_length=settings.max_length, dataloader_num_workers=0)
+    common: dict[str, Any] = dict(output_dir=str(out / CHECKPOINTS), per_device_train_batch_size=settings.batch_size,
+                                  gradient_accumulation_steps=settings.grad_accum,
+                                  learning_rate=settings.learning_rate, num_train_epochs=settings.epochs,
+                                  max_steps=settings.max_steps, warmup_steps=settings.warmup_ratio,
+                                  seed=settings.seed, data_seed=settings.seed, bf16=bf16, use_cpu=device == "cpu",
+                                  save_strategy="steps", save_steps=settings.save_steps, save_total_limit=2,
+                                  logging_steps=1, report_to=[], max_length=settings.max_length,
+                                  dataloader_num_workers=0)
     dataset = Dataset.from_list(kept)
+    trainer: SFTTrainer | DPOTrainer
     if settings.method == "sft":
         # Batches of like lengths: prompts run from 200 to 2,000 tokens, and padding to the longest wastes the rest.
         sampling = "group_by_length" if settings.group_by_length else "random"
@@ -132,7 +135,8 @@ def train(model_dir: Path, rows: list[dict[str, Any]], out: Path, settings: Trai
     trainer.train(resume_from_checkpoint=True if checkpoint else None)
     seconds = time.perf_counter() - started
     saved = out / (ADAPTER if peft_config else "model")
-    trainer.model.save_pretrained(saved)
+    trained: Any = trainer.model  # a PeftModel, or the whole model with lora_rank 0; Trainer types it nn.Module
+    trained.save_pretrained(saved)
     tokenizer.save_pretrained(saved)
     portable_tokenizer(saved)
     losses = [{"step": e["step"], "loss": e["loss"]} for e in trainer.state.log_history if "loss" in e]
@@ -186,7 +190,7 @@ def probe(model_dir: Path, rows: list[dict[str, Any]], max_new_tokens: int = 48)
     from models.stages.reasoning import first_line, parse_structured
     from utils.answers import is_idk, normalize_text
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer: Any = AutoTokenizer.from_pretrained(model_dir)  # its annotations cover no chat template's tensors
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     found: dict[str, Counter] = {}
     for row in rows:
@@ -197,8 +201,8 @@ def probe(model_dir: Path, rows: list[dict[str, Any]], max_new_tokens: int = 48)
         text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
         wanted = row["completion"][0]["content"]
         if row["prompt_name"] == "reasoning":
-            got, wanted = parse_structured(text), parse_structured(wanted)
-            got, wanted = (got.answer if got else ""), (wanted.answer if wanted else "")
+            parsed, target = parse_structured(text), parse_structured(wanted)
+            got, wanted = (parsed.answer if parsed else ""), (target.answer if target else "")
         else:
             got = first_line(text)
         same = (is_idk(got) and is_idk(wanted)) or (

@@ -68,7 +68,8 @@ def load_for_eval(folder: Path, device: str) -> Any:
     from transformers import AutoModelForCausalLM
 
     dtype = torch.float32 if device == "cpu" else "auto"
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+    model: Any = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)  # transformers types .to() for a model
+    return model.to(device).eval()
 
 
 def score(reference: Any, models: dict[str, Any], token_lists: list[list[int]], device: str

@@ -85,8 +85,9 @@ def evaluate(model: R2Former, items: list[RankedList], settings: TrainSettings, 
             scores.append(logits.float().cpu().numpy())
             labels.append(gold.cpu().numpy())
     result = {key: value / max(len(items), 1) for key, value in totals.items()}
-    gold = np.concatenate(labels) if labels else np.zeros(0)
-    result["auc"] = float(roc_auc_score(gold, np.concatenate(scores))) if len(set(gold.tolist())) == 2 else float("nan")
+    golds = np.concatenate(labels) if labels else np.zeros(0)
+    both = len(set(golds.tolist())) == 2
+    result["auc"] = float(roc_auc_score(golds, np.concatenate(scores))) if both else float("nan")
     return result
 
 

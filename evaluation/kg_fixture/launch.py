@@ -33,6 +33,7 @@ def fixture_kg(*extra_args: str, startup_s: float = 60.0) -> Iterator[str]:
     announced = threading.Event()
 
     def drain() -> None:  # the pipe is read to its end, so the server never blocks on a full pipe
+        assert process.stdout is not None  # stdout=PIPE
         for line in process.stdout:
             output.append(line)
             if line.startswith("KG server on "):

@@ -50,6 +50,7 @@ def check_aicrowd(repo: Path, task: int | None) -> Check:
         problems.append("description must be a non-empty string")
     if problems:
         return Check("aicrowd.json", False, "; ".join(problems))
+    assert isinstance(challenge, str) and isinstance(authors, list)  # no problems: both checked above
     placeholder = PLACEHOLDER_AUTHOR in authors
     note = " (authors is still the placeholder: put your username)" if placeholder else ""
     return Check("aicrowd.json", True, f"{CHALLENGES[challenge]}{note}", warn=placeholder)

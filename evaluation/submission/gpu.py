@@ -73,7 +73,9 @@ def folder_quantization(data: dict) -> dict:
     quant = data.get("quantization_config") or {}
     method = quant.get("quant_method")
     if method == "compressed-tensors":
-        weights = next(iter(quant.get("config_groups", {}).values()), {}).get("weights") or {}
+        groups: dict[str, Any] = quant.get("config_groups") or {}
+        first: dict[str, Any] = next(iter(groups.values()), {})
+        weights = first.get("weights") or {}
         return {"method": method, "bits": weights.get("num_bits"), "group_size": weights.get("group_size"),
                 "symmetric": weights.get("symmetric", True), "ignore": quant.get("ignore", []),
                 "format": quant.get("format")}
@@ -171,6 +173,7 @@ def memory_plan(repo: Path, config: Any) -> MemoryPlan | str:
         return f"{settings.model}/config.json lacks {', '.join(k for k in keys if not isinstance(data.get(k), int))}"
     tp = settings.tensor_parallel_size
     declared = safetensors_bytes(folder)
+    total: float
     if declared is not None:
         total, source = declared, "the folder's safetensors"
     else:

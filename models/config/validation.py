@@ -111,7 +111,7 @@ def public_fields(cls: type) -> list[str]:
 def adapter(cls: type) -> TypeAdapter[dict[str, Any]]:
     """pydantic's validator of a section: a field type it cannot check is a ConfigError naming the class."""
     try:
-        return TypeAdapter(dict[str, cls], config=STRICT)  # type: ignore[valid-type]
+        return TypeAdapter(dict[str, cls], config=STRICT)  # type: ignore[valid-type]  # a class known at run time
     except PydanticUserError as err:  # PydanticSchemaGenerationError among them
         raise ConfigError(f"{cls.__module__}.{cls.__qualname__}: a config section's fields must be types pydantic "
                           f"checks: {str(err).splitlines()[0]}") from err

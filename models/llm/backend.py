@@ -3,7 +3,7 @@ protocol), and the registry that builds one from config."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -89,7 +89,7 @@ class GenParams:
 
 @runtime_checkable
 class LLM(Protocol):
-    def generate(self, conversations: list[Conversation], params: GenParams) -> list[list[Sample]]:
+    def generate(self, conversations: Sequence[Conversation], params: GenParams) -> list[list[Sample]]:
         """n samples per conversation, in order; a conversation that could not be served gets []."""
 
 
@@ -108,7 +108,7 @@ class TakesEmbeddings(Protocol):
 
     hidden_size: int
 
-    def generate_with_embeddings(self, conversations: list[Conversation], embeddings: list[np.ndarray],
+    def generate_with_embeddings(self, conversations: Sequence[Conversation], embeddings: list[np.ndarray],
                                  params: GenParams) -> list[list[Sample]]:
         """As `generate`, each conversation's retrieval placeholders replaced by its rows of `embeddings`."""
 

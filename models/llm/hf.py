@@ -8,7 +8,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -195,7 +195,7 @@ def device_clock(device: str | torch.device) -> Callable[[], float]:
     return now
 
 
-def _short(conversations: list[Conversation]) -> bool:
+def _short(conversations: Sequence[Conversation]) -> bool:
     """Every conversation surely shorter than MIN_PROMPT_TOKENS tokens, by its characters (a token of text has at
     least one; the chat template's own tokens are left out): short prompts go while the deadline has not passed."""
     return all(sum(len(str(turn.get("content") or "")) for turn in conversation) < MIN_PROMPT_TOKENS // 2
@@ -248,16 +248,16 @@ class HFBackend:
             self._retrieval_id = int(self.tokenizer.convert_tokens_to_ids(RETRIEVAL_TOKEN))
         return RETRIEVAL_TOKEN
 
-    def generate(self, conversations: list[Conversation], params: GenParams) -> list[list[Sample]]:
+    def generate(self, conversations: Sequence[Conversation], params: GenParams) -> list[list[Sample]]:
         return self._generate(conversations, None, params)
 
-    def generate_with_embeddings(self, conversations: list[Conversation], embeddings: list[np.ndarray],
+    def generate_with_embeddings(self, conversations: Sequence[Conversation], embeddings: list[np.ndarray],
                                  params: GenParams) -> list[list[Sample]]:
         """Like generate, with the k-th retrieval placeholder of conversation i replaced by embeddings[i][k]
         (rows of the model's hidden size) at the input-embedding layer."""
         return self._generate(conversations, embeddings, params)
 
-    def _generate(self, conversations: list[Conversation], embeddings: list[np.ndarray] | None,
+    def _generate(self, conversations: Sequence[Conversation], embeddings: list[np.ndarray] | None,
                   params: GenParams) -> list[list[Sample]]:
         """Micro-batch by micro-batch, each admitted only if the deadline affords reading its prompts.
 
@@ -344,7 +344,7 @@ class HFBackend:
             raise ValueError(f"{int(mask.sum())} retrieval placeholders in the batch, {source.shape[0]} embeddings")
         return embeds.masked_scatter(mask[..., None], source.to(embeds.device, embeds.dtype))
 
-    def _encode(self, conversations: list[Conversation], embeddings: list[np.ndarray] | None,
+    def _encode(self, conversations: Sequence[Conversation], embeddings: list[np.ndarray] | None,
                 limit: int | None = None) -> dict[str, torch.Tensor]:
         rows_in: list[np.ndarray | None] = list(embeddings) if embeddings is not None else [None] * len(conversations)
         fitted = [self.prompt_ids(c, None if e is None else np.asarray(e, dtype=np.float32), limit)

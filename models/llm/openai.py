@@ -7,6 +7,7 @@ import os
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx2 as httpx  # the HTTP client of openai 3 (its fork of httpx)
@@ -73,7 +74,7 @@ class OpenAIBackend:
             raise BackendUnavailable(f"{where}: no server answers ({type(err).__name__}): start it or fix the "
                                      "URL (local_evaluation.py --serve-llm serves the embedded model)") from None
 
-    def generate(self, conversations: list[Conversation], params: GenParams) -> list[list[Sample]]:
+    def generate(self, conversations: Sequence[Conversation], params: GenParams) -> list[list[Sample]]:
         per_request = params.n if self.config.native_n else 1
         jobs = [(i, per_request) for i in range(len(conversations)) for _ in range(params.n // per_request)]
         def send(job: tuple[int, int]) -> tuple[list[Sample], str | None]:

@@ -9,6 +9,7 @@ import atexit
 import itertools
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -170,7 +171,7 @@ class VLLMBackend:
                                          logprobs=params.top_logprobs if params.logprobs or params.top_logprobs
                                          else None)
 
-    def generate(self, conversations: list[Conversation], params: GenParams) -> list[list[Sample]]:
+    def generate(self, conversations: Sequence[Conversation], params: GenParams) -> list[list[Sample]]:
         """Prompts are the tokenizer's chat template, as token ids (a string would get a second BOS)."""
         if self._unservable(params, len(conversations)):
             return [[] for _ in conversations]
@@ -179,7 +180,7 @@ class VLLMBackend:
                                                                                   tokenize=True))}
                           for c in conversations], params)
 
-    def _generate_with_embeddings(self, conversations: list[Conversation], embeddings: list[np.ndarray],
+    def _generate_with_embeddings(self, conversations: Sequence[Conversation], embeddings: list[np.ndarray],
                                   params: GenParams) -> list[list[Sample]]:
         """Like generate, with the k-th retrieval placeholder of conversation i replaced by embeddings[i][k] (rows
         of the model's hidden size): the whole prompt goes as input embeddings (vLLM's prompt_embeds). A

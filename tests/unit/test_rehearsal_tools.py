@@ -4,10 +4,13 @@ and tools/rehearse.py's batches, config changes and batch-size contract (tests/v
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from importlib import metadata
 
 import pytest
 
+from models.config import REPO_ROOT
 from tools import rehearsal_requirements as rr
 from tools import rehearse
 from utils.errors import ConfigError
@@ -40,10 +43,17 @@ def test_the_cpu_build_s_requirements_with_pypi_s_torch_and_no_vision_or_audio(c
 def test_the_file_is_requirements_txt_without_vllm_then_the_cpu_build_s(cpu_build, tmp_path, capsys):
     requirements = tmp_path / "requirements.txt"
     requirements.write_text("# a comment\nvllm==0.14.1  # the engine\nJinja2==3.1.6\nrank-bm25==0.2.2\n")
-    assert rr.main(["--requirements", str(requirements)]) is None
+    assert rr.main(["--requirements", str(requirements)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "Jinja2==3.1.6" in lines and "rank-bm25==0.2.2" in lines and "regex" in lines
     assert not any(line.startswith("vllm") for line in lines)
+
+
+def test_the_script_exits_with_the_error_status(tmp_path):
+    """make vllm-venv pipes the script into the venv's requirements: a refusal must stop make, not pass as 0."""
+    done = subprocess.run([sys.executable, "tools/rehearsal_requirements.py", "--requirements",
+                           str(tmp_path / "none.txt")], capture_output=True, text=True, cwd=REPO_ROOT, timeout=60)
+    assert done.returncode == 2 and "no such file" in done.stderr
 
 
 def test_a_venv_of_another_release_is_refused(cpu_build, tmp_path, capsys):
