@@ -305,6 +305,12 @@ def test_merge_combines_shards_into_one_report(tmp_path, capsys):
     assert "shards [2] of 2 have no predictions.jsonl" in capsys.readouterr().err
 
 
+def test_merge_names_a_folder_of_no_shard(tmp_path, capsys):
+    (tmp_path / "shard-one-of-two").mkdir()  # the glob's shape, not a shard's name
+    assert local_evaluation.main(["merge", "--data", str(SAMPLE), "--out", str(tmp_path)]) == 2
+    assert "needs shard-i-of-n folders of one n (found [])" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("shard", ["3", "0/2", "3/2", "a/b"])
 def test_bad_shard_is_a_one_line_error(tmp_path, capsys, shard):
     assert local_evaluation.main(["--data", str(SAMPLE), "--out", str(tmp_path), "--shard", shard]) == 2
