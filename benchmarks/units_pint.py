@@ -16,13 +16,15 @@ pint is not a dependency (this benchmark decided against it); install it beside 
 
 from __future__ import annotations
 
-import sys
+import argparse
 import time
 from collections import Counter
 from typing import Any
 
 from models.kg import wiki_units
 from models.kg.wiki_units import UNITS, Unit
+from utils.cli import command
+from utils.errors import HarnessError
 
 PINT_NAMES = {"m": "meter", "km": "kilometer", "cm": "centimeter", "mm": "millimeter", "ft": "foot", "in": "inch",
               "yd": "yard", "mi": "mile", "nmi": "nautical_mile", "m²": "meter**2", "km²": "kilometer**2",
@@ -74,13 +76,15 @@ def render(table: dict[str, Unit], todo: list[tuple[list[str], dict[str, str]]])
         UNITS.update(saved)
 
 
-def main() -> int:
+@command
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.parse_args(argv)
     try:
         import pint
     except ImportError:
-        print("benchmarks.units_pint: pint is not installed; see this module's docstring for the two commands",
-              file=sys.stderr)
-        return 2
+        raise HarnessError("pint is not installed: see `python -m benchmarks.units_pint --help` for the two "
+                           "commands that run this") from None
     todo = cases()
     ours, ours_s = render(dict(UNITS), todo)
     print(f"{len(todo)} {{{{convert}}}} renderings; the table: {ours_s / len(todo) * 1e6:.1f} us each")
@@ -108,4 +112,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())
