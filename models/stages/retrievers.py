@@ -7,6 +7,7 @@ what they need is what it needs."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -60,7 +61,7 @@ class RetrieverRegistry(Registry[Retriever]):
     """Retrievers by name; registering one registers what it declares and makes its name a choice of
     `references.retriever`."""
 
-    def register(self, name: str):  # type: ignore[override]
+    def register(self, name: str) -> Callable[[type[Retriever]], type[Retriever]]:
         add = super().register(name)
 
         def declare(cls: type[Retriever]) -> type[Retriever]:

@@ -118,7 +118,7 @@ class StageRegistry(Registry[Stage]):
     resources); a stage whose declarations name a QueryState field, resource or config section that nothing
     declares is refused at import, so a typo fails where it is written."""
 
-    def register(self, name: str):  # type: ignore[override]
+    def register(self, name: str) -> Callable[[type[Stage]], type[Stage]]:
         add = super().register(name)
 
         def check(cls: type[Stage]) -> type[Stage]:
