@@ -93,13 +93,18 @@ $(VSTAMP): requirements.txt tools/rehearsal_requirements.py
 vllm-venv: $(VSTAMP)
 
 # The rehearsal: the model folders written by the project's own tools (SmolLM2 by the embedded converter in .venv, its
-# W4A16 by the quantizer in .venv-quantize), then tests/vllm in .venv-vllm: the real engine against the fake, the
+# W4A16 by the quantizer in .venv-quantize; tiny configs of each model family as transformers 5 saves them, and the
+# quantizer's W4A16 of the Llama 3.1 one), then tests/vllm in .venv-vllm: the real engine against the fake, the
 # image's environment, and the grader's loop over data/crag_sample.jsonl with the T4 config (tools/rehearse.py).
 VLLM_RUNS := runs/vllm
 test-vllm: $(STAMP) $(QSTAMP) $(VSTAMP)
 	$(PY) tools/quantize.py gguf --out $(VLLM_RUNS)/smollm2 --dtype float32 --force
 	$(QPY) tools/quantize.py rtn --model $(VLLM_RUNS)/smollm2 --group-size 64 --dtype bfloat16 --device cpu \
 		--out $(VLLM_RUNS)/smollm2-w4a16 --force
+	rm -rf $(VLLM_RUNS)/families
+	$(PY) -m tests.model_families $(VLLM_RUNS)/families --tokenizer $(VLLM_RUNS)/smollm2
+	$(QPY) tools/quantize.py rtn --model $(VLLM_RUNS)/families/llama3.1 --group-size 64 --dtype bfloat16 --device cpu \
+		--out $(VLLM_RUNS)/llama3.1-w4a16 --force
 	rm -rf $(VLLM_RUNS)/smollm2-tuned
 	$(PY) tools/train_llm.py train --data tests/vllm/finetune_data --model $(VLLM_RUNS)/smollm2 --max-steps 2 \
 		--batch-size 2 --learning-rate 1e-3 --no-bf16 --max-length 256 --out $(VLLM_RUNS)/smollm2-tuned

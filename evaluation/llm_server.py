@@ -20,6 +20,7 @@ from evaluation.kg_fixture.launch import stop
 from models.config import REPO_ROOT, ConfigError, SystemConfig
 from models.llm.hf import resolve_model_folder
 from utils.errors import HarnessError
+from utils.model_folders import check_folder
 from utils.servers import free_port, wait_until_healthy
 
 VLLM = REPO_ROOT / ".venv-vllm" / "bin" / "vllm"
@@ -72,6 +73,7 @@ def llm_for_run(config: SystemConfig, serve: bool) -> Iterator[SystemConfig]:
                           f"{config.llm.backend!r}; add --overlay configs/overlays/vllm-cpu.yaml, or leave "
                           "--serve-llm out")
     folder = resolve_model_folder(config.llm.hf)
+    check_folder(folder)  # before minutes of loading: a folder vLLM's transformers 4 would read as another model
     with served_llm(folder, config.llm.openai.model) as url:
         print(f"served LLM at {url} ({folder.name}, vLLM CPU build, {DTYPE})", file=sys.stderr)
         yield replace(config, llm=replace(config.llm, openai=replace(config.llm.openai, base_url=url)))

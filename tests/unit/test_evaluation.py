@@ -677,3 +677,22 @@ def test_serve_llm_needs_the_openai_backend(tmp_path):
     with pytest.raises(ConfigError, match="--serve-llm answers through llm.backend openai"):
         with run_command.llm_for_run(config, True):
             pass
+
+
+def test_serve_llm_refuses_a_folder_the_engine_would_read_with_another_rope(tmp_path):
+    """A folder transformers 5 saved (RoPE only in rope_parameters) is refused before any server starts, in one
+    line naming the key, both values and the fix; made portable, it passes that check."""
+    from tests.model_families import write as write_family
+    from utils.model_folders import check_folder, portable_folder
+
+    folder = write_family(tmp_path, "llama3.1")
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "local_evaluation.py"), "run", "--data", str(SAMPLE),
+                           "--overlay", str(REPO_ROOT / "configs" / "overlays" / "vllm-cpu.yaml"), "--set",
+                           f"llm.hf.model={folder}", "--serve-llm", "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert "rope_theta is 500000.0 in rope_parameters" in done.stderr
+    assert f"tools/quantize.py portable --model {folder}" in done.stderr
+    portable_folder(folder)
+    check_folder(folder)

@@ -324,3 +324,18 @@ def test_the_fake_engine_refuses_a_lora_request_unless_lora_is_enabled():
                            lora_request=LoRARequest("a", 1, "/a"))
     with pytest.raises(ValueError, match="id must be > 0"):
         LoRARequest("a", 0, "/a")
+
+
+def test_a_folder_the_engine_would_read_with_another_rope_is_refused_before_it_starts(fake_vllm, tmp_path):
+    """Qwen2.5's yarn RoPE saved by transformers 5: the engine (under 4.57) would take base 10000; refused before
+    vllm.LLM is built, then served once made portable."""
+    from tests.model_families import write
+    from utils.model_folders import FolderError, portable_folder
+
+    folder = write(tmp_path, "qwen2.5")
+    with pytest.raises(FolderError, match=r"rope_theta is 1000000.0 in rope_parameters .* tools/quantize.py portable"):
+        create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model=str(folder))))
+    assert "init" not in fake_vllm
+    portable_folder(folder)
+    create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model=str(folder))))
+    assert fake_vllm["init"]["model"] == str(folder)

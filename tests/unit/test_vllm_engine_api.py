@@ -16,7 +16,7 @@ import pytest
 
 from models.config import LLMConfig, VLLMConfig
 from models.llm.backend import GenParams, create_llm
-from tests.vllm_fake import FakeLLMEngine
+from tests.vllm_fake import FakeLLMEngine, install_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -168,6 +168,7 @@ def test_the_backend_s_prompts_follow_the_release_s_schemas(api, monkeypatch, tm
             return FakeTokenizer()
 
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams))
+    install_config(monkeypatch)
     config = VLLMConfig(model=str(model_folder(tmp_path / "m")), enable_prompt_embeds=True)
     llm = create_llm(LLMConfig(backend="vllm", vllm=config))
     llm.generate([[{"role": "user", "content": "q"}]], GenParams(max_tokens=1))
