@@ -94,7 +94,8 @@ vllm-venv: $(VSTAMP)
 
 # The rehearsal: the model folders written by the project's own tools (SmolLM2 by the embedded converter in .venv, its
 # W4A16 by the quantizer in .venv-quantize; tiny configs of each model family as transformers 5 saves them, and the
-# quantizer's W4A16 of the Llama 3.1 one), then tests/vllm in .venv-vllm: the real engine against the fake, the
+# quantizer's W4A16 of the Llama 3.1 one; transformers 5's float32 greedy continuations of make eval's reasoning prompts
+# on the embedded and the merged fine-tuned folders, scored, for the engine to be held to), then tests/vllm in .venv-vllm: the real engine against the fake, the
 # image's environment, and the grader's loop over data/crag_sample.jsonl with the T4 config (tools/rehearse.py).
 VLLM_RUNS := runs/vllm
 test-vllm: $(STAMP) $(QSTAMP) $(VSTAMP)
@@ -108,6 +109,9 @@ test-vllm: $(STAMP) $(QSTAMP) $(VSTAMP)
 	rm -rf $(VLLM_RUNS)/smollm2-tuned
 	$(PY) tools/train_llm.py train --data tests/vllm/finetune_data --model $(VLLM_RUNS)/smollm2 --max-steps 2 \
 		--batch-size 2 --learning-rate 1e-3 --no-bf16 --max-length 256 --out $(VLLM_RUNS)/smollm2-tuned
+	$(PY) -m tests.engine_reference --model $(VLLM_RUNS)/smollm2 --out $(VLLM_RUNS)/reference-smollm2.json
+	$(PY) -m tests.engine_reference --model $(VLLM_RUNS)/smollm2-tuned/merged \
+		--out $(VLLM_RUNS)/reference-smollm2-merged.json
 	cd tests/vllm && VLLM_CPU_KVCACHE_SPACE=1 ../../$(VPY) -m pytest
 
 eval: $(STAMP) $(VSTAMP)

@@ -36,7 +36,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from evaluation.gate_sets import SETS, answer_set
+from evaluation.gate_sets import SETS, answer_set, check_weights, ungated
 from models.config import REPO_ROOT
 from utils.cli import command
 
@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         folders = [root / name for name in SETS]
         for (name, data), folder in zip(SETS.items(), folders):
             if args.reuse:  # judged again: verdicts may have been added since the run
+                check_weights(ungated(), folder)
                 answer_set(data, folder, answer=False)
             else:
                 seconds = answer_set(data, folder, record_prompts=args.record_prompts)

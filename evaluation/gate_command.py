@@ -31,7 +31,8 @@ def run_records(folder: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
 
 def setup_of(found: dict[str, Any]) -> dict[str, Any]:
     answers = found.get("answers") or {}
-    return signal_setup(answers.get("config") or {}, answers.get("prompts") or {})
+    # a run recorded before the weights were: none, so that a gate fit on it is refused until refit
+    return signal_setup(answers.get("config") or {}, answers.get("prompts") or {}, answers.get("weights") or {})
 
 
 def fit(runs: list[Path], out: Path, rules_wrong_is_wrong: bool = False) -> str:

@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import time
 from dataclasses import replace
 from pathlib import Path
 
+from evaluation import manifest
 from evaluation.choices import Answering, ConfigChoice, JudgeChoice, RunFolder
 from evaluation.rejudge_command import rejudge
 from evaluation.run_command import run
 from models.config import REPO_ROOT
+from models.llm.weights import weights_of
+from utils.trees import differences
 
 SETS = {"gate-dev": REPO_ROOT / "data" / "gate_dev.jsonl",
         "gate-kg": REPO_ROOT / "benchmarks" / "kg_reach" / "questions.jsonl"}
@@ -50,3 +54,15 @@ def answer_set(data: Path, out: Path, judge: str = PERSON, answer: bool = True, 
     `tools/train_llm.py data` builds training data from)."""
     folder = RunFolder(data, ungated(*sets), out, judge=JudgeChoice(judge), max_unjudged=10 ** 9)
     return quiet_run(folder, replace(ANSWERING, record_prompts=record_prompts) if answer else None)
+
+
+def check_weights(config: ConfigChoice, out: Path) -> None:
+    """SystemExit unless the run folder's answers came from the weights `config` runs now (models/llm/weights.py):
+    a kept run of another model is answered again, never taken as this one's."""
+    found = manifest.load(out) or {}
+    recorded = (found.get("answers") or {}).get("weights")
+    current = weights_of(json.loads(json.dumps(config.load().resolved()))["llm"])
+    if recorded != current:
+        raise SystemExit(f"error: {out} was answered by other weights than the config runs now "
+                         f"({'; '.join(differences(recorded, current)) or 'none recorded'}); answer it again "
+                         "(leave out --reuse)")

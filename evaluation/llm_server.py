@@ -34,10 +34,17 @@ class LLMServerError(HarnessError, RuntimeError):
     """The served LLM did not start; the message holds the end of its log."""
 
 
+# One sequence at a time, and no prefix cache: the CPU build's bfloat16 kernels give results that depend on which
+# requests share a forward pass and on what a cached prefix left to compute, both set by timing; alone, a request's
+# answer depends on the request only, so make eval answers the same on a busy machine (docs/decisions/cpu-engine.md).
+LOAD_INVARIANT = ["--max-num-seqs", "1", "--no-enable-prefix-caching"]
+
+
 def serve_command(folder: Path, name: str, port: int) -> list[str]:
     """`vllm serve` for `folder` under `name` on the loopback `port`."""
     return [str(VLLM), "serve", str(folder), "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port),
-            "--dtype", DTYPE, "--max-model-len", str(MAX_MODEL_LEN), "--seed", "0", "--generation-config", "vllm"]
+            "--dtype", DTYPE, "--max-model-len", str(MAX_MODEL_LEN), "--seed", "0", "--generation-config", "vllm",
+            *LOAD_INVARIANT]
 
 
 @contextlib.contextmanager

@@ -3,10 +3,11 @@ answers of two setups into one score.
 
 Its `answers` part holds what changes answers: the resolved config (less what only moves files or processes:
 cache folders, worker counts, log level, the config file's own path, the port of a KG server the run started
-itself, and whether the prompts are recorded), the hash of every prompt file the config uses, the data file's
-hash, and the time limit. A resume compares that part and names every key that differs. The rest is a record:
-the selection, the judge and its prompt, the project commit, package versions, times. A change of judge only
-re-judges.
+itself, and whether the prompts are recorded), the content hash of the LLM's weights (models/llm/weights.py: the
+embedded GGUF and its converter's format, or the folder llm.hf.model names), the hash of every prompt file the
+config uses, the data file's hash, and the time limit. A resume compares that part and names every key that
+differs. The rest is a record: the selection, the judge and its prompt, the project commit, package versions,
+times. A change of judge only re-judges.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from loguru import logger
 
 from evaluation.data import Selection, data_pieces
 from models.config import REPO_ROOT, SystemConfig
+from models.llm.weights import weights_of
 from models.prompting import PromptLibrary
 
 MANIFEST = "manifest.json"
@@ -68,6 +70,7 @@ def answer_inputs(config: SystemConfig, data: Path, time_limit_s: float | None, 
         resolved["llm"]["openai"]["base_url"] = SERVED_LLM
     return {
         "config": resolved,
+        "weights": weights_of(resolved["llm"]),
         "prompts": PromptLibrary(config.prompts).hashes(),
         "data": {"name": data.name, "sha256": file_hash(data)},
         "time_limit_s": time_limit_s,

@@ -14,9 +14,6 @@ standard library at the top, so both can run it; each command says which venv it
     # .venv-quantize: GPTQ W4A16 (or `rtn`: round-to-nearest, same scheme, no calibration)
     .venv-quantize/bin/python tools/quantize.py gptq --model runs/quantize/smollm2-fp16 \\
         --texts runs/quantize/texts.jsonl --group-size 64 --out runs/quantize/smollm2-w4a16-g64
-    # any venv: a folder transformers 5 wrote (yours, or one from an older tool) made to load as the same model in
-    # the submission's transformers 4.57 (the RoPE keys and the tokenizer class; done by every command above)
-    python3 tools/quantize.py portable --model runs/quantize/my-finetuned
     # .venv-quantize: perplexity of each folder, and its KL divergence from the reference, on held-out texts
     .venv-quantize/bin/python tools/quantize.py eval --reference runs/quantize/smollm2-fp16 \\
         --model runs/quantize/smollm2-w4a16-g64 --texts runs/quantize/texts.jsonl --split held_out
@@ -61,7 +58,7 @@ from training.quantization import (  # noqa: E402 - after the sys.path line
     tokenize,
 )
 from utils.cli import CommandParser, check_out_file, command, interrupted  # noqa: E402 - after the sys.path line
-from utils.model_folders import check_folder, portable_folder  # noqa: E402 - after the sys.path line
+from utils.model_folders import portable_folder  # noqa: E402 - after the sys.path line
 
 DEFAULT_DATA = REPO / "data" / "crag_sample.jsonl"
 WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
@@ -222,10 +219,7 @@ def render_texts(data: list[Path], model: Path, config_path: Path | None, held_o
 
     from evaluation.data import check_data_file, read_examples
     from models.config import load_config
-    from models.prompting import PromptLibrary
-    from models.retrieval.embedder import Embedder
-    from models.stages.reasoning import reasoning_conversation
-    from training.examples import answer_block, reference_states
+    from training.examples import answer_block, reasoning_conversations
 
     model_config(model)
     tokenizer = AutoTokenizer.from_pretrained(model)
@@ -242,13 +236,11 @@ def render_texts(data: list[Path], model: Path, config_path: Path | None, held_o
         raise QuantizeError(f"--held-out {held_out}: must leave calibration questions among the {len(examples)} "
                             f"given; give 0 to {len(examples) - 1}")
     config = load_config(config_path)
-    prompt = PromptLibrary(config.prompts).get("reasoning")
     order = list(range(len(examples)))
     random.Random(seed).shuffle(order)
     held = set(order[:held_out])
     rows = []
-    for index, (state, example) in enumerate(reference_states(examples, config, Embedder(config.embedder))):
-        conversation = reasoning_conversation(prompt, state, config.reasoning.max_reference_chars)
+    for index, (conversation, example) in enumerate(reasoning_conversations(examples, config)):
         messages = [*conversation, {"role": "assistant", "content": answer_block(str(example["answer"]))}]
         text = tokenizer.apply_chat_template(messages, tokenize=False)
         rows.append({"interaction_id": example["interaction_id"], "split": HELD_OUT if index in held else CALIBRATION,
@@ -388,10 +380,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         command.add_argument("--out", type=Path, required=True)
         command.add_argument("--force", action="store_true", help="replace an existing non-empty --out")
 
-    portable = commands.add_parser("portable", help="(any venv) write the config keys the submission's transformers 4 "
-                                   "reads beside transformers 5's (RoPE), and a tokenizer class it knows, in place")
-    portable.add_argument("--model", type=Path, required=True, help="an HF model folder written by transformers 5")
-
     evaluate = commands.add_parser("eval", help="(.venv-quantize) perplexity and KL to a reference on texts")
     evaluate.add_argument("--reference", type=Path, required=True, help="the unquantized HF folder")
     evaluate.add_argument("--model", type=Path, action="append", required=True, help="a folder to score, repeatable")
@@ -424,8 +412,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 VENVS = {"gguf": ".venv (make setup)", "texts": ".venv (make setup)", "gptq": ".venv-quantize (make quantize-venv)",
-         "rtn": ".venv-quantize (make quantize-venv)", "eval": ".venv-quantize (make quantize-venv)",
-         "portable": "any venv"}
+         "rtn": ".venv-quantize (make quantize-venv)", "eval": ".venv-quantize (make quantize-venv)"}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -436,8 +423,6 @@ def run(args: argparse.Namespace) -> int:
             return 0
         if args.command == "texts":
             return run_texts(args)
-        if args.command == "portable":
-            return run_portable(args)
         if args.command in ("gptq", "rtn"):
             return run_quantize(args)
         return run_eval(args)
@@ -455,14 +440,6 @@ def run_texts(args: argparse.Namespace) -> int:
     write_rows(rows, args.out)
     held = sum(row["split"] == HELD_OUT for row in rows)
     print(f"wrote {args.out}: {len(rows) - held} calibration and {held} held-out texts")
-    return 0
-
-
-def run_portable(args: argparse.Namespace) -> int:
-    model_config(args.model)
-    changed = portable_folder(args.model)
-    print(f"{args.model}: wrote {', '.join(changed)}" if changed else f"{args.model}: already portable")
-    check_folder(args.model)
     return 0
 
 

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 from tqdm import tqdm
 
 from models.config import SystemConfig
-from models.prompting import PromptLibrary
+from models.prompting import Messages, PromptLibrary
 from models.retrieval.embedder import Embedder
 from models.stages.hash_retriever import HashKeys, build_hash_model, hash_settings
-from models.stages.reasoning import END, START
+from models.stages.reasoning import END, START, reasoning_conversation
 from models.stages.references import ReferencesStage
 from models.stages.stage import run_alone
 from models.state import QueryState
@@ -43,3 +43,11 @@ def reference_states(examples: list[dict], config: SystemConfig, embedder: Embed
             yield from zip(states, chunk)
     finally:
         pages.close()
+
+
+def reasoning_conversations(examples: list[dict], config: SystemConfig) -> Iterator[tuple[Messages, dict]]:
+    """(the reasoning prompt over the example's references, as the reasoning stage of `config` builds it; the
+    example) for each CRAG example. No LLM runs."""
+    prompt = PromptLibrary(config.prompts).get("reasoning")
+    for state, example in reference_states(examples, config, Embedder(config.embedder)):
+        yield reasoning_conversation(prompt, state, config.reasoning.max_reference_chars), example

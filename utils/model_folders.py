@@ -226,7 +226,7 @@ def check_folder(folder: str | Path) -> None:
         raise FolderError(
             f"{path}: {key} is {written!r} in rope_parameters (transformers 5) but {read!r} at the top level, where "
             f"the engine's transformers 4.57 reads it{more}; write the keys with "
-            f"`python tools/quantize.py portable --model {folder}`")
+            f"`python tools/model_folder.py portable --model {folder}`")
 
 
 # The files that hold a model's or an adapter's weights and shape; tokenizer and generation files do not change what

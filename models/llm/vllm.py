@@ -126,7 +126,7 @@ def check_engine_config(folder: str | Path) -> None:
     if found:
         key, mine, theirs = found[0]
         raise FolderError(f"{path}/config.json: {key} is {mine!r}, but vLLM would build the model with {theirs!r}; "
-                          "write the keys its transformers 4 reads (`python tools/quantize.py portable --model "
+                          "write the keys its transformers 4 reads (`python tools/model_folder.py portable --model "
                           f"{path}` writes the RoPE's)")
 
 

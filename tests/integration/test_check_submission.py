@@ -264,7 +264,7 @@ def test_a_folder_transformers_4_would_read_with_another_rope_is_refused(tmp_pat
     model = fake_folder(tmp_path, "llama31-v5", LLAMA31_8B_V5)
     row = check_model_folder(tmp_path, t4_config(model))
     assert not row.ok and "rope_theta is 500000.0 in rope_parameters" in row.detail
-    assert f"tools/quantize.py portable --model {tmp_path / model}" in row.detail
+    assert f"tools/model_folder.py portable --model {tmp_path / model}" in row.detail
     # the whole checker: the row fails the submission
     fake_folder(copy, "llama31-v5", LLAMA31_8B_V5)
     write_config(copy / "configs" / "v5.yaml", {"llm": {"vllm": {"model": model, "quantization": None}}},

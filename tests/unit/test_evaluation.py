@@ -24,6 +24,7 @@ from evaluation.verdicts import CORRECT, MISS, UNJUDGED, WRONG, Item
 from models.config import REPO_ROOT, ConfigError, load_config
 from tests.conftest import SAMPLE, running, write, write_config
 from utils.batch import BatchResult, make_batch
+from utils.model_folders import weights_hash
 from utils.trees import differences
 
 
@@ -439,6 +440,36 @@ def test_a_resume_with_a_changed_prompt_file_is_refused(tmp_path, capsys):
     assert (out / "predictions.jsonl").read_bytes() == before  # nothing mixed in
 
 
+def test_a_resume_with_other_weights_under_the_same_name_is_refused(tmp_path, capsys):
+    """The manifest names the LLM's weights by content: a folder retrained in place is another model."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    write(folder / "config.json", "{}")
+    (folder / "model.safetensors").write_bytes(b"base")
+    config = write_config(tmp_path / "c.yaml", {"llm": {"hf": {"model": str(folder)}}})
+    out = _run_folder(tmp_path / "run", load_config(config))
+    assert json.loads((out / "manifest.json").read_text())["answers"]["weights"] == {
+        "weights": weights_hash(folder)}
+    (folder / "model.safetensors").write_bytes(b"tuned")
+    before = (out / "predictions.jsonl").read_bytes()
+    assert local_evaluation.main(["--data", str(SAMPLE), "--config", str(config), "--out", str(out),
+                                  "--limit", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "weights.weights" in err and "--force-resume" in err
+    assert (out / "predictions.jsonl").read_bytes() == before
+
+
+def test_the_embedded_model_s_weights_are_its_gguf_and_its_converter_s_format():
+    import hashlib
+
+    from models.llm.weights import FOLDER_FORMAT, embedded_gguf
+
+    answers = manifest.answer_inputs(load_config(REPO_ROOT / "configs" / "cpu.yaml"), SAMPLE, 30.0, False)
+    with embedded_gguf().open("rb") as handle:
+        digest = hashlib.file_digest(handle, "sha256").hexdigest()
+    assert answers["weights"] == {"weights": digest, "converter": FOLDER_FORMAT}
+
+
 def test_a_resume_with_only_a_new_judge_rejudges_and_keeps_the_predictions(tmp_path, capsys):
     out = _run_folder(tmp_path / "run", load_config(REPO_ROOT / "configs" / "cpu.yaml"), judge="local")
     before = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
@@ -693,6 +724,6 @@ def test_serve_llm_refuses_a_folder_the_engine_would_read_with_another_rope(tmp_
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     assert "rope_theta is 500000.0 in rope_parameters" in done.stderr
-    assert f"tools/quantize.py portable --model {folder}" in done.stderr
+    assert f"tools/model_folder.py portable --model {folder}" in done.stderr
     portable_folder(folder)
     check_folder(folder)

@@ -12,6 +12,7 @@ from evaluation.metrics import Scores
 from evaluation.verdicts import CORRECT, MISS, WRONG
 from models.config import ConfigError
 from models.gate.answer_gate import Column, Gate, GateError, gate_settings, signal_setup
+from models.llm.weights import FOLDER_FORMAT, content_hash, embedded_gguf
 from models.prompting import PromptLibrary
 from models.system import CragSystem
 from tests.conftest import SAMPLE, to_batch
@@ -274,11 +275,12 @@ def test_a_gate_fit_on_the_base_is_refused_for_its_fine_tuned_folder(cpu_config,
     number_gate(cpu_config, tmp_path / "gate.json")
     assert Gate.load(tmp_path / "gate.json").fit_on["setup"]["llm"]["weights"] == weights_hash(folder)
     (folder / "model.safetensors").write_bytes(b"tuned")  # the same folder name, other weights
-    with pytest.raises(ConfigError, match=r"fit on another setup than this config's \(llm.weights\)"):
+    with pytest.raises(ConfigError, match=r"fit on another setup than this config's \(llm.weights\).*`make gate`"):
         CragSystem(cpu_config, llm=ScriptedLLM(), embedder=HashEmbedder())
-    cpu_config.llm.hf.model = None  # the embedded model: nothing recorded beyond the served name
+    cpu_config.llm.hf.model = None  # the embedded model: its GGUF and the format of the folder it becomes
     resolved = json.loads(json.dumps(dataclasses.asdict(cpu_config)))
-    assert "weights" not in signal_setup(resolved, {})["llm"]
+    assert signal_setup(resolved, {})["llm"]["converter"] == FOLDER_FORMAT
+    assert signal_setup(resolved, {})["llm"]["weights"] == content_hash(embedded_gguf())
 
 
 def test_the_ceiling_counts_the_most_a_ranking_could_answer_with_its_interval_above_zero():
@@ -293,3 +295,19 @@ def test_the_ceiling_counts_the_most_a_ranking_could_answer_with_its_interval_ab
     lines = ceiling(Labelled(signals, [int(c) for c in correct], [str(i) for i in range(40)]), questions=80)
     assert lines[0].startswith("ceiling: s.good: AUROC 1.00;") and "(20 right)" in lines[0]
     assert lines[1].startswith("ceiling: s.noise: AUROC 0.50;")
+
+
+def test_a_kept_gate_run_of_other_weights_is_not_reused(tmp_path):
+    """benchmarks/gate.py --reuse judges kept runs again: of other weights (here the converter's older folder format),
+    it stops and says to answer them again."""
+    from evaluation import manifest
+    from evaluation.gate_sets import check_weights, ungated
+    from models.llm.weights import weights_of
+
+    current = weights_of(json.loads(json.dumps(ungated().load().resolved()))["llm"])
+    manifest.write(tmp_path, {"answers": {"weights": {**current, "converter": "v2"}}})
+    with pytest.raises(SystemExit, match=rf"other weights than the config runs now \(converter \('v2' -> "
+                                         rf"'{FOLDER_FORMAT}'\)\)"):
+        check_weights(ungated(), tmp_path)
+    manifest.write(tmp_path, {"answers": {"weights": current}})
+    check_weights(ungated(), tmp_path)

@@ -97,6 +97,8 @@ def test_the_merged_folder_computes_what_base_and_adapter_compute(tiny, tmp_path
     merged = merge(tiny, tmp_path / "run" / ADAPTER, tmp_path / "merged")
     tokenizer_config = json.loads((merged / "tokenizer_config.json").read_text())
     assert tokenizer_config["tokenizer_class"] == "PreTrainedTokenizerFast"  # transformers 4.x knows it
+    config = json.loads((merged / "config.json").read_text())
+    assert config["rope_theta"] == config["rope_parameters"]["rope_theta"]  # and reads this RoPE base
     assert json.loads((merged / "merged_from.json").read_text())["base_weights_sha256"] == weights_hash(tiny)
     ids = torch.tensor([[1, 200, 300, 400]])
     with torch.no_grad():

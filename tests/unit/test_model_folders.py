@@ -54,7 +54,7 @@ def test_each_family_saved_by_transformers_5_is_refused_then_made_portable(tmp_p
     text = saved.get("text_config", saved)
     assert "rope_theta" not in text and "rope_scaling" not in text, "transformers 5 wrote the old keys: rethink"
     read_before = AutoConfig.from_pretrained(folder).get_text_config().rope_parameters
-    with pytest.raises(FolderError, match=r"rope_theta is .* in rope_parameters .* tools/quantize.py portable"):
+    with pytest.raises(FolderError, match=r"rope_theta is .* in rope_parameters .* tools/model_folder.py portable"):
         check_folder(folder)
 
     changed = portable_config(folder)
@@ -135,3 +135,25 @@ def test_forward_mismatches_name_the_rope_key_and_the_other_fields():
     assert forward_mismatches(nested, local) == []
     assert forward_mismatches(nested, {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}) == [
         ("rope_theta (sliding_attention)", 1e4, MISSING), ("rope_type (sliding_attention)", "default", MISSING)]
+
+
+def test_the_command_checks_and_makes_a_folder_portable(tmp_path):
+    import subprocess
+    import sys
+
+    from models.config import REPO_ROOT
+
+    folder = write(tmp_path, "mistral")
+
+    def run(*args):
+        return subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "model_folder.py"), *args], text=True,
+                              capture_output=True, timeout=120)
+
+    refused = run("check", "--model", str(folder))
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "rope_theta is 1000000.0" in refused.stderr
+    made = run("portable", "--model", str(folder))
+    assert made.returncode == 0 and "wrote config.json rope_theta" in made.stdout, made.stderr
+    assert run("check", "--model", str(folder)).returncode == 0
+    assert run("portable", "--model", str(folder)).stdout.strip().endswith("already portable")
+    missing = run("check", "--model", str(tmp_path / "none"))
+    assert missing.returncode == 2 and "no config.json" in missing.stderr and "Traceback" not in missing.stderr

@@ -333,7 +333,7 @@ def test_a_folder_the_engine_would_read_with_another_rope_is_refused_before_it_s
     from utils.model_folders import FolderError, portable_folder
 
     folder = write(tmp_path, "qwen2.5")
-    with pytest.raises(FolderError, match=r"rope_theta is 1000000.0 in rope_parameters .* tools/quantize.py portable"):
+    with pytest.raises(FolderError, match=r"rope_theta is 1000000.0 in rope_parameters .*/model_folder.py portable"):
         create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model=str(folder))))
     assert "init" not in fake_vllm
     portable_folder(folder)

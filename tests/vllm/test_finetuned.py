@@ -46,6 +46,7 @@ def test_the_merged_folder_names_its_base_and_loads_in_the_image_s_transformers(
     assert weights_hash(merged) != weights_hash(smollm2)
     tokenizer = AutoTokenizer.from_pretrained(merged)
     model = AutoModelForCausalLM.from_pretrained(merged, torch_dtype=torch.float32).eval()
+    assert model.config.rope_theta == 100000.0  # SmolLM2's base, written by transformers 5 as rope_parameters
     ids = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=True, return_tensors="pt")
     out = model.generate(ids, max_new_tokens=TOKENS, do_sample=False)
     assert out.shape[1] > ids.shape[1]

@@ -133,13 +133,17 @@ def test_the_t4_config_s_engine_arguments_as_the_release_s_parser_reads_them(smo
 
 def test_the_project_s_model_folders_load_in_the_submission_s_transformers(smollm2):
     """The embedded converter's folder (.venv, transformers 5) and the quantizer's W4A16 of it
-    (.venv-quantize): their tokenizers load in transformers 4, as the same tokenizer."""
-    from transformers import AutoTokenizer
+    (.venv-quantize): their tokenizers load in transformers 4, as the same tokenizer, and their configs with
+    SmolLM2's RoPE base (100000; 4.57's default is 10000)."""
+    from transformers import AutoConfig, AutoTokenizer
 
     assert SMOLLM2_W4A16.is_dir(), "`make test-vllm` writes the W4A16 folder first"
     ids = [AutoTokenizer.from_pretrained(folder)("Who directed Inception?")["input_ids"]
            for folder in (smollm2, SMOLLM2_W4A16)]
     assert ids[0] == ids[1] and len(ids[0]) > 3
+    for folder in (smollm2, SMOLLM2_W4A16):
+        config = AutoConfig.from_pretrained(folder)
+        assert (config.rope_theta, config.rope_scaling) == (100000.0, None), folder
 
 
 ENGINE_SCRIPT = """
