@@ -298,7 +298,6 @@ def check_finetuned(repo: Path, config: Any) -> Check | None:
 def gpu_checks(repo: Path, config: Any) -> list[Check]:
     """The checks of a GPU submission that need the config (those that do not apply are left out)."""
     checks = [check_gpus(repo, config), check_model_folder(repo, config), check_quantization(repo, config),
-              check_memory(repo, config),
-              check_prompt_embeds(repo, config), check_finetuned(repo, config)]
+              check_memory(repo, config), check_prompt_embeds(repo, config), check_finetuned(repo, config)]
     return [c for c in checks if c is not None]
 
