@@ -1,5 +1,5 @@
 """Fine-tuning benchmark: does a model trained on its own judged runs answer more right and fewer wrong, measured
-cross-fit (DESIGN.md section 14)?
+cross-fit (docs/decisions/fine-tuning.md)?
 
 The base is the embedded default as `make eval` serves it (benchmarks/gate.py's setup: configs/cpu.yaml with
 configs/overlays/vllm-cpu.yaml, gate off) over the gate sets (data/gate_dev.jsonl, 128 questions with pages, and

@@ -1,5 +1,5 @@
 """Training data from judged run folders: SFT examples and preference pairs over the exact conversations the
-answering stage sent (DESIGN.md section 14).
+answering stage sent (docs/decisions/fine-tuning.md).
 
 A run made with `record_prompts` keeps each conversation a stage sent (the trace's `prompts`); its judge wrote a
 verdict on every record (rules, the containment judge, an LLM or a person: judge with `--judge person:FILE` so a

@@ -1,4 +1,4 @@
-"""Fine-tuning the answering model on judged runs (DESIGN.md section 14): TRL's SFT and DPO trainers with a PEFT
+"""Fine-tuning the answering model on judged runs (docs/decisions/fine-tuning.md): TRL's SFT and DPO trainers with a PEFT
 LoRA adapter (or full fine-tuning), then the adapter merged into a plain model folder that transformers 4.x (the
 image's) and the pinned vLLM load.
 

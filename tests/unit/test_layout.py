@@ -1,4 +1,4 @@
-"""The repository's shape, as DESIGN.md section 2 draws it: a module name says which module it is (unique outside
+"""The repository's shape, as docs/layout.md says it: a module name says which module it is (unique outside
 tests/), and a module over 500 lines is one idea that needs the room, named here with why."""
 
 import collections
