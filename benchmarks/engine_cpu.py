@@ -76,14 +76,14 @@ def measure(llm, tokenizer) -> dict[str, float]:
 def page_texts() -> tuple[list[tuple[str, str]], str]:
     """(page name, main text) of the PPL_PAGES longest main texts, and the data they come from."""
     source = SHARED_SAMPLE if SHARED_SAMPLE.is_file() else SAMPLE
-    extractor = PageSettings().extractor
+    settings = PageSettings()  # as the references stage reads a page
     texts = []
     for example in read_examples(source):
         for page in example["search_results"]:
-            tree = parse_html(page.get("page_result") or "", 10 ** 7)
+            tree = parse_html(page.get("page_result") or "", settings.max_page_chars)
             if tree is not None:
                 remove_boilerplate(tree)
-                texts.append((page.get("page_name") or "?", main_text(tree, extractor)[0]))
+                texts.append((page.get("page_name") or "?", main_text(tree, settings.extractor)[0]))
     return sorted(texts, key=lambda item: -len(item[1]))[:PPL_PAGES], source.name
 
 
@@ -144,21 +144,22 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     pages, source = page_texts()
     hf, folder, token_lists = measure_hf(lambda tokenizer: sequences(tokenizer, pages))
-    tokens_file = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
-    with tokens_file:
-        json.dump(token_lists, tokens_file)
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
            "PYTHONPATH": str(REPO_ROOT)}
     rates, perplexities = [], []
-    for dtype in VLLM_DTYPES:
-        done = subprocess.run([str(REHEARSAL_PYTHON), "-m", "benchmarks.engine_cpu", "--vllm-folder", folder,
-                               "--vllm-dtype", dtype, "--vllm-tokens", tokens_file.name], cwd=REPO_ROOT, env=env,
-                              capture_output=True, text=True, timeout=1800)
+    children = []
+    with tempfile.TemporaryDirectory() as scratch:  # the child scores the very tokens the hf backend scored
+        tokens = Path(scratch) / "tokens.json"
+        tokens.write_text(json.dumps(token_lists))
+        for dtype in VLLM_DTYPES:
+            children.append(subprocess.run(
+                [str(REHEARSAL_PYTHON), "-m", "benchmarks.engine_cpu", "--vllm-folder", folder, "--vllm-dtype", dtype,
+                 "--vllm-tokens", str(tokens)], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=1800))
+    for dtype, done in zip(VLLM_DTYPES, children):
         lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
         if done.returncode or not lines:
             print(f"engine_cpu: error: the vLLM child ({dtype}) exited with {done.returncode}: "
                   f"{done.stderr.strip()[-400:]}", file=sys.stderr)
-            os.unlink(tokens_file.name)
             return 1
         vllm = json.loads(lines[-1])
         served = " (served)" if dtype == SERVED_DTYPE else ""
@@ -170,7 +171,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"engine_cpu: {PROMPTS} prompts of {hf['prompt_tokens'] // PROMPTS} tokens, {NEW_TOKENS} new, "
           f"{os.cpu_count()} cores, OMP_NUM_THREADS {threads}; prompt tokens/s / generated tokens/s: hf float32 "
           f"{hf['prefill_tps']:.0f} / {hf['decode_tps']:.1f}; " + "; ".join(rates))
-    os.unlink(tokens_file.name)
     names = ", ".join(name for name, _ in pages)
     print(f"engine_cpu: perplexity on the first {PPL_TOKENS} tokens of the {len(pages)} longest page texts of "
           f"{source} ({sum(map(len, token_lists))} tokens: {names}): hf float32 {hf['perplexity']:.2f} "

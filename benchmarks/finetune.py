@@ -41,7 +41,8 @@ from evaluation.gate_sets import PERSON, SETS, answer_set
 from evaluation.metrics import paired_difference
 from evaluation.runner import load_predictions
 from evaluation.verdicts import CORRECT, MISS, UNJUDGED, WRONG
-from models.llm.hf import converted_folder, embedded_gguf
+from models.llm.hf import converted_folder
+from models.llm.weights import embedded_gguf
 from training.judged_data import PAIRS_FILE, SFT_FILE, build, fold_of, read_rows, write
 from training.llm_training import ADAPTER, TrainSettings, merge, train
 from training.llm_training import MANIFEST as TRAINING_MANIFEST

@@ -193,7 +193,8 @@ def dense_from_gguf(gguf: Path | None, out: Path, dtype: str, force: bool) -> Pa
     import torch
     from transformers import AutoModelForCausalLM
 
-    from models.llm.hf import converted_folder, embedded_gguf
+    from models.llm.hf import converted_folder
+    from models.llm.weights import embedded_gguf
 
     if gguf is not None and not gguf.is_file():
         raise QuantizeError(f"--gguf {gguf}: no such file; give a .gguf model file (or leave --gguf out for the "

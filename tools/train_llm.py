@@ -30,7 +30,8 @@ from utils.cli import check_out, command
 
 
 def embedded_model() -> Path:
-    from models.llm.hf import converted_folder, embedded_gguf
+    from models.llm.hf import converted_folder
+    from models.llm.weights import embedded_gguf
 
     return converted_folder(embedded_gguf(), None)
 

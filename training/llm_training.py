@@ -1,5 +1,5 @@
-"""Fine-tuning the answering model on judged runs (docs/decisions/fine-tuning.md): TRL's SFT and DPO trainers with a PEFT
-LoRA adapter (or full fine-tuning), then the adapter merged into a plain model folder that transformers 4.x (the
+"""Fine-tuning the answering model on judged runs (docs/decisions/fine-tuning.md): TRL's SFT and DPO trainers with a
+PEFT LoRA adapter (or full fine-tuning), then the adapter merged into a plain model folder that transformers 4.x (the
 image's) and the pinned vLLM load.
 
 The SFT rows are TRL's conversational prompt-completion form (training/judged_data.py), so the loss falls on the

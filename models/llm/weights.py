@@ -33,16 +33,30 @@ def embedded_gguf() -> Path:
     return path
 
 
+# Digests already taken in this process, by path and the files' sizes and modification times: a run hashes its
+# weights for the manifest and again where the gate is checked, and a folder can be tens of GB.
+_DIGESTS: dict[tuple[str, tuple[tuple[str, int, int], ...]], str] = {}
+
+
+def _signature(path: Path) -> tuple[tuple[str, int, int], ...]:
+    files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+    return tuple((p.name, (stat := p.stat()).st_size, stat.st_mtime_ns) for p in files)
+
+
 def content_hash(name: str | Path) -> str:
     """sha256 of a model folder's weight files (utils/model_folders.py weights_hash) or of a file (a .gguf);
     "missing: NAME" when there is neither."""
     path = resolve_path(str(name))
-    if path.is_dir():
-        return weights_hash(path)
-    if path.is_file():
-        with path.open("rb") as handle:
-            return hashlib.file_digest(handle, "sha256").hexdigest()
-    return f"missing: {name}"
+    if not path.exists():
+        return f"missing: {name}"
+    key = (str(path), _signature(path))
+    if key not in _DIGESTS:
+        if path.is_dir():
+            _DIGESTS[key] = weights_hash(path)
+        else:
+            with path.open("rb") as handle:
+                _DIGESTS[key] = hashlib.file_digest(handle, "sha256").hexdigest()
+    return _DIGESTS[key]
 
 
 def weights_of(llm: dict[str, Any]) -> dict[str, str]:

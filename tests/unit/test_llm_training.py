@@ -10,7 +10,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, TrainerCallback
 
-from models.llm.hf import converted_folder, embedded_gguf
+from models.llm.hf import converted_folder
+from models.llm.weights import embedded_gguf
 from training.llm_training import ADAPTER, MANIFEST, TrainSettings, fitting_rows, merge, train
 from utils.model_folders import weights_hash
 
