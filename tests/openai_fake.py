@@ -41,16 +41,20 @@ class ChatServer:
     answers a request for log-probabilities with HTTP 400 naming the field (hosted models that do not offer
     them); `raw_body(request body)` is sent as the reply's bytes instead (garbage, a huge reply; None: the normal
     reply); `trickle_s` (seconds, or a function of the request body) sends the reply 16 bytes at a time, one piece
-    every trickle_s seconds; `hold` (an Event) keeps every reply until it is set or `hold_s` pass."""
+    every trickle_s seconds; `hold` (an Event) keeps every reply until it is set or `hold_s` pass. `max_model_len`
+with `count_tokens(messages)` (the prompt's tokens under the model's chat template): a prompt the length does not
+hold is HTTP 400, as vllm/entrypoints/openai/serving_engine.py `_validate_input` refuses it."""
 
     def __init__(self, failures: int = 0, status: int = 503, answer_with: Callable[[dict], str] | None = None,
                  logprobs_with: Callable[[str, dict], list[tuple[str, float]]] | None = None,
                  refuse_logprobs: bool = False, raw_body: Callable[[dict], bytes | None] | None = None,
                  trickle_s: float | Callable[[dict], float] = 0.0, kind: str = "vllm",
-                 hold: threading.Event | None = None, hold_s: float = 60.0) -> None:
+                 hold: threading.Event | None = None, hold_s: float = 60.0, max_model_len: int | None = None,
+                 count_tokens: Callable[[list[dict]], int] | None = None) -> None:
         if kind not in KINDS:
             raise ValueError(f"kind {kind!r}: one of {KINDS}")
         self.kind, self.requests, self.warnings = kind, [], []
+        self.max_model_len, self.count_tokens = max_model_len, count_tokens
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -105,6 +109,16 @@ class ChatServer:
                                        "param": "top_logprobs"}}
             if self.kind == "vllm" and n > 1 and body.get("temperature", 1.0) < 1e-5:
                 return 400, {"error": {"message": "n must be 1 when using greedy sampling", "param": "n"}}
+        if self.max_model_len is not None and self.count_tokens is not None:
+            tokens, wanted = self.count_tokens(body["messages"]), body.get("max_tokens")
+            if tokens >= self.max_model_len:
+                return 400, {"error": {"message": f"This model's maximum context length is {self.max_model_len} "
+                                       f"tokens. However, your request has {tokens} input tokens. Please reduce the "
+                                       "length of the input messages.", "param": "input_tokens"}}
+            if wanted is not None and tokens + wanted > self.max_model_len:
+                return 400, {"error": {"message": f"'max_tokens' or 'max_completion_tokens' is too large: {wanted}. "
+                                       f"This model's maximum context length is {self.max_model_len} tokens and "
+                                       f"your request has {tokens} input tokens.", "param": "max_tokens"}}
         words = (answer_with(body) if answer_with else body["messages"][-1]["content"] + " STOP tail").split()
         limit = body.get("max_tokens") or len(words)
         kept, finish = self._generate(words, limit, body.get("stop") or [])

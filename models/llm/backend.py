@@ -11,7 +11,7 @@ import numpy as np
 
 from models.config import LLMConfig
 from models.registry import Registry
-from utils.errors import HarnessError
+from utils.errors import BackendUnavailable as BackendUnavailable  # where the backends' callers import it
 from utils.time_budget import Deadline
 
 Conversation = list[dict[str, str]]
@@ -123,10 +123,6 @@ class Closable(Protocol):
     def close(self) -> None: ...
 
 
-class BackendUnavailable(HarnessError, RuntimeError):
-    """A backend whose model or library is missing; the message says how to fix it."""
-
-
 # `llm.backend` names one; its module is imported only when chosen, so a CPU install never imports vllm.
 BACKENDS: Registry[LLM] = Registry("LLM backend", LLM)
 BACKENDS.register_lazy("hf", "models.llm.hf:HFBackend")
@@ -136,7 +132,12 @@ BACKENDS.register_lazy("vllm", "models.llm.vllm:VLLMBackend")
 
 def create_llm(config: LLMConfig) -> LLM:
     backend: Callable[[object], LLM] = BACKENDS.get(config.backend)  # each backend class takes its own section
-    return backend(getattr(config, config.backend))
+    section = getattr(config, config.backend)
+    if config.backend == "hf":  # what llm.hf leaves to the config's model profile
+        from models.llm.profile import hf_settings, load_profile
+
+        section = hf_settings(section, load_profile(config.profile))
+    return backend(section)
 
 
 def cut_at_stop(text: str, stop: list[str]) -> str:

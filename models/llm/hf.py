@@ -29,10 +29,12 @@ from models.llm.backend import (
     TopLogprobs,
     cut_at_stop,
 )
-from models.llm.weights import FOLDER_FORMAT, embedded_gguf
+from models.llm.profile import hf_settings
+from models.llm.weights import FOLDER_FORMAT
 from utils.cache import cache_root
 from utils.model_folders import portable_folder
 from utils.time_budget import Deadline
+from utils.token_cut import kept_spans
 
 RETRIEVAL_TOKEN = "<|retrieval|>"  # R2AG: where a retrieval embedding enters the prompt
 
@@ -77,8 +79,9 @@ def converted_folder(gguf: Path, cache_dir: str | None) -> Path:
 
 
 def resolve_model_folder(config: HFConfig) -> Path:
-    if config.model is None:
-        return converted_folder(embedded_gguf(), config.cache_dir)
+    """The HF folder `config` loads: llm.hf.model (a .gguf converted once), or the model profile's weights."""
+    config = hf_settings(config)
+    assert config.model is not None  # hf_settings fills it
     path = Path(config.model).expanduser()
     if path.suffix == ".gguf" and path.is_file():
         return converted_folder(path, config.cache_dir)
@@ -197,7 +200,7 @@ def _new_tokens(kwargs: dict[str, object]) -> int:
 
 class HFBackend:
     def __init__(self, config: HFConfig) -> None:
-        self.config = config
+        self.config = config = hf_settings(config)  # what llm.hf leaves to the default model profile
         started = time.perf_counter()
         hf_logging.disable_progress_bar()  # load time is logged below; per-tensor bars only clutter stderr
         self.folder = resolve_model_folder(config)
@@ -305,7 +308,11 @@ class HFBackend:
         a ValueError)."""
         ids: list[int] = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True,
                                                             return_dict=True)["input_ids"]
-        spans = self._kept_spans(len(ids), limit or self.config.max_input_tokens)
+        limit = limit or self.config.max_input_tokens
+        assert limit is not None  # hf_settings fills max_input_tokens
+        spans = kept_spans(len(ids), limit)
+        if len(spans) > 1:
+            logger.warning("prompt of {} tokens cut to {}", len(ids), limit)
         kept_ids = [token for span in spans for token in ids[span]]
         if embeddings is None:
             return kept_ids, None
@@ -339,14 +346,6 @@ class HFBackend:
             return batch
         rows = [torch.from_numpy(e) for _, e in fitted]
         return {"inputs_embeds": self.inject(batch["input_ids"], rows), "attention_mask": batch["attention_mask"]}
-
-    def _kept_spans(self, length: int, limit: int) -> list[slice]:
-        """What stays of an over-long prompt: the head (instructions) and the tail (the question), not the middle."""
-        if length <= limit:
-            return [slice(0, length)]
-        head = limit // 4
-        logger.warning("prompt of {} tokens cut to {}", length, limit)
-        return [slice(0, head), slice(length - (limit - head), length)]
 
     @torch.inference_mode()
     def _generate_batch(self, inputs: dict[str, torch.Tensor], size: int, params: GenParams) -> list[list[Sample]]:

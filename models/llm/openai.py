@@ -9,6 +9,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx2 as httpx  # the HTTP client of openai 3 (its fork of httpx)
 import openai
@@ -28,6 +29,7 @@ from models.llm.backend import (
 )
 from utils.retry import backoff
 from utils.time_budget import Deadline
+from utils.token_cut import kept_spans
 
 # Worth another try: the server may come back or the limit may lift. Anything else (a bad request,
 # a wrong key, an unknown model) fails the same way again, so it is logged once and not retried.
@@ -46,9 +48,46 @@ class ReplyRefused(RuntimeError):
     """A reply that cannot be used: over the size cap, unreadable, or still arriving at the deadline."""
 
 
+class PromptLimit:
+    """The openai backend's prompt cut (llm.openai.max_input_tokens, counted with llm.openai.tokenizer's chat
+    template): an over-long conversation's longest message keeps its head quarter and tail, as the hf backend cuts
+    its prompt ids (utils/token_cut.py). The server then never refuses a prompt the hf backend would have read."""
+
+    ROUNDS = 3  # a cut text can tokenize a few tokens longer than its pieces: cut again, at most this often
+
+    def __init__(self, folder: str, limit: int) -> None:
+        from transformers import AutoTokenizer
+
+        self.tokenizer: Any = AutoTokenizer.from_pretrained(folder)
+        self.limit = limit
+
+    def length(self, conversation: Conversation) -> int:
+        return len(self.tokenizer.apply_chat_template(list(conversation), add_generation_prompt=True, tokenize=True,
+                                                      return_dict=True)["input_ids"])
+
+    def fit(self, conversation: Conversation) -> Conversation:
+        length = first = self.length(conversation)
+        rounds = 0
+        while length > self.limit and rounds < self.ROUNDS:
+            longest = max(range(len(conversation)), key=lambda i: len(conversation[i]["content"]))
+            ids = self.tokenizer(conversation[longest]["content"], add_special_tokens=False)["input_ids"]
+            keep = len(ids) - (length - self.limit)
+            if keep < 1:  # the other messages alone are over the limit: nothing here can cut it
+                break
+            text = "".join(self.tokenizer.decode(ids[span]) for span in kept_spans(len(ids), keep))
+            conversation = [*conversation[:longest], {**conversation[longest], "content": text},
+                            *conversation[longest + 1:]]
+            length, rounds = self.length(conversation), rounds + 1
+        if length != first:
+            logger.warning("prompt of {} tokens cut to {}", first, length)
+        return conversation
+
+
 class OpenAIBackend:
     def __init__(self, config: OpenAIConfig) -> None:
         self.config = config
+        self.prompt_limit = (PromptLimit(config.tokenizer, config.max_input_tokens)
+                             if config.tokenizer and config.max_input_tokens else None)
         self.client = openai.OpenAI(base_url=config.base_url, api_key=os.environ.get(config.api_key_env) or "EMPTY",
                                     max_retries=0, timeout=config.request_timeout_s)
         self.logprobs_refused = False  # the server answered a request for log-probabilities with HTTP 400
@@ -75,6 +114,8 @@ class OpenAIBackend:
                                      "URL (local_evaluation.py --serve-llm serves the embedded model)") from None
 
     def generate(self, conversations: Sequence[Conversation], params: GenParams) -> list[list[Sample]]:
+        if self.prompt_limit is not None:
+            conversations = [self.prompt_limit.fit(c) for c in conversations]
         per_request = params.n if self.config.native_n else 1
         jobs = [(i, per_request) for i in range(len(conversations)) for _ in range(params.n // per_request)]
         def send(job: tuple[int, int]) -> tuple[list[Sample], str | None]:

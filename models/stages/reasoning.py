@@ -157,14 +157,14 @@ class ReasoningStage(Stage):
 
     @classmethod
     def estimate(cls, config: SystemConfig, prompts: PromptLibrary) -> list[StagePlan]:
-        """The reasoning prompt, and the backup summariser as the worst case."""
+        """The reasoning prompt, and the backup summariser (where it is on) as the worst case."""
         settings = config.reasoning
         kg_chars = config.section("kg", KGSettings).max_chars if config.task > 1 else 0
         evidence = settings.max_reference_chars + config.references.table_budget_chars + kg_chars
         return [StagePlan("reasoning", template_tokens(prompts, "reasoning") + tokens(evidence), settings.max_tokens,
-                          1),
-                StagePlan("summariser", template_tokens(prompts, "summariser") + tokens(settings.max_reference_chars),
-                          settings.summariser_max_tokens, 1)]
+                          1)] + ([StagePlan("summariser", template_tokens(prompts, "summariser")
+                                            + tokens(settings.max_reference_chars), settings.summariser_max_tokens, 1)]
+                                 if settings.summariser_max_tokens else [])
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
         prompt = ctx.prompt("reasoning")
@@ -231,6 +231,10 @@ class ReasoningStage(Stage):
     def _summarise(states: list[QueryState], ctx: StageContext) -> None:
         """The backup summariser, for the queries whose reasoning output had no answer to parse."""
         deadline = ctx.work_deadline()
+        if not ctx.settings.summariser_max_tokens:
+            for state in states:
+                state.finish(IDK, "reasoning output unparsable and the summariser is off")
+            return
         if deadline.expired():
             for state in states:
                 state.finish(IDK, "reasoning output unparsable and no time left for the summariser")

@@ -448,8 +448,7 @@ def test_a_resume_with_other_weights_under_the_same_name_is_refused(tmp_path, ca
     (folder / "model.safetensors").write_bytes(b"base")
     config = write_config(tmp_path / "c.yaml", {"llm": {"hf": {"model": str(folder)}}})
     out = _run_folder(tmp_path / "run", load_config(config))
-    assert json.loads((out / "manifest.json").read_text())["answers"]["weights"] == {
-        "weights": weights_hash(folder)}
+    assert json.loads((out / "manifest.json").read_text())["answers"]["weights"]["weights"] == weights_hash(folder)
     (folder / "model.safetensors").write_bytes(b"tuned")
     before = (out / "predictions.jsonl").read_bytes()
     assert local_evaluation.main(["--data", str(SAMPLE), "--config", str(config), "--out", str(out),
@@ -462,12 +461,15 @@ def test_a_resume_with_other_weights_under_the_same_name_is_refused(tmp_path, ca
 def test_the_embedded_model_s_weights_are_its_gguf_and_its_converter_s_format():
     import hashlib
 
-    from models.llm.weights import FOLDER_FORMAT, embedded_gguf
+    from models.llm.profile import load_profile
+    from models.llm.weights import FOLDER_FORMAT
 
     answers = manifest.answer_inputs(load_config(REPO_ROOT / "configs" / "cpu.yaml"), SAMPLE, 30.0, False)
-    with embedded_gguf().open("rb") as handle:
+    with load_profile().weights_path().open("rb") as handle:
         digest = hashlib.file_digest(handle, "sha256").hexdigest()
-    assert answers["weights"] == {"weights": digest, "converter": FOLDER_FORMAT}
+    assert answers["weights"] == {"weights": digest, "converter": FOLDER_FORMAT,
+                                  "profile": {"name": "smollm2", "prompt_tokens": 2048, "serve_dtype": "bfloat16",
+                                              "serve_max_model_len": 4096}}
 
 
 def test_a_resume_with_only_a_new_judge_rejudges_and_keeps_the_predictions(tmp_path, capsys):
@@ -674,8 +676,9 @@ EVALUATION_WITH_LLM = '''
 import json, os, subprocess, sys, time
 from pathlib import Path
 from evaluation.llm_server import served_llm
+from models.llm.profile import load_profile
 
-with served_llm(Path("unused"), "smollm2", command=[sys.executable, os.environ["STAND_IN"]]) as url:
+with served_llm(Path("unused"), load_profile(), command=[sys.executable, os.environ["STAND_IN"]]) as url:
     stats = {int(p): open(f"/proc/{p}/stat").read() for p in os.listdir("/proc") if p.isdigit()}
     guard = [pid for pid, stat in stats.items() if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid()]
     print(json.dumps({"url": url, "guard": guard}), flush=True)

@@ -12,7 +12,8 @@ from evaluation.metrics import Scores
 from evaluation.verdicts import CORRECT, MISS, WRONG
 from models.config import ConfigError
 from models.gate.answer_gate import Column, Gate, GateError, gate_settings, signal_setup
-from models.llm.weights import FOLDER_FORMAT, content_hash, embedded_gguf
+from models.llm.profile import load_profile
+from models.llm.weights import FOLDER_FORMAT, content_hash
 from models.prompting import PromptLibrary
 from models.system import CragSystem
 from tests.conftest import SAMPLE, to_batch
@@ -280,7 +281,7 @@ def test_a_gate_fit_on_the_base_is_refused_for_its_fine_tuned_folder(cpu_config,
     cpu_config.llm.hf.model = None  # the embedded model: its GGUF and the format of the folder it becomes
     resolved = json.loads(json.dumps(dataclasses.asdict(cpu_config)))
     assert signal_setup(resolved, {})["llm"]["converter"] == FOLDER_FORMAT
-    assert signal_setup(resolved, {})["llm"]["weights"] == content_hash(embedded_gguf())
+    assert signal_setup(resolved, {})["llm"]["weights"] == content_hash(load_profile().weights_path())
 
 
 def test_the_ceiling_counts_the_most_a_ranking_could_answer_with_its_interval_above_zero():
@@ -311,3 +312,23 @@ def test_a_kept_gate_run_of_other_weights_is_not_reused(tmp_path):
         check_weights(ungated(), tmp_path)
     manifest.write(tmp_path, {"answers": {"weights": current}})
     check_weights(ungated(), tmp_path)
+
+
+def test_the_containment_judge_s_agreement_with_the_person_is_counted_on_the_answers_the_person_judged(tmp_path):
+    from benchmarks.gate import agreement
+
+    def run(name, rows):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "manifest.json").write_text("{}")
+        (folder / "predictions.jsonl").write_text("".join(
+            json.dumps({"interaction_id": iid, "prediction": "x", "verdict": verdict, "judged_by": by}) + "\n"
+            for iid, verdict, by in rows))
+        return folder
+
+    labelled = run("labelled", [("a", "correct", "person"), ("b", "wrong", "person"), ("c", "correct", "rules"),
+                                ("d", "wrong", "contains")])
+    contained = run("contained", [("a", "correct", "contains"), ("b", "correct", "contains"),
+                                  ("c", "correct", "rules"), ("d", "wrong", "contains")])
+    assert agreement([labelled], [contained]) == ("labels: the containment judge agrees with the person on 1 of 2 "
+                                                  "answers both judged (1 it calls right that the person did not)")

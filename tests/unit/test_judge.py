@@ -9,6 +9,7 @@ import pytest
 import local_evaluation
 from evaluation.judge import (
     LLMJudge,
+    build_judge,
     judge_by_organisers_rules,
     judge_by_rules,
     judge_records,
@@ -158,6 +159,22 @@ def test_a_person_s_verdicts_judge_what_the_rules_leave_open(tmp_path, caplog_lo
         ("correct", "rules"), ("correct", "person"), ("wrong", "person"), ("unjudged", "none")]
     assert [r["organisers_verdict"] for r in records] == ["correct", "correct", "wrong", "unjudged"]
     assert "no verdict for 1 of" in caplog_loguru.text  # the organisers' column asks again: never guessed
+
+
+def test_a_chain_asks_the_containment_rules_only_what_the_person_never_saw(tmp_path, capsys):
+    verdicts = tmp_path / "verdicts.jsonl"
+    write(verdicts, json.dumps({"query": "who?", "prediction": "Paris is not it", "human": "correct"}) + "\n")
+    records = [{"query": "who?", "answer": "paris", "alt_answers": [], "prediction": p}
+               for p in ("Paris", "Paris is not it", "It is Paris, of course", "Lyon, I think")]
+    judge_records(records, build_judge(f"person:{verdicts}+contains", None))
+    assert [(r["verdict"], r["judged_by"]) for r in records] == [
+        ("correct", "rules"), ("correct", "person"), ("correct", "contains"), ("wrong", "contains")]
+    assert records[1]["judge_reason"] == "person:verdicts.jsonl: correct"  # the person's, where the rules negate
+    assert [r["organisers_verdict"] for r in records] == ["correct", "unjudged", "unjudged", "unjudged"]
+    for spec in ("rules+contains", f"person:{verdicts}+"):
+        args = ["--judge", spec, "--data", str(SAMPLE), "--out", str(tmp_path / "run")]
+        assert local_evaluation.main(args) == 2
+        assert "join judges with +" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("text, message", [

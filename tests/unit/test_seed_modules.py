@@ -43,6 +43,15 @@ def test_summariser_with_nothing_to_say_gives_idk(make_system, sample_examples):
     assert "summariser returned nothing" in result.trace[0]["reason"]
 
 
+def test_summariser_off_declines_an_unparsable_output_without_a_call(make_system, sample_examples, cpu_config):
+    cpu_config.reasoning.summariser_max_tokens = 0
+    llm = ScriptedLLM(by_prompt(reasoning=lambda c: "I think it is Nolan" if "inception" in c[1]["content"]
+                                else block("1989"), summariser="Christopher Nolan"))
+    result = make_system(llm).answer_batch(to_batch(sample_examples[:2]))
+    assert result.answers == ["i don't know", "1989"] and not prompts_sent(llm, "summariser")
+    assert "the summariser is off" in result.trace[0]["reason"]
+
+
 def test_false_premise_gives_invalid_question(make_system, sample_examples):
     llm = ScriptedLLM(by_prompt(reasoning=block("he never won a second one", premise="yes")))
     assert make_system(llm).batch_generate_answer(to_batch(sample_examples[:1])) == ["invalid question"]

@@ -2,10 +2,11 @@
 
 import json
 
+from evaluation.verdicts import CORRECT, MISS, UNJUDGED, WRONG
 from models.config import REPO_ROOT
 from tests.conftest import SAMPLE
 from tests.fakes import ScriptedLLM, by_prompt, prompt_name
-from tools.tune_prompts import main
+from tools.tune_prompts import cross_validated, main
 from utils.cache import CACHE_ENV
 
 
@@ -81,3 +82,44 @@ def test_bad_grid_is_a_one_line_error(make_system, tmp_path, capsys):
     grid.write_text('prompt: reasoning\nbase: prompts/reasoning.yaml\nreplace:\n  "not in the file": ["x"]\n')
     assert main(["--grid", str(grid), "--data", str(SAMPLE), "--out", str(tmp_path)], system=make_system()) == 2
     assert "does not occur in prompts/reasoning.yaml" in capsys.readouterr().err
+
+
+def test_a_setting_is_a_variant_and_the_choice_is_measured_on_held_out_folds(make_system, cpu_config, tmp_path,
+                                                                               monkeypatch, capsys):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    llm = ScriptedLLM(by_prompt(reasoning="no block here", summariser="christopher nolan"))
+    system = make_system(llm)
+    shipped = system.config.reasoning.summariser_max_tokens
+    args = ["--variant", "prompts/reasoning.yaml", "--setting", "reasoning.summariser_max_tokens=0", "--folds", "2",
+            "--data", str(SAMPLE), "--limit", "8", "--out", str(tmp_path / "out")]
+    assert main(args, system=system) == 0
+    saved = json.loads((tmp_path / "out" / "tuning.json").read_text())
+    assert saved["verdicts"]["reasoning.summariser_max_tokens=0"] == [MISS] * 8  # the summariser off: all declined
+    assert calls_of(llm, "summariser") == 2  # the baseline's two batches only
+    assert saved["cross_validated"]["folds"] == 2 and "cross-validated over 2 folds" in capsys.readouterr().out
+    assert system.config.reasoning.summariser_max_tokens == shipped > 0  # the system's own config is left as it was
+
+    upstream = ["--variant", "prompts/reasoning.yaml", "--setting", "references.max_pages=2", "--data", str(SAMPLE),
+                "--limit", "4", "--out", str(tmp_path / "o2")]
+    assert main(upstream, system=system) == 2
+    assert "--setting references.max_pages: only a section of the stages from reasoning on" in capsys.readouterr().err
+
+
+def test_cross_validation_chooses_on_the_other_folds():
+    folds = [0, 0, 1, 1]
+    # B wins fold 0's questions, A wins fold 1's: chosen on the other fold, each fold gets the loser
+    verdicts = {"A": [WRONG, WRONG, CORRECT, CORRECT], "B": [CORRECT, CORRECT, WRONG, WRONG]}
+    result = cross_validated(verdicts, folds)
+    assert result["chosen_per_fold"] == ["A", "B"]
+    assert result["held_out"]["score_b"] == -1.0 and result["held_out"]["difference"] == -1.0
+    assert result["chosen_on_all"] == "A"  # a tie over every question: the first variant
+
+    silence = {"A": [MISS] * 4, "B": [CORRECT, WRONG, WRONG, CORRECT]}
+    assert cross_validated(silence, folds)["chosen_on_all"] == "A"  # by the score, silence wins
+    by_right = cross_validated(silence, folds, "right")
+    assert by_right["chosen_per_fold"] == ["B", "B"]
+    assert (by_right["held_out_right"], by_right["held_out_wrong"]) == (2, 2)
+
+    unjudged = {"A": [UNJUDGED, MISS, MISS, MISS], "B": [CORRECT, UNJUDGED, CORRECT, MISS]}
+    result = cross_validated(unjudged, folds)
+    assert result["chosen_per_fold"] == ["B", "B"] and result["held_out"]["questions"] == 2

@@ -226,10 +226,11 @@ def test_the_served_engine_s_flags_exist_in_the_release(api):
     """evaluation/llm_server.py's `vllm serve` (make eval's engine) uses flags the release's serve parser has, the
     ones that make its answers independent of load among them."""
     from evaluation.llm_server import LOAD_INVARIANT, serve_command
+    from models.llm.profile import load_profile
 
     cli = api["serve_cli"]
     known = set(cli["parser_flags"]) | set(cli["frontend_flags"]) | set(cli["engine_flags"])
-    command = serve_command(Path("/m"), "smollm2", 8000)
+    command = serve_command(Path("/m"), load_profile(), 8000)
     assert command[-len(LOAD_INVARIANT):] == LOAD_INVARIANT
     flags = [word for word in command if word.startswith("--")]
     unknown = [f for f in flags if f not in known and not (f.startswith("--no-") and "--" + f[5:] in known)]

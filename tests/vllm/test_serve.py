@@ -160,8 +160,9 @@ SERVED_BY_AN_EVALUATION = '''
 import sys, time
 from pathlib import Path
 from evaluation.llm_server import served_llm
+from models.llm.profile import load_profile
 
-with served_llm(Path(sys.argv[1]), "smollm2") as url:
+with served_llm(Path(sys.argv[1]), load_profile()) as url:
     print(url, flush=True)
     time.sleep(600)
 '''
