@@ -159,7 +159,7 @@ bench: $(STAMP) $(RAY_STAMP) $(QSTAMP) $(VSTAMP)
 	$(PY) -m benchmarks.hf_cuda
 	$(PY) -m benchmarks.engine_cpu
 	rm -rf runs/bench-gate
-	$(PY) -m benchmarks.gate --runs runs/bench-gate --record-prompts
+	$(PY) -m benchmarks.gate --runs runs/bench-gate --record-prompts --damaged
 	$(PY) -m benchmarks.finetune --base runs/bench-gate --no-train
 
 gate: $(STAMP) $(VSTAMP)

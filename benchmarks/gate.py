@@ -26,6 +26,7 @@ ranks by one signal, or by a logistic regression fit and scored on the same answ
     .venv/bin/python -m benchmarks.gate --runs runs/gate --reuse       # judge again, fit on the runs kept there
     .venv/bin/python -m benchmarks.gate --runs runs/gate --reuse --ceiling   # and the in-sample ceiling
     .venv/bin/python -m benchmarks.gate --runs runs/gate --record-prompts    # runs kept as training data
+    .venv/bin/python -m benchmarks.gate --damaged     # and the line of the model served before the RoPE fix
 """
 
 from __future__ import annotations
@@ -135,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
                         "on the run folders already in --runs")
     parser.add_argument("--record-prompts", action="store_true", help="the runs keep every conversation the stages "
                         "sent (training data for tools/train_llm.py data; keep them with --runs)")
+    parser.add_argument("--damaged", action="store_true", help="also answer and fit on the model as it was served "
+                        "before the RoPE fix (the profile's folder read at RoPE base 10000), for the line the fixed "
+                        "model's is measured against")
     parser.add_argument("--ceiling", action="store_true", help="also print each signal's AUROC and the most a gate "
                         "ranking by it, or by an in-sample fit, could answer with its interval above 0")
     args = parser.parse_args(argv)
@@ -187,7 +191,43 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         print(summary_line(Gate.load(Path(scratch) / "gate-contains.json").figures, questions)
               + " (labels: the containment judge)")
+        if args.damaged:
+            model = damaged_folder(root / "damaged-model")
+            damaged = [root / f"damaged-{name}" for name in SETS]
+            for data, folder in zip(SETS.values(), damaged):
+                if not (args.reuse and (folder / "predictions.jsonl").is_file()):
+                    answer_set(data, folder, judge=LABELS, sets=(f"llm.hf.model={model}",))
+            try:
+                fit(damaged, Path(scratch) / "gate-damaged.json")
+            except TooFewLabels as err:
+                print(f"gate: no gate fit on the damaged model ({err})")
+                return 0
+            print(summary_line(Gate.load(Path(scratch) / "gate-damaged.json").figures, questions)
+                  + " (the damaged model, RoPE base 10000; the same labels)")
     return 0
+
+
+def damaged_folder(out: Path) -> Path:
+    """The model profile's folder as vLLM read it before the RoPE fix: its weights (linked), its config.json with
+    RoPE base 10000 under both keys, so that every stack reads the same wrong base."""
+    import json
+
+    from models.config import HFConfig
+    from models.llm.hf import resolve_model_folder
+
+    source = resolve_model_folder(HFConfig())
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    for path in source.iterdir():
+        if path.name != "config.json":
+            (out / path.name).symlink_to(path)
+    config = json.loads((source / "config.json").read_text(encoding="utf-8"))
+    config["rope_theta"] = 10000.0
+    if isinstance(config.get("rope_parameters"), dict):
+        config["rope_parameters"]["rope_theta"] = 10000.0
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return out
 
 
 if __name__ == "__main__":

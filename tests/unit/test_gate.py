@@ -332,3 +332,19 @@ def test_the_containment_judge_s_agreement_with_the_person_is_counted_on_the_ans
                                   ("c", "correct", "rules"), ("d", "wrong", "contains")])
     assert agreement([labelled], [contained]) == ("labels: the containment judge agrees with the person on 1 of 2 "
                                                   "answers both judged (1 it calls right that the person did not)")
+
+
+def test_the_damaged_model_is_the_profile_s_weights_read_at_rope_base_10000(tmp_path):
+    """benchmarks/gate.py --damaged: the model as vLLM served it before the RoPE fix, every stack reading one base."""
+    from benchmarks.gate import damaged_folder
+    from models.config import HFConfig
+    from models.llm.hf import resolve_model_folder
+    from utils.model_folders import check_folder, weights_hash
+
+    folder = damaged_folder(tmp_path / "damaged")
+    config = json.loads((folder / "config.json").read_text())
+    assert config["rope_theta"] == config["rope_parameters"]["rope_theta"] == 10000.0
+    source = resolve_model_folder(HFConfig())
+    assert json.loads((source / "config.json").read_text())["rope_theta"] == 100000.0  # the source is untouched
+    assert weights_hash(folder) != weights_hash(source)  # config.json is part of what a setup records
+    check_folder(folder)  # both keys agree: no stack reads another base
