@@ -102,6 +102,8 @@ def _load(path: Path, mtime_ns: int) -> ModelProfile:
             from None
     if not isinstance(data, dict):
         raise ConfigError(f"llm.profile {path}: not a mapping of keys; see {DEFAULT_PROFILE}")
+    if "source" in data:  # set on loading, to the file's path
+        raise ConfigError(f"{path}: 'source' is not a profile key; see {DEFAULT_PROFILE}")
     return replace(validate(ModelProfile, data, str(path)), source=str(path))
 
 

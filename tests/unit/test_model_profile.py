@@ -64,6 +64,7 @@ def test_the_default_profile_is_the_embedded_smollm2():
     ("name: x\nweights: {path: m}\nprompt_tokns: 10\n", "prompt_tokns"),
     ("name: x\nweights: {path: m}\nserve: {dtype: int8}\n", "serve.dtype"),
     ("- a list\n", "not a mapping"),
+    ("name: x\nweights: {path: m}\nsource: elsewhere\n", "'source' is not a profile key"),
 ])
 def test_a_wrong_profile_is_one_line_naming_the_file_and_key(tmp_path, text, said):
     path = profile_file(tmp_path / "p.yaml", text)
