@@ -184,27 +184,29 @@ def main(argv: list[str] | None = None) -> int:
             shutil.copytree(folder, copy)
             answer_set(data, copy, judge="contains", answer=False)
         print(agreement(folders, contains))
-        try:
-            fit(contains, Path(scratch) / "gate-contains.json")
-        except TooFewLabels as err:
-            print(f"gate: no gate fit on the containment judge's labels ({err})")
-            return 0
-        print(summary_line(Gate.load(Path(scratch) / "gate-contains.json").figures, questions)
-              + " (labels: the containment judge)")
+        print(fit_line(contains, Path(scratch) / "gate-contains.json", questions, "labels: the containment judge"))
         if args.damaged:
             model = damaged_folder(root / "damaged-model")
             damaged = [root / f"damaged-{name}" for name in SETS]
             for data, folder in zip(SETS.values(), damaged):
                 if not (args.reuse and (folder / "predictions.jsonl").is_file()):
                     answer_set(data, folder, judge=LABELS, sets=(f"llm.hf.model={model}",))
-            try:
-                fit(damaged, Path(scratch) / "gate-damaged.json")
-            except TooFewLabels as err:
-                print(f"gate: no gate fit on the damaged model ({err})")
-                return 0
-            print(summary_line(Gate.load(Path(scratch) / "gate-damaged.json").figures, questions)
-                  + " (the damaged model, RoPE base 10000; the same labels)")
+            print(fit_line(damaged, Path(scratch) / "gate-damaged.json", questions,
+                           "the damaged model, RoPE base 10000; the same labels"))
     return 0
+
+
+def fit_line(runs: list[Path], out: Path, questions: int, labels: str) -> str:
+    """The `gate:` line of a gate fit on `runs` (written to `out`), or why none could be fit."""
+    from evaluation.gate_command import fit
+    from evaluation.gate_fit import TooFewLabels
+    from models.gate.answer_gate import Gate
+
+    try:
+        fit(runs, out)
+    except TooFewLabels as err:
+        return f"gate: no gate fit ({labels}: {err})"
+    return summary_line(Gate.load(out).figures, questions) + f" ({labels})"
 
 
 def damaged_folder(out: Path) -> Path:
