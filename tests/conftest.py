@@ -9,7 +9,7 @@ import pytest
 import yaml
 from loguru import logger
 
-from models.config import REPO_ROOT, load_config
+from models.config import REPO_ROOT, SystemConfig, load_config
 from models.gate.answer_gate import gate_settings
 from models.kg.client import KGClient
 from models.system import CragSystem
@@ -43,9 +43,12 @@ def sample_examples() -> list[dict[str, Any]]:
 def cpu_config(tmp_path):
     """configs/cpu.yaml with pages processed in this process and cached under the test's tmp_path, and only
     references and reasoning on: task 1, so no KG (tests of the other stages turn theirs on). The answer gate is
-    off: it reads log-probabilities the scripted LLM does not give (tests/unit/test_gate.py turns one on)."""
+    off: it reads log-probabilities the scripted LLM does not give (tests/unit/test_gate.py turns one on). The
+    reasoning prompt is on, at its default length: cpu.yaml turns it off for SmolLM2, which never fills its answer
+    block, but a larger model answers through it, and the scripted replies are written for it."""
     config = load_config(REPO_ROOT / "configs" / "cpu.yaml")
     gate_settings(config).gate = None
+    config.reasoning.max_tokens = SystemConfig().reasoning.max_tokens
     config.attributes.method = "none"
     config.task = 1
     config.knowledge.enabled = False

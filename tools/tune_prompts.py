@@ -362,6 +362,9 @@ def tune(args: argparse.Namespace, system: CragSystem | None) -> int:
     check_prompt_name(args.prompt, f"--prompt {args.prompt!r}")
     for variant in args.variant:
         check_variant(args.prompt, variant_path(variant), f"--variant {variant}")
+    if args.prompt == "reasoning" and len(args.variant) > 1 and not config.reasoning.max_tokens:
+        raise ConfigError(f"{config.source}: reasoning.max_tokens is 0, so the reasoning prompt is never sent and its "
+                          "variants would answer alike; add --set reasoning.max_tokens=96 to tune it")
     for setting in args.setting:  # every setting is checked before a model loads
         setting_config(args, config, setting)
     given = config

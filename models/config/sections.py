@@ -288,8 +288,9 @@ class CalculatorConfig:
 class ReasoningConfig:
     """The final answer prompt."""
 
-    max_tokens: int = 96
-    """Reply tokens of the answer."""
+    max_tokens: Annotated[int, Ge(0)] = 96
+    """Reply tokens of the answer (0: no reasoning prompt; the summariser answers every query, for a model that never
+    writes the reasoning prompt's answer block)."""
     temperature: float = 0.0
     """Sampling temperature of the answer (0: greedy)."""
     max_reference_chars: int = 4000
@@ -303,6 +304,10 @@ class ReasoningConfig:
     extra call."""
     sample_temperature: Annotated[float, Ge(0.01)] = 0.7
     """Sampling temperature of those extra answers."""
+
+    def __post_init__(self) -> None:
+        if not self.max_tokens and not self.summariser_max_tokens:
+            raise ValueError("reasoning: max_tokens and summariser_max_tokens are both 0, so nothing answers; set one")
 
 
 

@@ -161,14 +161,20 @@ class ReasoningStage(Stage):
         settings = config.reasoning
         kg_chars = config.section("kg", KGSettings).max_chars if config.task > 1 else 0
         evidence = settings.max_reference_chars + config.references.table_budget_chars + kg_chars
-        return [StagePlan("reasoning", template_tokens(prompts, "reasoning") + tokens(evidence), settings.max_tokens,
-                          1)] + ([StagePlan("summariser", template_tokens(prompts, "summariser")
-                                            + tokens(settings.max_reference_chars), settings.summariser_max_tokens, 1)]
-                                 if settings.summariser_max_tokens else [])
+        return ([StagePlan("reasoning", template_tokens(prompts, "reasoning") + tokens(evidence), settings.max_tokens,
+                           1)] if settings.max_tokens else []) + (
+            [StagePlan("summariser", template_tokens(prompts, "summariser") + tokens(settings.max_reference_chars),
+                       settings.summariser_max_tokens, 1)] if settings.summariser_max_tokens else [])
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
-        prompt = ctx.prompt("reasoning")
         settings = ctx.settings
+        for state in states:
+            state.signals["references.in_prompt"] = len(fit_references(state.references,
+                                                                       settings.max_reference_chars))
+        if not settings.max_tokens:  # no reasoning prompt: the summariser answers
+            self._summarise(states, ctx)
+            return
+        prompt = ctx.prompt("reasoning")
         prompting = ctx.resource("r2former") is not None and ctx.resource("r2former").prompting
         vectors = self._retrieval_embeddings(states, ctx) if prompting else [None] * len(states)
         conversations = [reasoning_conversation(prompt, s, settings.max_reference_chars,
@@ -193,9 +199,6 @@ class ReasoningStage(Stage):
                 continue
             state.answer = INVALID if parsed.false_premise else parsed.answer
             answer_signals(state, samples[0], parsed.answer, summariser=False)
-        for state in states:
-            state.signals["references.in_prompt"] = len(fit_references(state.references,
-                                                                       settings.max_reference_chars))
         if settings.samples:
             rows: list[np.ndarray | None] = list(embeddings) if embeddings is not None else [None] * len(states)
             self._agreement([(s, c, e) for s, c, e in zip(states, conversations, rows)
@@ -229,18 +232,21 @@ class ReasoningStage(Stage):
 
     @staticmethod
     def _summarise(states: list[QueryState], ctx: StageContext) -> None:
-        """The backup summariser, for the queries whose reasoning output had no answer to parse."""
+        """The summariser, for the queries whose reasoning output had no answer to parse (all of them where the
+        reasoning prompt is off)."""
         deadline = ctx.work_deadline()
+        why = "reasoning output unparsable" if ctx.settings.max_tokens else "the reasoning prompt is off"
         if not ctx.settings.summariser_max_tokens:
             for state in states:
-                state.finish(IDK, "reasoning output unparsable and the summariser is off")
+                state.finish(IDK, f"{why} and the summariser is off")
             return
         if deadline.expired():
             for state in states:
-                state.finish(IDK, "reasoning output unparsable and no time left for the summariser")
+                state.finish(IDK, f"{why} and no time left for the summariser")
             return
-        logger.info("reasoning output unparsable for {}; backup summariser answers",
-                    [s.interaction_id for s in states])
+        if ctx.settings.max_tokens:
+            logger.info("reasoning output unparsable for {}; backup summariser answers",
+                        [s.interaction_id for s in states])
         prompt = ctx.prompt("summariser")
         settings = ctx.settings
         conversations = [prompt.render(query=s.query, query_time=s.query_time,
@@ -258,7 +264,7 @@ class ReasoningStage(Stage):
                 answer_signals(state, samples[0], answer, summariser=True)
                 answered.append((state, conversation))
             else:
-                state.finish(IDK, "reasoning output unparsable and the summariser returned nothing")
+                state.finish(IDK, f"{why} and the summariser returned nothing")
         if settings.samples and answered and not deadline.expired():  # self-consistency of the summariser's answer
             states_, conversations_ = zip(*answered)
             sampled = ctx.generate(list(conversations_), owners=list(states_),

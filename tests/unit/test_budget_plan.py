@@ -42,7 +42,9 @@ def test_larger_batches_share_the_decode_steps(config):
 
 def test_stages_follow_the_config(config):
     names = [s.stage for s in llm_stages(config)]
-    assert names == ["kg", "reasoning", "summariser"]  # cpu.yaml: task 2, svm, no knowledge, no calculator
+    assert names == ["kg", "summariser"]  # cpu.yaml: task 2, svm, no knowledge, no calculator, no reasoning prompt
+    config.reasoning.max_tokens = 96
+    assert [s.stage for s in llm_stages(config)] == ["kg", "reasoning", "summariser"]
     config.task, config.calculator.enabled, config.attributes.method = 1, True, "icl"
     stages = {s.stage: s for s in llm_stages(config)}
     assert list(stages) == ["attributes", "calculator", "reasoning", "summariser"]
@@ -55,7 +57,7 @@ def test_stages_follow_the_config(config):
 
 def test_table_and_cli(config, capsys, tmp_path):
     text = format_plan(config, Speed(2000.0, 0.02, 0.5), 4)
-    assert "reasoning" in text and "largest batch that fits" in text and "total" in text
+    assert "summariser" in text and "largest batch that fits" in text and "total" in text
     assert main(["--prefill-tps", "2000", "--step-ms", "20"]) == 0
     assert main(["--prefill-tps", "2000", "--step-ms", "20000"]) == 1  # does not fit
     assert main(["--prefill-tps", "0", "--step-ms", "20"]) == 2

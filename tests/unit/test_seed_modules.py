@@ -5,13 +5,14 @@ import pickle
 
 import pytest
 
-from models.config import DOMAINS, DYNAMISM, REPO_ROOT
+from models.config import DOMAINS, DYNAMISM, REPO_ROOT, load_config
 from models.llm.backend import DEADLINE, LENGTH, BackendUnavailable, Sample
 from models.stages.attributes import SVMAttributes, demonstrations, parse_icl, read_labelled, vote
 from models.stages.calculator import calculations, candidate_expressions
 from models.stages.precheck import DynamicIDKSettings
 from tests.conftest import to_batch
 from tests.fakes import SEED_REPLY, HashEmbedder, ScriptedLLM, by_prompt, prompt_name
+from utils.errors import ConfigError
 from utils.grader_tokens import grader_token_count
 
 LABELLED = REPO_ROOT / "data" / "attributes" / "questions.jsonl"
@@ -50,6 +51,29 @@ def test_summariser_off_declines_an_unparsable_output_without_a_call(make_system
     result = make_system(llm).answer_batch(to_batch(sample_examples[:2]))
     assert result.answers == ["i don't know", "1989"] and not prompts_sent(llm, "summariser")
     assert "the summariser is off" in result.trace[0]["reason"]
+
+
+def test_shipped_cpu_config_answers_through_the_summariser_alone(make_system, sample_examples, cpu_config):
+    shipped = load_config(REPO_ROOT / "configs" / "cpu.yaml").reasoning
+    cpu_config.reasoning.max_tokens = shipped.max_tokens
+    assert shipped.max_tokens == 0 and shipped.summariser_max_tokens > 0
+    llm = ScriptedLLM(by_prompt(reasoning=block("1989"), summariser="Christopher Nolan"))
+    result = make_system(llm).answer_batch(to_batch(sample_examples[:2]))
+    assert result.answers == ["Christopher Nolan"] * 2 and not prompts_sent(llm, "reasoning")
+    assert len(prompts_sent(llm, "summariser")) == 2
+    assert all(t["signals"]["reasoning.summariser"] for t in result.trace)
+
+    llm = ScriptedLLM(by_prompt(summariser="   "))
+    result = make_system(llm).answer_batch(to_batch(sample_examples[:1]))
+    assert result.answers == ["i don't know"]
+    assert result.trace[0]["reason"] == "the reasoning prompt is off and the summariser returned nothing"
+
+
+def test_a_config_where_nothing_answers_is_refused(tmp_path):
+    path = tmp_path / "silent.yaml"
+    path.write_text("reasoning:\n  max_tokens: 0\n  summariser_max_tokens: 0\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="max_tokens and summariser_max_tokens are both 0"):
+        load_config(path)
 
 
 def test_false_premise_gives_invalid_question(make_system, sample_examples):

@@ -50,6 +50,7 @@ def overlay(tmp_path: Path, **settings) -> Path:
     path.write_text(yaml.safe_dump({
         "stage_modules": ["tests.stages.answer_check"],
         "task": 1, "attributes": {"method": "none"}, "answer": {"gate": None},
+        "reasoning": {"max_tokens": 96},  # the scripted reply is the reasoning prompt's
         "references": {"workers": 0, "cache": False},
         "strategy": "checked",
         "strategies": {"checked": ["references", "evidence", "reasoning", STAGE]},

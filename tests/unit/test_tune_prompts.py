@@ -91,7 +91,8 @@ def test_a_setting_is_a_variant_and_the_choice_is_measured_on_held_out_folds(mak
     system = make_system(llm)
     shipped = system.config.reasoning.summariser_max_tokens
     args = ["--variant", "prompts/reasoning.yaml", "--setting", "reasoning.summariser_max_tokens=0", "--folds", "2",
-            "--data", str(SAMPLE), "--limit", "8", "--out", str(tmp_path / "out")]
+            "--data", str(SAMPLE), "--limit", "8", "--out", str(tmp_path / "out"),
+            "--set", "reasoning.max_tokens=96"]  # as cpu_config: the reasoning prompt on, so the summariser may go
     assert main(args, system=system) == 0
     saved = json.loads((tmp_path / "out" / "tuning.json").read_text())
     assert saved["verdicts"]["reasoning.summariser_max_tokens=0"] == [MISS] * 8  # the summariser off: all declined
@@ -123,3 +124,11 @@ def test_cross_validation_chooses_on_the_other_folds():
     unjudged = {"A": [UNJUDGED, MISS, MISS, MISS], "B": [CORRECT, UNJUDGED, CORRECT, MISS]}
     result = cross_validated(unjudged, folds)
     assert result["chosen_per_fold"] == ["B", "B"] and result["held_out"]["questions"] == 2
+
+
+def test_reasoning_variants_with_the_reasoning_prompt_off_are_refused(make_system, cpu_config, tmp_path, capsys):
+    cpu_config.reasoning.max_tokens = 0  # as configs/cpu.yaml ships it
+    args = ["--variant", "prompts/reasoning.yaml", "--variant", "prompts/variants/reasoning_one_line.yaml",
+            "--data", str(SAMPLE), "--out", str(tmp_path)]
+    assert main(args, system=make_system()) == 2
+    assert "reasoning.max_tokens is 0, so the reasoning prompt is never sent" in capsys.readouterr().err
