@@ -25,6 +25,8 @@ from evaluation.rejudge_command import rejudge
 from evaluation.run_command import answers_saved, run
 from utils.cli import CommandParser, command, interrupted
 
+WRITE_FAILED = 1  # a run stopped by a write the system refused (ENOSPC, EACCES); its saved answers stay
+
 COMMANDS = ("run", "rejudge", "merge", "calibrate", "compare", "gate")
 RUN_HELP = "answer the selected questions (resuming the run folder), judge them, write the report (the default)"
 
@@ -97,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         return dispatch(args)
     except KeyboardInterrupt:
         return interrupted(saved_after_interrupt(args, argv))
+    except OSError as err:  # a full disk, a folder that stopped being writable: what was saved, how to go on
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"error: {where}{err.strerror or err}; {saved_after_interrupt(args, argv)}", file=sys.stderr)
+        return WRITE_FAILED
 
 
 def dispatch(args: argparse.Namespace) -> int:
@@ -116,7 +122,8 @@ def dispatch(args: argparse.Namespace) -> int:
 
 
 def saved_after_interrupt(args: argparse.Namespace, argv: list[str]) -> str:
-    """What Ctrl-C left behind and the command that goes on from there (a run resumes: --restart is left out)."""
+    """What Ctrl-C (or a failed write) left behind and the command that goes on from there (a run resumes:
+    --restart is left out)."""
     if args.command not in ("run", "rejudge", "merge"):
         return "nothing was written"
     predictions = (

@@ -108,13 +108,13 @@ def page_texts(data: Path, ids: list[str], references: Any, timeout_s: float = 6
     processes them (`references` is the config's section) and through the same page cache, so pages the run
     already parsed are read back, not parsed again."""
     wanted = set(ids)
-    examples = [e for e in read_examples(data) if e["interaction_id"] in wanted]
+    examples = [e for e in read_examples(data, quiet=True) if e["interaction_id"] in wanted]  # the run named them
     cache = cache_root(references.cache_dir) / "pages" if references.cache else None
     processor = PageProcessor(PageSettings.from_config(references), 1, cache)  # in this process: nothing forks
     try:
         texts = {}
         for example in tqdm(examples, desc="attribution: pages", unit="q", disable=len(examples) < 20):
-            pages = [p for p in example.get("search_results") or [] if isinstance(p, dict)]
+            pages = example["search_results"]  # a list of objects: evaluation/data.py read it
             done = processor.process([(p.get("page_result"), str(p.get("page_name") or "")) for p in pages],
                                      timeout_s)
             texts[example["interaction_id"]] = [str(p.get("page_snippet") or "") for p in pages] + [

@@ -20,6 +20,7 @@ from evaluation.data import DataError, alternative_answers
 from evaluation.judge import UNCERTAIN, Judge, judge_records
 from evaluation.verdicts import CORRECT, MISS, UNJUDGED, VERDICTS, WRONG
 from models.config import REPO_ROOT
+from utils.files import jsonl_lines
 
 CALIBRATION_SET = REPO_ROOT / "data" / "judge" / "calibration.jsonl"
 GATE_SET = REPO_ROOT / "data" / "judge" / "gate_verdicts.jsonl"  # written by tools/join_verdicts.py
@@ -42,7 +43,7 @@ def held_back(query: str) -> bool:
 
 def _lines(path: Path) -> list[str]:
     try:
-        return path.read_text(encoding="utf-8").splitlines()
+        return jsonl_lines(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as err:
         raise DataError(f"{path}: cannot be read ({getattr(err, 'strerror', None) or err})") from None
 
@@ -94,7 +95,7 @@ def join_verdicts(verdicts: Path = GATE_VERDICTS, sources: Sequence[Path] = GOLD
 def load_set(path: Path = CALIBRATION_SET) -> list[dict[str, Any]]:
     """The triples with their human verdict; a DataError naming the line of one that is not usable."""
     rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(jsonl_lines(path.read_text(encoding="utf-8")), start=1):
         if not line.strip():
             continue
         try:

@@ -105,7 +105,8 @@ class ConfigChoice:
 @dataclass(frozen=True)
 class RunFolder:
     """What run, rejudge and merge share: the data, the config, the run folder (default runs/<data>__<config>),
-    the filters, the judge and how many unjudged answers are tolerated before the exit status is 1."""
+    the filters, the judge, and how many unjudged answers and what share of answers with a failed LLM call or stage
+    are tolerated before the exit status is 1."""
 
     data: Path = DEFAULT_DATA
     config: ConfigChoice = field(default_factory=ConfigChoice)
@@ -113,6 +114,7 @@ class RunFolder:
     filters: Filters = field(default_factory=Filters)
     judge: JudgeChoice = field(default_factory=JudgeChoice)
     max_unjudged: int = 0
+    max_failed: float = 0.5
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -124,11 +126,14 @@ class RunFolder:
         parser.add_argument("--out", type=Path, default=None, help="run folder (default: runs/<data>__<config>)")
         parser.add_argument("--max-unjudged", type=int, default=0,
                             help="exit 1 (after writing the report) when more predictions than this stay unjudged")
+        parser.add_argument("--max-failed", type=float, default=0.5, metavar="SHARE",
+                            help="exit 1 (after writing the report) when more than this share of the answers had an "
+                            "LLM call or a stage fail (a resume answers them again; default 0.5)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RunFolder:
         return cls(args.data, ConfigChoice(args.config, tuple(args.overlay), tuple(args.sets)), args.out,
-                   Filters.from_args(args), JudgeChoice.from_args(args), args.max_unjudged)
+                   Filters.from_args(args), JudgeChoice.from_args(args), args.max_unjudged, args.max_failed)
 
     def folder(self, shard: tuple[int, int] = (1, 1)) -> Path:
         out = self.out or Path("runs") / f"{self.data.name.split('.')[0]}__{self.config.label()}"
@@ -198,6 +203,7 @@ def check_answering(folder: RunFolder, answering: Answering) -> None:
     check_range("--time-limit", answering.time_limit, lambda v: math.isfinite(v) and v >= 0,
                 "give seconds per query, or 0 for no limit")
     check_range("--max-unjudged", folder.max_unjudged, lambda v: v >= 0, "give 0 or more")
+    check_range("--max-failed", folder.max_failed, lambda v: 0 <= v <= 1, "give a share from 0 to 1")
     check_range("--ray-actors", answering.ray_actors, lambda v: v >= 1,
                 "give 1 or more replicas, or leave it out for as many as the cluster holds")
     if answering.ray_actors is not None and answering.ray is None:

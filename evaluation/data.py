@@ -18,6 +18,7 @@ from loguru import logger
 
 from utils.batch import BATCH_FIELDS
 from utils.errors import ConfigError, HarnessError
+from utils.html import clean_text
 from utils.names import did_you_mean
 
 
@@ -128,16 +129,74 @@ def check_data_file(path: Path, examples: bool = False) -> None:
     raise DataError(f"{first_bad}{others}; give {SUPPORTED}")
 
 
-def _parse_example(line: str) -> tuple[dict[str, Any] | None, str | None]:
-    """(the example, None) of one line of a data file, or (None, why it is not a CRAG example)."""
+class _Undecodable(str):
+    """A line of a data file that is not UTF-8, standing in its place (so later lines keep their numbers); its
+    text is why."""
+
+
+# A JSON escape that may decode to a lone surrogate or a control character (utils/html.py clean_text); a line
+# without one decodes to strings that any UTF-8 writer takes, and is not walked.
+_ESCAPED_UNWRITABLE = re.compile(r"\\u(?:[dD][89a-fA-F]|00[01])")
+
+
+def _cleaned(value: Any) -> Any:
+    """`value` with clean_text applied to every string in it (keys included)."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, list):
+        return [_cleaned(v) for v in value]
+    if isinstance(value, dict):
+        return {clean_text(k): _cleaned(v) for k, v in value.items()}
+    return value
+
+
+def _parse_example(line: str) -> tuple[dict[str, Any] | None, str | None, list[str]]:
+    """(the example, None, notes) of one line of a data file, or (None, why it is not a usable CRAG example, []).
+
+    Every reader of examples sees the same shape: `interaction_id` a non-empty string (an integer is read as its
+    digits), `query` a non-empty string, `query_time` a string, `search_results` a list of page objects (anything
+    else is read as no pages, and a non-object entry is dropped; `notes` says so), and no string holds a lone
+    surrogate or a control character (the cleaning pages get)."""
+    if isinstance(line, _Undecodable):
+        return None, str(line), []
     try:
         example = json.loads(line)
     except json.JSONDecodeError as err:
-        return None, f"not JSON: {err}"
+        return None, f"not JSON: {err}", []
+    except RecursionError:
+        return None, "not JSON: nested too deep", []
     if not isinstance(example, dict):
-        return None, f"a JSON {type(example).__name__}, not an object"
+        return None, f"a JSON {type(example).__name__}, not an object", []
     missing = [k for k in (*BATCH_FIELDS, "answer") if k not in example]
-    return (None, f"missing {missing}") if missing else (example, None)
+    if missing:
+        return None, f"missing {missing}", []
+    if _ESCAPED_UNWRITABLE.search(line):
+        example = _cleaned(example)
+    identifier = example["interaction_id"]
+    if isinstance(identifier, int) and not isinstance(identifier, bool):
+        example["interaction_id"] = identifier = str(identifier)
+    if not isinstance(identifier, str) or not identifier.strip():
+        return None, f"interaction_id is {_shown(identifier)}, not a non-empty string", []
+    if not isinstance(example["query"], str) or not example["query"].strip():
+        return None, f"query is {_shown(example['query'])}, not a non-empty string", []
+    if not isinstance(example["query_time"], str):
+        return None, f"query_time is {_shown(example['query_time'])}, not a string", []
+    notes: list[str] = []
+    pages = example["search_results"]
+    if not isinstance(pages, list):
+        notes.append(f"search_results is {_shown(pages)}, not a list; read as no pages")
+        pages = []
+    kept = [page for page in pages if isinstance(page, dict)]
+    if len(kept) < len(pages):
+        notes.append(f"{len(pages) - len(kept)} of {len(pages)} search_results are not objects; dropped")
+    example["search_results"] = kept
+    return example, None, notes
+
+
+def _shown(value: Any) -> str:
+    """A value's type and a short view of it, for a message."""
+    text = repr(value)
+    return f"{type(value).__name__} {text[:40]}{'...' if len(text) > 40 else ''}" if value is not None else "null"
 
 
 class _Concatenated(io.RawIOBase):
@@ -169,7 +228,7 @@ def data_pieces(path: Path) -> list[Path]:
     return _parts(path) if re.search(r"\.part\d+$", path.name) or not path.is_file() else [path]
 
 
-def _tar_lines(path: Path) -> Iterator[str]:
+def _tar_lines(path: Path) -> Iterator[bytes]:
     """Lines of every .jsonl member of a (possibly split) .tar.bz2, streamed: the archive is never unpacked."""
     pieces = data_pieces(path)
     stream = io.BufferedReader(_Concatenated(pieces), buffer_size=1 << 20)
@@ -177,29 +236,37 @@ def _tar_lines(path: Path) -> Iterator[str]:
         for member in archive:
             if member.isfile() and member.name.endswith((".jsonl", ".json")):
                 handle = archive.extractfile(member)
-                if handle is not None:  # decoded line by line: a streamed member cannot back a TextIOWrapper
-                    for raw in handle:
-                        yield raw.decode("utf-8", errors="replace")
+                if handle is not None:
+                    yield from handle
 
 
-def _raw_lines(path: Path) -> Iterator[str]:
+def _raw_lines(path: Path) -> Iterator[bytes]:
     if _is_tar(path):
         yield from _tar_lines(path)
         return
     opener = bz2.open if path.suffix == ".bz2" else open
-    with opener(path, "rt", encoding="utf-8") as handle:
+    with opener(path, "rb") as handle:
         yield from handle
 
 
+def _decoded(raw: bytes) -> str:
+    """A line's text; a line that is not UTF-8 becomes an _Undecodable naming the first bad byte."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return _Undecodable(f"not UTF-8: byte 0x{raw[err.start]:02x} at column {err.start + 1}")
+
+
 def data_lines(path: Path) -> Generator[str, None, None]:
-    """The lines of a data file (.jsonl, .jsonl.bz2, a Task 3 archive); a corrupt or truncated file (bz2, tar, not
-    UTF-8) is a DataError naming the last good line."""
+    """The lines of a data file (.jsonl, .jsonl.bz2, a Task 3 archive), each decoded alone: a line that is not UTF-8
+    costs that line only (an _Undecodable stands in its place). A corrupt or truncated file (bz2, tar) is a
+    DataError naming the last good line."""
     check_data_file(path)
     number = 0
     try:
-        for number, line in enumerate(_raw_lines(path), start=1):  # noqa: B007 - the except below names it
-            yield line
-    except (OSError, EOFError, tarfile.TarError, UnicodeDecodeError) as err:
+        for number, raw in enumerate(_raw_lines(path), start=1):  # noqa: B007 - the except below names it
+            yield _decoded(raw)
+    except (OSError, EOFError, tarfile.TarError) as err:
         where = f" after line {number}" if number else ""
         raise DataError(f"{path}: unreadable{where} ({type(err).__name__}: {err}); is it a complete, uncorrupted "
                         f"copy? (give {SUPPORTED})") from None
@@ -244,26 +311,33 @@ def alternative_answers(example: dict[str, Any]) -> list[str]:
 
 
 def read_examples(path: Path, stats: ReadStats | None = None, limit: int | None = None,
-                  selection: Selection | None = None) -> Iterator[dict[str, Any]]:
+                  selection: Selection | None = None, quiet: bool = False) -> Iterator[dict[str, Any]]:
     """Examples with `alt_answers` normalised, as `selection` (or `limit`) chooses; lines that are not a usable
-    example are logged and skipped."""
+    example, and a repeated interaction_id's later lines, are logged (unless `quiet`) and skipped."""
     stats = stats or ReadStats()
 
     def skipped(number: int, problem: str) -> None:
-        logger.warning("{}:{}: skipped malformed example ({})", path, number, problem)
+        if not quiet:
+            logger.warning("{}:{}: skipped malformed example ({})", path, number, problem)
         stats.skipped_lines.append(number)
 
-    yield from _selected(path, selection or Selection(limit=limit), skipped)
+    def noted(number: int, note: str) -> None:
+        if not quiet:
+            logger.warning("{}:{}: {}", path, number, note)
+
+    yield from _selected(path, selection or Selection(limit=limit), skipped, noted)
 
 
 def count_examples(path: Path, selection: Selection, answered: Collection[str] = ()) -> int:
     """How many examples read_examples(path, selection=selection) gives whose interaction_id is not in `answered`
     (a progress bar's total, counted beside the run: it logs nothing)."""
-    return sum(e["interaction_id"] not in answered for e in _selected(path, selection, lambda number, problem: None))
+    return sum(e["interaction_id"] not in answered for e in read_examples(path, selection=selection, quiet=True))
 
 
-def _selected(path: Path, selection: Selection, skipped: Callable[[int, str], None]) -> Iterator[dict[str, Any]]:
+def _selected(path: Path, selection: Selection, skipped: Callable[[int, str], None],
+              noted: Callable[[int, str], None]) -> Iterator[dict[str, Any]]:
     count = kept = 0
+    first_line: dict[str, int] = {}  # interaction_id -> the line that gave it: a question is answered once
     lines = data_lines(path)
     try:
         for number, line in enumerate(lines, start=1):
@@ -271,10 +345,17 @@ def _selected(path: Path, selection: Selection, skipped: Callable[[int, str], No
                 return
             if not line.strip():
                 continue
-            example, problem = _parse_example(line)
+            example, problem, notes = _parse_example(line)
             if example is None:
                 skipped(number, str(problem))
                 continue
+            identifier = example["interaction_id"]
+            if identifier in first_line:
+                skipped(number, f"interaction_id {identifier!r} repeats line {first_line[identifier]}, which is kept")
+                continue
+            first_line[identifier] = number
+            for note in notes:
+                noted(number, note)
             if not selection.keeps(example):
                 continue
             kept += 1

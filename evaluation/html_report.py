@@ -21,6 +21,7 @@ from evaluation.attribution import CLASSES, gold_answers, holds
 from evaluation.judge import contains_note
 from evaluation.metrics import MIN_FOR_INTERVAL
 from evaluation.record import Record, as_record, records_of
+from utils.files import write_atomic
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 BREAKDOWNS = (("by_domain", "domain"), ("by_question_type", "question type"))
@@ -31,7 +32,9 @@ FILTERS = (("domain", "domain"), ("type", "question type"), ("verdict", "verdict
 
 
 def _page(title: str, body: str, records: list[dict[str, Any]]) -> str:
-    payload = json.dumps(records, ensure_ascii=False).replace("</", "<\\/")  # no "</script>" inside the JSON
+    # Every "<" escaped: no "</script>" ends the block early, and no "<!--" opens HTML's escaped script state, in
+    # which the real "</script>" no longer closes it
+    payload = json.dumps(records, ensure_ascii=False).replace("<", "\\u003c")
     return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">\n<title>{escape(title)}</title>\n'
             f'<style>\n{(ASSETS / "report.css").read_text(encoding="utf-8")}</style>\n</head>\n<body>\n{body}\n'
@@ -348,7 +351,5 @@ def compare_html(result: dict[str, Any], name_a: str, name_b: str) -> str:
 
 
 def write_html(page: str, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page, encoding="utf-8")
-    return path
+    return write_atomic(path, page)
 

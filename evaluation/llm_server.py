@@ -21,7 +21,7 @@ from models.llm.hf import resolve_model_folder
 from models.llm.profile import ModelProfile, hf_settings, load_profile, served_config
 from utils.errors import HarnessError
 from utils.model_folders import check_folder
-from utils.servers import free_port, wait_until_healthy
+from utils.servers import ENGINE_ON_LOOPBACK, LOOPBACK, free_port, wait_until_healthy
 
 VLLM = REPO_ROOT / ".venv-vllm" / "bin" / "vllm"
 KV_CACHE_GIB = 1  # VLLM_CPU_KVCACHE_SPACE: a CPU-build server reserves this much memory for its KV cache
@@ -40,9 +40,16 @@ LOAD_INVARIANT = ["--max-num-seqs", "1", "--no-enable-prefix-caching"]
 
 def serve_command(folder: Path, profile: ModelProfile, port: int) -> list[str]:
     """`vllm serve` for `folder` under the profile's name, dtype and length on the loopback `port`."""
-    return [str(VLLM), "serve", str(folder), "--served-model-name", profile.name, "--host", "127.0.0.1", "--port",
+    return [str(VLLM), "serve", str(folder), "--served-model-name", profile.name, "--host", LOOPBACK, "--port",
             str(port), "--dtype", profile.serve.dtype, "--max-model-len", str(profile.serve.max_model_len), "--seed",
             "0", "--generation-config", "vllm", *LOAD_INVARIANT]
+
+
+def server_env() -> dict[str, str]:
+    """The served engine's environment: its KV cache, no hub, this repository importable (the guard), and vLLM's
+    own sockets on loopback."""
+    return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB), "HF_HUB_OFFLINE": "1", **ENGINE_ON_LOOPBACK,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
 
 
 @contextlib.contextmanager
@@ -56,13 +63,11 @@ def served_llm(folder: Path, profile: ModelProfile, command: list[str] | None = 
     served = serve_command(folder, profile, port) if command is None else [*command, str(port)]
     argv = [sys.executable, "-m", "utils.processes", "--parent-pid", str(os.getpid()), "--", *served]
     with tempfile.NamedTemporaryFile("w+", prefix="llm-server-", suffix=".log") as log:
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB), "HF_HUB_OFFLINE": "1",
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=server_env(), cwd=REPO_ROOT)
         try:
-            wait_until_healthy(process, f"http://127.0.0.1:{port}/health", STARTUP_LIMIT_S, lambda why: LLMServerError(
+            wait_until_healthy(process, f"http://{LOOPBACK}:{port}/health", STARTUP_LIMIT_S, lambda why: LLMServerError(
                 f"the served LLM ({served[0]}) {why}: {Path(log.name).read_text()[-1500:]}"))
-            yield f"http://127.0.0.1:{port}/v1"
+            yield f"http://{LOOPBACK}:{port}/v1"
         finally:
             stop(process)
 

@@ -29,6 +29,7 @@ from models.config import REPO_ROOT, SystemConfig
 from models.llm.profile import load_profile, served_config
 from models.llm.weights import weights_of
 from models.prompting import PromptLibrary
+from utils.files import write_atomic
 
 MANIFEST = "manifest.json"
 # Config keys that change where files go, how work is spread or what is recorded, never an answer.
@@ -133,10 +134,7 @@ def load(folder: Path) -> dict[str, Any] | None:
 
 def write(folder: Path, manifest: dict[str, Any]) -> None:
     """Written to a temporary file and renamed, so a crash never leaves half a manifest."""
-    folder.mkdir(parents=True, exist_ok=True)
-    partial = folder / f"{MANIFEST}.partial"
-    partial.write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    partial.replace(folder / MANIFEST)
+    write_atomic(folder / MANIFEST, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
 
 
 def finish(manifest: dict[str, Any]) -> dict[str, Any]:

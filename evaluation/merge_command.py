@@ -4,7 +4,6 @@ and report."""
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from evaluation import manifest
 from evaluation.choices import Answering, RunFolder
 from evaluation.runner import EvaluationError, load_predictions
 from evaluation.session import conclude, prepare, selected
+from utils.files import json_line, write_atomic
 from utils.trees import differences
 
 
@@ -55,7 +55,5 @@ def merge_shards(out_dir: Path, predictions: Path) -> list[dict]:
     records: dict[str, dict] = {}
     for i in range(1, count + 1):
         records.update(load_predictions(out_dir / f"shard-{i}-of-{count}" / "predictions.jsonl"))
-    with predictions.open("w", encoding="utf-8") as handle:
-        for record in records.values():
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+    write_atomic(predictions, "".join(json_line(record) for record in records.values()))
     return list(records.values())

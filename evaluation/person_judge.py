@@ -12,6 +12,7 @@ from loguru import logger
 from evaluation.verdicts import CORRECT, MISS, PERSON, UNJUDGED, WRONG, Item, Judge
 from models.config import ConfigError
 from utils.cache import content_key
+from utils.files import jsonl_lines
 from utils.grader_tokens import grader_cut
 
 PERSON_VERDICTS = {"correct": CORRECT, "incorrect": WRONG, "miss": MISS}
@@ -41,7 +42,7 @@ class PersonJudge(Judge):
         """The verdicts of `path`; ValueError naming the file and its first bad line."""
         verdicts: dict[str, str] = {}
         try:
-            lines = path.read_text(encoding="utf-8").splitlines()
+            lines = jsonl_lines(path.read_text(encoding="utf-8"))
         except OSError as err:
             raise ValueError(f"{path}: cannot be read ({err.strerror or err})") from None
         for number, line in enumerate(lines, start=1):

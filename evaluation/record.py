@@ -114,6 +114,13 @@ class Record:
         return (self.trace or {}).get("route")
 
     @property
+    def failures(self) -> list[str]:
+        """Why this answer is not final: each LLM call that got no reply ("stage: why"), then each stage that
+        raised ("stage failed: why"); empty for a final answer. A resumed run answers such a question again."""
+        calls = [str(f) for f in (self.trace or {}).get("llm_failures") or []]
+        return calls + [f"{s.get('stage')} failed: {s.get('note')}" for s in self.stages if s.get("status") == "failed"]
+
+    @property
     def llm_steps(self) -> int:
         """The LLM steps a multi-step strategy took (0 where it took none or recorded none)."""
         return int((self.trace or {}).get("steps") or 0)

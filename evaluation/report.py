@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -14,6 +15,7 @@ from evaluation.judge import UNCERTAIN, contains_note
 from evaluation.metrics import MIN_FOR_INTERVAL, RESAMPLES, Scores, intervals, latency
 from evaluation.record import Record, records_of
 from evaluation.verdicts import MISS
+from utils.files import write_atomic
 
 BREAKDOWNS = ("domain", "question_type", "static_or_dynamic", "popularity")
 
@@ -31,6 +33,23 @@ def _by_breakdown(records: list[Record], verdict_key: str) -> dict[str, Any]:
     return {"overall": scored([r[verdict_key] for r in records]),
             **{f"by_{key}": {name: scored(v) for name, v in sorted(buckets.items())}
                for key, buckets in groups.items() if buckets}}
+
+
+def _cause(failure: str) -> str:
+    """A failure's kind, to count alike ones together: its stage and the error's name, without the message (which
+    may hold a request id or a byte count)."""
+    stage, _, why = failure.partition(": ")
+    return f"{stage}: {why.split(':', 1)[0].split(' (', 1)[0][:80]}"
+
+
+def failed_lines(summary: dict[str, Any]) -> list[str]:
+    """The report's lines on answers that are not final (an LLM call or a stage failed), by cause."""
+    failed = summary.get("failed")
+    if not failed:
+        return []
+    return [f"answers with a failed LLM call or stage, not final (a resumed run answers them again): "
+            f"{failed['answers']} of {summary['overall']['total']}",
+            *(f"  {count:>5}  {cause}" for cause, count in failed["by_cause"].items())]
 
 
 def score_records(lines: list[dict[str, Any]]) -> dict[str, Any]:
@@ -61,6 +80,7 @@ def score_records(lines: list[dict[str, Any]]) -> dict[str, Any]:
     confidences = [r.judge_confidence for r in records if isinstance(r.judge_confidence, float)]
     # Why the pipeline said "i don't know": a backend or a stage that started failing mid-run shows up here.
     declined = Counter(_reason(r) for r in records if r.verdict == MISS)
+    failed = [r for r in records if r.failures]
     attributed = any(r.attribution for r in records)
     return {
         **_by_breakdown(records, "verdict"),
@@ -72,6 +92,8 @@ def score_records(lines: list[dict[str, Any]]) -> dict[str, Any]:
         **({"judge_confidence": {"verdicts": len(confidences), "uncertain": sum(c < UNCERTAIN for c in confidences),
                                  "below": UNCERTAIN}} if confidences else {}),
         **({"idk_reasons": dict(declined.most_common())} if declined else {}),
+        **({"failed": {"answers": len(failed), "by_cause": dict(Counter(
+            _cause(f) for r in failed for f in dict.fromkeys(r.failures)).most_common())}} if failed else {}),
         **(gate_summary(lines) or {}),
         "cut_by_grader": sum(bool(r.cut_by_grader) for r in records),
         "timed_out": sum(bool(r.timed_out) for r in records),
@@ -160,6 +182,7 @@ def format_table(summary: dict[str, Any]) -> str:
     if summary.get("idk_reasons"):
         lines.append("why the system said \"i don't know\" (the trace's reason; a failing backend shows here):")
         lines.extend(_idk_lines(summary["idk_reasons"]))
+    lines.extend(failed_lines(summary))
     if summary.get("cut_by_grader"):
         lines.append(f"answers the grader cuts at 75 Llama-2 tokens: {summary['cut_by_grader']}")
     if summary.get("steps_by_question_type"):
@@ -214,6 +237,8 @@ def format_markdown(summary: dict[str, Any], title: str) -> str:
     if summary.get("idk_reasons"):
         lines += ["## Why \"i don't know\"", "", "| reason | answers |", "|---|---|",
                   *(f"| {reason} | {count} |" for reason, count in summary["idk_reasons"].items()), ""]
+    if summary.get("failed"):
+        lines += ["## Failed calls", "", "```", *failed_lines(summary), "```", ""]
     lines += [f"Answers the grader cuts at 75 Llama-2 tokens: {summary.get('cut_by_grader', 0)}", ""]
     lines += [f"Queries in batches over the time limit (answered \"i don't know\"): {summary['timed_out']}", ""]
     lat = summary["latency_s"]
@@ -258,9 +283,10 @@ def plot(summary: dict[str, Any], out_dir: Path) -> list[Path]:
         axis.set_title(section.replace("_", " "))
         axis.legend(fontsize=7, ncols=4, loc="lower left")
         figure.tight_layout()
-        path = out_dir / f"chart_{section}.png"
-        figure.savefig(path, dpi=100)
+        image = io.BytesIO()
+        figure.savefig(image, format="png", dpi=100)
         plt.close(figure)
+        path = write_atomic(out_dir / f"chart_{section}.png", image.getvalue())
         paths.append(path)
     return paths
 
@@ -268,8 +294,7 @@ def plot(summary: dict[str, Any], out_dir: Path) -> list[Path]:
 def write_report(summary: dict[str, Any], records: list[dict[str, Any]], out_dir: Path, title: str) -> list[Path]:
     """report.json, report.md, report.html (with every record) and the charts in out_dir; the paths written."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = out_dir / "report.json", out_dir / "report.md"
-    json_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    md_path.write_text(format_markdown(summary, title), encoding="utf-8")
+    json_path = write_atomic(out_dir / "report.json", json.dumps(summary, indent=2) + "\n")
+    md_path = write_atomic(out_dir / "report.md", format_markdown(summary, title))
     html_path = write_html(report_html(summary, records, title), out_dir / "report.html")
     return [json_path, md_path, html_path, *plot(summary, out_dir)]

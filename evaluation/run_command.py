@@ -78,8 +78,8 @@ def check_resume(out_dir: Path, predictions: Path, new: dict, force: bool) -> No
 def task_for_data(config: SystemConfig, data: Path) -> SystemConfig:
     """The config, with task 3 when the data is Task 3's (50 pages a question) but the config says task 1: the
     data then proves a KG is part of the task. Tasks 1 and 2 look alike in the data; there the config decides."""
-    first = next(read_examples(data, limit=1), None)
-    if config.task == 1 and first is not None and len(first.get("search_results") or []) >= TASK3_PAGES:
+    first = next(read_examples(data, limit=1, quiet=True), None)  # the run's own reading names bad lines
+    if config.task == 1 and first is not None and len(first["search_results"]) >= TASK3_PAGES:
         print(f"{data}: {len(first['search_results'])} pages a question is Task 3 data; running task 3 (with the KG) "
               f"although {config.source} says task 1", file=sys.stderr)
         return replace(config, task=3)

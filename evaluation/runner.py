@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import os
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator
@@ -15,9 +14,12 @@ from typing import IO, Any, Protocol, runtime_checkable
 from loguru import logger
 from tqdm import tqdm
 
+from evaluation.record import Record
 from utils.answers import IDK
 from utils.batch import BatchResult, answer_batch, batch_size_problem, make_batch
 from utils.errors import HarnessError
+from utils.files import append_lines, json_line, jsonl_lines, open_text, write_atomic
+from utils.html import clean_text
 from utils.time_budget import Deadline
 
 LOOK_S = 0.5  # how often a running batch's deadline is looked at
@@ -41,7 +43,7 @@ def load_predictions(path: Path) -> dict[str, dict[str, Any]]:
             handle.truncate(keep)
         data = data[:keep]
     records = {}
-    for number, line in enumerate(data.decode("utf-8").splitlines(), start=1):
+    for number, line in enumerate(jsonl_lines(data.decode("utf-8")), start=1):
         try:
             record = json.loads(line)
             records[record["interaction_id"]] = record
@@ -54,21 +56,11 @@ def load_predictions(path: Path) -> dict[str, dict[str, Any]]:
 
 def save_judgements(path: Path, judged: list[dict[str, Any]]) -> None:
     """Write the judged records (verdicts, the judge's reasons, attribution) over their lines of `path`; the
-    lines of other questions stay as they are. The new file is written beside it (`.tmp`, read by nothing) and
-    renamed over it, so a crash at any point leaves the old one."""
+    lines of other questions stay as they are. Written atomically (utils/files.py), so a crash or a full disk at
+    any point leaves the old file."""
     updates = {r["interaction_id"]: r for r in judged}
     records = load_predictions(path)
-    staged = path.with_name(path.name + ".tmp")  # one a crash left is written over
-    try:
-        with staged.open("w", encoding="utf-8") as out:
-            for interaction_id, record in records.items():
-                out.write(json.dumps(updates.get(interaction_id, record), ensure_ascii=False) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(staged, path)
-    except BaseException:  # the old file stays, and so would a half-written one beside it
-        staged.unlink(missing_ok=True)
-        raise
+    write_atomic(path, "".join(json_line(updates.get(i, record)) for i, record in records.items()))
 
 
 def check_batch_size(size: Any) -> int:
@@ -81,13 +73,13 @@ def check_batch_size(size: Any) -> int:
 
 def checked_answers(answers: Any, count: int, timed_out: bool) -> list[str]:
     """The answers of a batch of `count` queries as recorded: "i don't know" for each when it timed out, else the
-    model's own, which must be a list of `count` strings (an EvaluationError otherwise)."""
+    model's own, which must be a list of `count` strings (an EvaluationError otherwise), cleaned as data text is."""
     if timed_out:
         return [IDK] * count
     if not isinstance(answers, list) or len(answers) != count or not all(isinstance(a, str) for a in answers):
         raise EvaluationError(f"batch_generate_answer returned {type(answers).__name__} "
                               f"for {count} queries; it must return a list of {count} strings")
-    return answers
+    return [clean_text(answer) for answer in answers]  # no lone surrogate reaches the judge's tokenizer
 
 
 def take(examples: Iterator[dict[str, Any]], count: int) -> list[dict[str, Any]]:
@@ -161,10 +153,12 @@ class PredictionLog:
         self.bar: tqdm | None = None
 
     def pending(self, examples: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-        """The examples without a record yet; every example read is kept in the order records() returns."""
+        """The examples without a final record yet (none, or one whose LLM calls or stages failed: answered again,
+        its new line read after the old one); every example read is kept in the order records() returns."""
         for example in examples:
             self._order.append(example["interaction_id"])
-            if example["interaction_id"] not in self.done:
+            done = self.done.get(example["interaction_id"])
+            if done is None or Record(done).failures:
                 yield example
 
     def records(self) -> list[dict[str, Any]]:
@@ -177,8 +171,9 @@ class PredictionLog:
         """The file open for add(), with a progress bar (on a terminal) of the questions answered now against
         `total`, the number still to answer; `count(answered ids)` gives it instead, counted in a thread beside the
         run (a large file takes a while)."""
-        self._counted = _count_beside(count, frozenset(self.done)) if count is not None and total is None else {}
-        with self.path.open("a", encoding="utf-8") as self._out, \
+        final = frozenset(i for i, record in self.done.items() if not Record(record).failures)
+        self._counted = _count_beside(count, final) if count is not None and total is None else {}
+        with open_text(self.path, "a") as self._out, \
                 tqdm(total=total or self._counted.get("total"), unit="q", desc="answering", disable=None,
                      smoothing=0.1, dynamic_ncols=True) as self.bar:
             if self.done:
@@ -193,14 +188,14 @@ class PredictionLog:
         """Append the records of one answered batch (`traces`: the model's trace records, by interaction_id)."""
         assert self._out is not None and self.bar is not None, "add() belongs inside appending()"
         by_id = {t.get("interaction_id"): t for t in traces or []}
+        records: dict[str, dict[str, Any]] = {}
         for example, answer in zip(batch, answers, strict=True):
             record = {key: example.get(key) for key in RECORD_FIELDS}
             record.update(prediction=answer, batch_seconds=round(seconds, 3), batch_size=len(batch),
                           timed_out=timed_out, trace=by_id.get(example["interaction_id"]))
-            self.done[example["interaction_id"]] = record
-            self._out.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self._out.flush()
-        os.fsync(self._out.fileno())
+            records[example["interaction_id"]] = record
+        append_lines(self._out, [json_line(record) for record in records.values()])  # the batch whole, or none
+        self.done.update(records)
         if self.bar.total is None and "total" in self._counted:
             self.bar.total = self._counted["total"]
         self.bar.update(len(batch))

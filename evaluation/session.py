@@ -26,6 +26,7 @@ from models.config import SystemConfig
 from models.prompting import PromptLibrary
 from utils.cli import check_out
 from utils.errors import HarnessError
+from utils.files import held
 
 
 @dataclass
@@ -59,6 +60,7 @@ def prepare(command: str, folder: RunFolder, answering: Answering, resources: co
     shard = parse_shard(answering.shard) if command == "run" else (1, 1)
     out_dir = folder.folder(shard)
     check_out(out_dir)
+    resources.enter_context(held(out_dir, command))  # one writer per run folder, before anything there changes
     selection = folder.filters.selection(shard, answering.limit)
     judge_spec, judge_model = folder.judge.spec, folder.judge.model
     check_judge(judge_spec, judge_model)
@@ -148,5 +150,12 @@ def conclude(session: Session, records: list[dict], run_manifest: dict | None, s
     if unjudged > folder.max_unjudged:
         print(f"error: {unjudged} predictions unjudged (the judge failed on them), over --max-unjudged "
               f"{folder.max_unjudged}: fix the judge and judge the folder again with `rejudge`", file=sys.stderr)
+        return 1
+    failed = summary.get("failed", {}).get("answers", 0)
+    if failed > folder.max_failed * len(records):
+        causes = "; ".join(f"{cause} (x{count})" for cause, count in list(summary["failed"]["by_cause"].items())[:3])
+        print(f"error: {failed} of {len(records)} answers had an LLM call or a stage fail, over --max-failed "
+              f"{folder.max_failed:g} ({causes}): fix the cause, then run the same command again without --restart "
+              "to answer them again", file=sys.stderr)
         return 1
     return 0

@@ -96,6 +96,9 @@ class QueryState:
     calculations: list[str] = field(default_factory=list)  # "expression = value", from the calculator
     # The LLM steps the query used (each distinct query of a ctx.generate call counts one).
     steps: int = 0
+    # Each LLM call of this query that got no reply, as "stage: why" (StageContext.generate): its answer is not
+    # final, and a resumed run asks again.
+    llm_failures: list[str] = field(default_factory=list)
     llm_output: str | None = None
     answer: str | None = None
     done: bool = False
@@ -126,7 +129,8 @@ class QueryState:
         """What the query went through, for the run folder's per-question record: the reason for its answer,
         each stage's status and seconds, the predicted attributes, the references chosen for the prompt (best
         first; the prompt takes them while they fit), the calculator's lines, the knowledge extractor's answer, the
-        LLM steps, the confidence signals; with `record_prompts` on, every LLM conversation and its replies
+        LLM steps, the confidence signals, the LLM calls that failed (`llm_failures`; no such key when none did);
+        with `record_prompts` on, every LLM conversation and its replies
         (`prompts`; no such key when none was recorded); then the fields stages add (`Stage.fields`), as each
         declares."""
         record = {"interaction_id": self.interaction_id, "reason": self.done_reason,
@@ -137,6 +141,8 @@ class QueryState:
                                   "text": r.text} for r in self.references],
                   "calculations": self.calculations,
                   "knowledge": self.knowledge, "steps": self.steps, "signals": self.signals}
+        if self.llm_failures:
+            record["llm_failures"] = self.llm_failures
         if self.prompts:
             record["prompts"] = self.prompts
         for name, (_, spec) in ADDED_FIELDS.items():

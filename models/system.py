@@ -18,6 +18,7 @@ from models.stages.stage import Batch, run_stage
 from models.state import QueryState
 from utils.answers import IDK
 from utils.batch import BATCH_FIELDS, BatchResult
+from utils.html import clean_text
 
 
 class CragSystem:
@@ -94,8 +95,15 @@ class CragSystem:
         return BatchResult([state.answer or IDK for state in states], [state.record() for state in states])
 
 
+# A query is cut here as a page's HTML is cut at its max_page_chars: CRAG's questions are a sentence or two,
+# and a longer one would take the prompt's room from the references.
+MAX_QUERY_CHARS = 2000
+
+
 def unpack_batch(batch: Any) -> list[QueryState]:
-    """One state per position; malformed entries are finished as IDK with the reason, never raised."""
+    """One state per position; malformed entries are finished as IDK with the reason, never raised. Queries are
+    cleaned as page text is (utils/html.py clean_text) and cut at MAX_QUERY_CHARS; an integer interaction_id is read
+    as its digits."""
     if not isinstance(batch, Mapping):
         logger.error("batch is a {}, not a mapping: nothing to answer", type(batch).__name__)
         return []
@@ -108,10 +116,17 @@ def unpack_batch(batch: Any) -> list[QueryState]:
     states = []
     for index in range(size):
         item = {key: batch[key][index] if index < lengths.get(key, 0) else None for key in BATCH_FIELDS}
-        interaction_id = item["interaction_id"] if isinstance(item["interaction_id"], str) else f"#{index}"
+        identifier = item["interaction_id"]
+        interaction_id = (identifier if isinstance(identifier, str) else str(identifier)
+                          if isinstance(identifier, int) and not isinstance(identifier, bool) else f"#{index}")
         pages = item["search_results"] if isinstance(item["search_results"], list) else []
-        state = QueryState(index, interaction_id, item["query"] if isinstance(item["query"], str) else "",
-                           item["query_time"] if isinstance(item["query_time"], str) else "",
+        query = clean_text(item["query"]) if isinstance(item["query"], str) else ""
+        if len(query) > MAX_QUERY_CHARS:
+            logger.warning("{}: query of {} characters cut to its first {}", interaction_id, len(query),
+                           MAX_QUERY_CHARS)
+            query = query[:MAX_QUERY_CHARS]
+        state = QueryState(index, interaction_id, query,
+                           clean_text(item["query_time"]) if isinstance(item["query_time"], str) else "",
                            [page for page in pages if isinstance(page, Mapping)])
         if not state.query.strip():
             state.finish(IDK, "query missing or empty")

@@ -17,7 +17,7 @@ from evaluation.kg_fixture.app import answer, read_body
 from evaluation.kg_fixture.graph import KnowledgeGraph
 from models.config import REPO_ROOT
 from models.kg.client import ENDPOINTS, KGClient
-from models.llm.backend import LENGTH, STOP, Conversation, GenParams, Sample, cut_at_stop
+from models.llm.backend import FAILED, LENGTH, STOP, Conversation, GenParams, Sample, cut_at_stop
 from models.prompting import PROMPT_DIR, Messages
 from utils.bag_embedder import BagOfWordsEmbedder
 
@@ -78,8 +78,11 @@ class ScriptedLLM:
 
 
 def generated(reply: str | Sample, params: GenParams) -> Sample:
-    """`reply` as the fake generates it under `params` (ScriptedLLM)."""
+    """`reply` as the fake generates it under `params` (ScriptedLLM); a failed Sample (Sample.failed) is served as
+    it is, as the openai backend serves a request that got no reply."""
     scripted = reply if isinstance(reply, Sample) else Sample(reply)
+    if scripted.finish_reason == FAILED:
+        return scripted
     tokens = list(scripted.tokens) or _TOKEN.findall(scripted.text)
     kept = tokens[:params.max_tokens]
     text = "".join(kept) if len(kept) < len(tokens) or scripted.tokens else scripted.text

@@ -37,7 +37,8 @@ TRANSFORMERS_UNUSED = {"n", "logprobs", "top_logprobs", "presence_penalty", "use
 
 class ChatServer:
     """A server of `kind` (see the module docstring) on a free loopback port; `requests` records each request's
-    body and Authorization header. Faults: the first `failures` requests get HTTP `status`; `refuse_logprobs`
+    body and Authorization header. Faults: the first `failures` requests get HTTP `status`, and so does every
+    request after the first `fail_after` (a server that breaks mid-run); `refuse_logprobs`
     answers a request for log-probabilities with HTTP 400 naming the field (hosted models that do not offer
     them); `raw_body(request body)` is sent as the reply's bytes instead (garbage, a huge reply; None: the normal
     reply); `trickle_s` (seconds, or a function of the request body) sends the reply 16 bytes at a time, one piece
@@ -50,7 +51,7 @@ hold is HTTP 400, as vllm/entrypoints/openai/serving_engine.py `_validate_input`
                  refuse_logprobs: bool = False, raw_body: Callable[[dict], bytes | None] | None = None,
                  trickle_s: float | Callable[[dict], float] = 0.0, kind: str = "vllm",
                  hold: threading.Event | None = None, hold_s: float = 60.0, max_model_len: int | None = None,
-                 count_tokens: Callable[[list[dict]], int] | None = None) -> None:
+                 count_tokens: Callable[[list[dict]], int] | None = None, fail_after: int | None = None) -> None:
         if kind not in KINDS:
             raise ValueError(f"kind {kind!r}: one of {KINDS}")
         self.kind, self.requests, self.warnings = kind, [], []
@@ -66,7 +67,7 @@ hold is HTTP 400, as vllm/entrypoints/openai/serving_engine.py `_validate_input`
                 server.requests.append({"body": body, "auth": self.headers.get("Authorization")})
                 if hold is not None:
                     hold.wait(hold_s)
-                if len(server.requests) <= failures:
+                if len(server.requests) <= failures or (fail_after is not None and len(server.requests) > fail_after):
                     code, reply = status, {"error": {"message": "try later"}}
                 elif refuse_logprobs and body.get("logprobs"):
                     code, reply = 400, {"error": {"message": "logprobs is not supported by this model",

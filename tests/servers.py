@@ -22,13 +22,15 @@ STARTUP_LIMIT_S = 600  # a guard against a server that hangs, not a timing
 
 
 @contextlib.contextmanager
-def running(argv: list[str], health_url: str, log_path: Path, what: str) -> Iterator[subprocess.Popen]:
+def running(argv: list[str], health_url: str, log_path: Path, what: str,
+            env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
     """`argv` as a server writing to `log_path`, yielded once `health_url` answers; the test fails with the log's
     end when it exits first or never answers. Started in a session of its own, so that what it started (vLLM's
-    engine core) is killed with it when it does not stop on its own."""
+    engine core) is killed with it when it does not stop on its own. `env`: its environment (default: this one's,
+    offline)."""
     with log_path.open("w") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                                   env=env or {**os.environ, "HF_HUB_OFFLINE": "1"})
     try:
         wait_until_healthy(process, health_url, STARTUP_LIMIT_S,
                            lambda why: pytest.fail.Exception(f"{what} {why}:\n{log_path.read_text()[-3000:]}"))

@@ -49,6 +49,17 @@ def decode_html(raw: bytes) -> str:
     return raw.decode("cp1252", errors="replace")
 
 
+# What JSON can carry in but no UTF-8 writer takes: lone surrogates (from "\ud800" escapes) and C0 control
+# characters other than tab and line breaks (from "\u0000").
+_UNWRITABLE = re.compile("[\ud800-\udfff\x00-\x08\x0b\x0c\x0e-\x1f]")
+
+
+def clean_text(text: str) -> str:
+    """`text` with lone surrogates replaced by U+FFFD and control characters other than tab and line breaks
+    removed: what a page's parser does to its text, for any string read from data."""
+    return _UNWRITABLE.sub(lambda m: "" if m.group() < "\x20" else "\ufffd", text) if _UNWRITABLE.search(text) else text
+
+
 def parse_html(raw: object, max_chars: int) -> lxml.html.HtmlElement | None:
     """A tree for `raw` (str or bytes, cut to max_chars), or None when there is nothing to parse."""
     if isinstance(raw, bytes):

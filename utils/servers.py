@@ -8,11 +8,18 @@ import time
 import urllib.request
 from collections.abc import Callable
 
+LOOPBACK = "127.0.0.1"
+
+# vLLM's own address for its processes (vllm/utils/network_utils.py get_ip): the engine core's torch.distributed
+# init method (tcp://ADDRESS:PORT) and its gloo sockets. Unset, it is the host's outward address. torch's store at
+# that port still listens on every interface: its server takes no bind address (docs/reliability.md).
+ENGINE_ON_LOOPBACK = {"VLLM_HOST_IP": LOOPBACK}
+
 
 def free_port() -> int:
     """A loopback port nothing listens on once it returns."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((LOOPBACK, 0))
         return sock.getsockname()[1]
 
 

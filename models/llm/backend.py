@@ -17,6 +17,7 @@ from utils.time_budget import Deadline
 Conversation = list[dict[str, str]]
 
 STOP, LENGTH, DEADLINE = "stop", "length", "deadline"
+FAILED = "failed"  # no reply: the call failed (Sample.failure says why); not an answer, and a resume asks again
 
 
 TopLogprobs = tuple[dict[str, float], ...]  # per generated token: the most likely tokens (text) and their log-probs
@@ -25,7 +26,8 @@ TopLogprobs = tuple[dict[str, float], ...]  # per generated token: the most like
 @dataclass(frozen=True)
 class Sample:
     """One generated text and why generation ended: STOP (end of sequence or a stop string), LENGTH (max_tokens
-    reached) or DEADLINE (cut by the batch deadline).
+    reached), DEADLINE (cut by the batch deadline) or FAILED (no reply came: `failure` says why, and the text is
+    empty; use `Sample.failed`).
 
     Where they were asked for (`GenParams.logprobs`, `GenParams.top_logprobs`) and the backend gives them:
     `tokens` and `token_logprobs` are the generated tokens (text, in order, before the text was cut at a stop
@@ -37,12 +39,20 @@ class Sample:
     top_logprobs: TopLogprobs = ()
     tokens: tuple[str, ...] = ()
     token_logprobs: tuple[float, ...] = ()
+    failure: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.text, str):
             raise TypeError(f"a sample's text is a str, not {type(self.text).__name__}")
         if len(self.tokens) != len(self.token_logprobs):
             raise ValueError(f"{len(self.tokens)} tokens, {len(self.token_logprobs)} log-probabilities")
+        if (self.finish_reason == FAILED) != bool(self.failure) or (self.failure and self.text):
+            raise ValueError("a failed sample has a failure and no text, and only a failed sample has a failure")
+
+    @classmethod
+    def failed(cls, why: str) -> Sample:
+        """The sample of a call that got no reply, and why (e.g. "InternalServerError: ... after 3 attempts")."""
+        return cls("", FAILED, failure=why or "no reason given")
 
 
 def span_logprobs(sample: Sample, span: str) -> list[float]:
@@ -60,6 +70,12 @@ def span_logprobs(sample: Sample, span: str) -> list[float]:
             chosen.append(logprob)
         at += len(token)
     return chosen
+
+
+def no_reply(samples: list[Sample]) -> str:
+    """How a call that gave no text ended, for an "i don't know" reason: its failure, or that it came back empty."""
+    failures = [s.failure for s in samples if s.finish_reason == FAILED]
+    return f"the LLM call failed ({failures[0]})" if failures else "the LLM returned nothing"
 
 
 def cut_short(sample: Sample, answer: str | None = None) -> str | None:

@@ -127,8 +127,8 @@ class OpenAIBackend:
         with ThreadPoolExecutor(max_workers=max(1, self.config.concurrency)) as pool:
             replies = list(pool.map(send, jobs))
         outputs: list[list[Sample]] = [[] for _ in conversations]
-        for (index, _), (texts, _) in zip(jobs, replies):
-            outputs[index].extend(texts)
+        for (index, _), (texts, problem) in zip(jobs, replies):
+            outputs[index].extend(texts if problem is None else [Sample.failed(problem)])
         problems = Counter(problem for _, problem in replies if problem)
         if problems:  # once per call, however many requests failed, with each cause and its count
             logger.error("{}: {} of {} requests got no reply: {}", self.config.base_url, sum(problems.values()),

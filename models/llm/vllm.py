@@ -8,6 +8,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import json
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,6 +22,7 @@ from models.config import VLLMConfig
 from models.llm.backend import DEADLINE, LENGTH, STOP, BackendUnavailable, Conversation, GenParams, Sample, TopLogprobs
 from models.llm.hf import RETRIEVAL_TOKEN
 from utils.model_folders import FolderError, check_folder, forward_mismatches
+from utils.servers import ENGINE_ON_LOOPBACK
 
 # The input embedding matrix (vocabulary x hidden) of Llama-family folders. Quantizers leave it in 16 bits:
 # llm-compressor quantizes Linear layers only (embed_tokens is an Embedding), GPTQ folders likewise.
@@ -144,6 +146,8 @@ class VLLMBackend:
         started = time.perf_counter()
         # Read before the engine starts, so that a folder without it fails before minutes of loading.
         self._table = load_input_embeddings(config.model, config.dtype) if config.enable_prompt_embeds else None
+        for key, value in ENGINE_ON_LOOPBACK.items():  # the engine core inherits it; a user's own setting stays
+            os.environ.setdefault(key, value)
         self.engine = vllm.LLM(**engine_kwargs(config))
         self._lora = None
         if config.lora:

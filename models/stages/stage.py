@@ -47,7 +47,7 @@ from loguru import logger
 
 from models.config import STAGE_SECTIONS, BudgetConfig, SystemConfig, add_section
 from models.estimates import StagePlan
-from models.llm.backend import GenParams, Sample
+from models.llm.backend import FAILED, GenParams, Sample
 from models.prompting import Messages, Prompt, PromptLibrary
 from models.registry import Registry, RegistryError
 from models.resources import RESOURCES, Resource, add_resource
@@ -292,6 +292,8 @@ class StageContext:
         outputs = well_formed(llm.generate(conversations, params) if embeddings is None
                               else llm.generate_with_embeddings(conversations, embeddings, params),
                               len(conversations), self.stage.name)
+        for owner, samples in zip(owners, outputs):
+            owner.llm_failures += [f"{self.stage.name}: {s.failure}" for s in samples if s.finish_reason == FAILED]
         if self._record_prompts:
             for owner, conversation, samples in zip(owners, conversations, outputs):
                 owner.prompts.append({"stage": self.stage.name, "prompt": conversation.prompt,
@@ -322,9 +324,9 @@ def well_formed(outputs: Any, count: int, stage: str) -> list[list[Sample]]:
     return fixed
 
 
-# What a stage may change beyond its declared writes: state.finish(), ctx.generate's step count and prompts, and
-# its confidence signals.
-_ALWAYS_WRITTEN = frozenset({"answer", "done", "done_reason", "steps", "prompts", "signals"})
+# What a stage may change beyond its declared writes: state.finish(), ctx.generate's step count, failed calls and
+# prompts, and its confidence signals.
+_ALWAYS_WRITTEN = frozenset({"answer", "done", "done_reason", "steps", "llm_failures", "prompts", "signals"})
 
 
 def _copy(value: Any) -> Any:

@@ -182,25 +182,25 @@ def _answered(folder: Path, count: int = 5) -> Path:
 
 
 KILLED_WHILE_REWRITING = """
-import json, os, signal, sys
+import os, signal, sys
 from pathlib import Path
-from types import SimpleNamespace
 
 from evaluation import runner
 
 path = Path(sys.argv[1])
 judged = [dict(record, verdict="correct") for record in runner.load_predictions(path).values()]
 serialised = []
+json_line = runner.json_line
 
 
-def dumps(record, **kwargs):  # kill -9 as the third record is serialised: two are written, three not
+def killed_at_the_third(record):  # kill -9 as the third record is serialised: two are written, three not
     serialised.append(record)
     if len(serialised) == 3:
         os.kill(os.getpid(), signal.SIGKILL)
-    return json.dumps(record, **kwargs)
+    return json_line(record)
 
 
-runner.json = SimpleNamespace(dumps=dumps, loads=json.loads, JSONDecodeError=json.JSONDecodeError)
+runner.json_line = killed_at_the_third
 runner.save_judgements(path, judged)
 """
 

@@ -196,3 +196,22 @@ def test_a_reply_trickled_past_the_batch_deadline_is_left_there(cpu_config, samp
     assert answers == ["i don't know"]
     assert sum("Question: " in r["body"]["messages"][-1]["content"] for r in server.requests) == 1
     assert "reply not used: still arriving after" in caplog_loguru.text, caplog_loguru.text
+
+
+def test_an_llm_that_fails_after_the_probe_leaves_answers_that_say_so(cpu_config, sample_examples):
+    """A server that answers the start-up probe, then HTTP 500 to every request: each answer is "i don't know"
+    with the failure as its reason and in its record (`llm_failures`), not an answer the model chose."""
+    from tests.unit.test_llm_backends import ChatServer
+
+    server = ChatServer(answer_with=_reasoning_answer, fail_after=1, status=500)
+    system = _openai_system(cpu_config, server.url)
+    try:
+        result = system.answer_batch(to_batch(sample_examples[:2]))
+    finally:
+        system.close()
+        server.close()
+    assert result.answers == ["i don't know"] * 2
+    for trace in result.trace:
+        assert trace["reason"].startswith("reasoning: the LLM call failed (InternalServerError: ")
+        assert trace["llm_failures"] and all(f.startswith("reasoning: InternalServerError") for f in
+                                             trace["llm_failures"])

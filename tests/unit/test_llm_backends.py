@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from models.config import OpenAIConfig
-from models.llm.backend import LENGTH, BackendUnavailable, GenParams, cut_at_stop, cut_short
+from models.llm.backend import FAILED, LENGTH, BackendUnavailable, GenParams, cut_at_stop, cut_short
 from models.llm.openai import OpenAIBackend
 from tests.fakes import texts
 from tests.openai_fake import ChatServer
@@ -67,10 +67,16 @@ def test_native_n_against_servers_that_refuse_or_ignore_it_is_said(caplog_loguru
     finally:
         vllm.close()
         transformers.close()
-    assert greedy == [[]] and "n must be 1 when using greedy sampling" in caplog_loguru.text
+    assert "n must be 1 when using greedy sampling" in failures(greedy)[0] and "n must be 1" in caplog_loguru.text
     assert texts(ignored) == [["a"]] and transformers.warnings  # the server keeps the stop string; the backend cuts it
     assert "returned 1 of 3 samples" in caplog_loguru.text and "llm.openai.native_n" in caplog_loguru.text
 
+
+
+def failures(out) -> list[str]:
+    """The causes of `out`'s failed calls, where each conversation got one failed sample (Sample.failed)."""
+    assert all(len(row) == 1 and row[0].finish_reason == FAILED and not row[0].text for row in out), out
+    return [row[0].failure for row in out]
 
 @pytest.mark.parametrize("chat_server", [(2, 503)], indirect=True)
 def test_openai_retries_transient_errors(chat_server):
@@ -81,19 +87,22 @@ def test_openai_retries_transient_errors(chat_server):
 @pytest.mark.parametrize("chat_server", [(5, 503)], indirect=True)
 def test_openai_gives_up_after_bounded_retries(chat_server):
     out = _backend(chat_server.url, max_retries=2).generate([[{"role": "user", "content": "a"}]], GenParams())
-    assert out == [[]] and len(chat_server.requests) == 3
+    assert failures(out) == ["InternalServerError: Error code: 503 - try later after 3 attempts"]
+    assert len(chat_server.requests) == 3
 
 
 @pytest.mark.parametrize("chat_server", [(5, 400)], indirect=True)
 def test_openai_does_not_retry_a_bad_request(chat_server):
     out = _backend(chat_server.url, max_retries=3).generate([[{"role": "user", "content": "a"}]], GenParams())
-    assert out == [[]] and len(chat_server.requests) == 1
+    assert failures(out)[0].startswith("refused (BadRequestError") and len(chat_server.requests) == 1
 
 
-def test_openai_unreachable_server_and_expired_deadline_return_empty():
+def test_openai_unreachable_server_and_expired_deadline_are_failed_calls():
     backend = _backend("http://127.0.0.1:9/v1", max_retries=1)
-    assert backend.generate([[{"role": "user", "content": "a"}]], GenParams()) == [[]]
-    assert backend.generate([[{"role": "user", "content": "a"}]], GenParams(deadline=Deadline(0))) == [[]]
+    assert failures(backend.generate([[{"role": "user", "content": "a"}]], GenParams())) == [
+        "APIConnectionError: Connection error. after 2 attempts"]
+    assert failures(backend.generate([[{"role": "user", "content": "a"}]], GenParams(deadline=Deadline(0)))) == [
+        "the deadline passed before the request could be sent"]
 
 
 @pytest.mark.parametrize("chat_server", [(10, 401)], indirect=True)
@@ -182,7 +191,7 @@ def test_openai_an_unusable_reply_costs_its_conversation_only(fault, expected_lo
         out = _backend(bad.url, max_retries=0).generate([[{"role": "user", "content": "a"}]], GenParams())
     finally:
         bad.close()
-    assert out == [[]] and expected_log in caplog_loguru.text
+    assert expected_log in failures(out)[0] and expected_log in caplog_loguru.text
 
 
 def test_openai_a_reply_without_choices_or_message_is_no_sample():
@@ -203,7 +212,7 @@ def test_a_server_failing_every_request_is_logged_once_per_call_with_the_cause(c
                                                            GenParams())
     finally:
         server.close()
-    assert out == [[]] * 4 and len(server.requests) == 8  # each request tried twice
+    assert len(failures(out)) == 4 and len(server.requests) == 8  # each request tried twice
     errors = [line for line in caplog_loguru.text.splitlines() if "| ERROR" in line]
     assert len(errors) == 1 and "4 of 4 requests got no reply: InternalServerError" in errors[0]
     assert "after 2 attempts (x4)" in errors[0]
@@ -225,4 +234,4 @@ def test_openai_a_slow_server_is_left_at_the_deadline(fault, retries, logged, ca
         if "hold" in fault:
             fault["hold"].set()
         server.close()
-    assert out == [[]] and logged in caplog_loguru.text and len(server.requests) == 1
+    assert len(failures(out)) == 1 and logged in caplog_loguru.text and len(server.requests) == 1

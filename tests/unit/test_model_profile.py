@@ -13,7 +13,7 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from evaluation import manifest
 from evaluation.llm_server import serve_command
 from models.config import REPO_ROOT, ConfigError, HFConfig, load_config
-from models.llm.backend import BackendUnavailable, GenParams, create_llm
+from models.llm.backend import FAILED, BackendUnavailable, GenParams, create_llm
 from models.llm.hf import resolve_model_folder
 from models.llm.openai import OpenAIBackend
 from models.llm.profile import DEFAULT_PROFILE, load_profile, served_config
@@ -115,7 +115,8 @@ def test_the_openai_backend_cuts_a_prompt_the_server_would_refuse(tmp_path, tiny
                     {"role": "user", "content": LONG + " Question: what is the answer?"}]
     config = load_config(REPO_ROOT / "configs" / "cpu.yaml")
     uncut = OpenAIBackend(replace(config.llm.openai, base_url=server.url, model="tiny"))
-    assert uncut.generate([conversation], GenParams(max_tokens=8)) == [[]]  # refused: HTTP 400, no answer
+    (refused,), = uncut.generate([conversation], GenParams(max_tokens=8))  # HTTP 400: a failed call, no answer
+    assert refused.finish_reason == FAILED and "maximum context length" in refused.failure
     cut = OpenAIBackend(served_config(config, profile, server.url, str(tiny)).llm.openai)
     (sample,), = cut.generate([conversation], GenParams(max_tokens=8))
     assert sample.text == "ok"

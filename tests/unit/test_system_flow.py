@@ -122,9 +122,9 @@ def test_snippet_alone_is_a_reference(make_system):
 
 
 def test_unpack_batch_keeps_positions():
-    states = unpack_batch({"interaction_id": ["a", 7], "query": ["q1", "q2"], "query_time": ["t", "t"],
-                           "search_results": [[], []]})
-    assert [s.interaction_id for s in states] == ["a", "#1"] and [s.index for s in states] == [0, 1]
+    states = unpack_batch({"interaction_id": ["a", 7, None], "query": ["q1", "q2", "q3"], "query_time": ["t"] * 3,
+                           "search_results": [[], [], []]})
+    assert [s.interaction_id for s in states] == ["a", "7", "#2"] and [s.index for s in states] == [0, 1, 2]
 
 
 def test_references_fit_the_prompt_budget_best_first():

@@ -5,8 +5,10 @@ behind the openai backend, the LLM judge and UserModel with that config."""
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -15,11 +17,14 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
+from evaluation.llm_server import serve_command, server_env
 from models.config import REPO_ROOT, load_config
 from models.llm.backend import LENGTH, STOP, BackendUnavailable, GenParams
 from models.llm.openai import OpenAIBackend
+from models.llm.profile import load_profile
 from tests.servers import free_port, running
 from tests.vllm.test_submission import GPU1
 from tests.vllm_scenarios import SHORT, STORY
@@ -220,3 +225,29 @@ def test_the_served_engine_and_its_engine_core_die_with_a_killed_evaluation(smol
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         parent.stdout.close()
+
+
+def listeners(pids: list[int]) -> list[tuple[str, int, int]]:
+    """(address, port, pid) of every listening TCP socket of `pids`."""
+    found = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            found += [(c.laddr.ip, c.laddr.port, pid) for c in psutil.Process(pid).net_connections(kind="tcp")
+                      if c.status == psutil.CONN_LISTEN]
+    return found
+
+
+def test_the_served_engine_listens_on_loopback_but_for_torch_s_store(smollm2, tmp_path):
+    """`--serve-llm`'s command and environment (evaluation/llm_server.py): the API server and every socket of the
+    engine core are on loopback, and vLLM's torch.distributed init method names loopback. The one exception is
+    torch's store at that init method's port, whose server binds every interface (docs/reliability.md)."""
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with running(serve_command(smollm2, load_profile(), port), f"http://127.0.0.1:{port}/health", log, "vllm serve",
+                 env=server_env()) as process:
+        found = listeners([process.pid, *descendants(process.pid)])
+    init = re.search(r"distributed_init_method=tcp://([\d.]+):(\d+)", log.read_text())
+    assert init is not None and init.group(1) == "127.0.0.1", "the engine core's init method is not on loopback"
+    assert ("127.0.0.1", port) in {(address, p) for address, p, _ in found}  # the API
+    outward = [(address, p) for address, p, _ in found if not ipaddress.ip_address(address).is_loopback]
+    assert len(outward) <= 1 and {p for _, p in outward} <= {int(init.group(2))}, outward  # only the store
