@@ -21,7 +21,7 @@
 # release; make test-vllm: the rehearsal in it (tests/vllm: the real engine against the fake, the image's pins, vllm
 # serve, and the grader's loop over data/crag_sample.jsonl with the T4 config; docs/decisions/vllm-rehearsal.md).
 # make docs: the documentation site (docs/, mkdocs.yml) built strictly into site/, its reference pages generated from
-# the code; make lint: ruff and the import layers (pyproject.toml).
+# the code; make lint: ruff, the import layers and mypy (pyproject.toml).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python

@@ -93,7 +93,7 @@ class KGStage(Stage):
     def estimate(cls, config: SystemConfig, prompts: PromptLibrary) -> list[StagePlan]:
         settings = config.section("kg", KGSettings)
         functions = settings.method == "functions"
-        extra = 38 * 25 if functions else 0  # the endpoint list
+        extra = len(ENDPOINTS) * 25 if functions else 0  # the endpoint list, a line of about 25 tokens each
         return [StagePlan("kg", template_tokens(prompts, "kg_functions" if functions else "kg_entities") + extra,
                           settings.max_tokens, 1)]
 

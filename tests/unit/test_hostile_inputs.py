@@ -295,3 +295,21 @@ def test_lines_a_full_disk_took_in_part_are_cut_off_again(tmp_path, monkeypatch)
         with pytest.raises(OSError, match="No space left"):
             files.append_lines(handle, ['{"b": 2}\n', '{"c": 3}\n'])
     assert path.read_text() == '{"a": 1}\n'
+
+
+# --- network ------------------------------------------------------------------------------------------------------
+
+def test_the_fixture_kg_server_listens_on_loopback_only():
+    """`--serve-kg`'s server (evaluation/kg_fixture/launch.py): every listening socket of the processes it starts
+    is on a loopback address."""
+    import ipaddress
+
+    import psutil
+
+    from evaluation.kg_fixture.launch import fixture_kg
+
+    with fixture_kg() as url:
+        started = psutil.Process().children(recursive=True)
+        listening = [c.laddr for p in started for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    assert listening and url.startswith("http://127.0.0.1:")
+    assert all(ipaddress.ip_address(address.ip).is_loopback for address in listening), listening
