@@ -20,7 +20,7 @@ from evaluation.data import DataError, alternative_answers
 from evaluation.judge import UNCERTAIN, Judge, judge_records
 from evaluation.verdicts import CORRECT, MISS, UNJUDGED, VERDICTS, WRONG
 from models.config import REPO_ROOT
-from utils.files import jsonl_lines
+from utils.durable_io import jsonl_lines
 
 CALIBRATION_SET = REPO_ROOT / "data" / "judge" / "calibration.jsonl"
 GATE_SET = REPO_ROOT / "data" / "judge" / "gate_verdicts.jsonl"  # written by tools/join_verdicts.py

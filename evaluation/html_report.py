@@ -21,7 +21,7 @@ from evaluation.attribution import CLASSES, gold_answers, holds
 from evaluation.judge import contains_note
 from evaluation.metrics import MIN_FOR_INTERVAL
 from evaluation.record import Record, as_record, records_of
-from utils.files import write_atomic
+from utils.durable_io import write_atomic
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 BREAKDOWNS = (("by_domain", "domain"), ("by_question_type", "question type"))

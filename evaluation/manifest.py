@@ -29,7 +29,7 @@ from models.config import REPO_ROOT, SystemConfig
 from models.llm.profile import load_profile, served_config
 from models.llm.weights import weights_of
 from models.prompting import PromptLibrary
-from utils.files import write_atomic
+from utils.durable_io import write_atomic
 
 MANIFEST = "manifest.json"
 # Config keys that change where files go, how work is spread or what is recorded, never an answer.

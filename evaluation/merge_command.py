@@ -12,7 +12,7 @@ from evaluation import manifest
 from evaluation.choices import Answering, RunFolder
 from evaluation.runner import EvaluationError, load_predictions
 from evaluation.session import conclude, prepare, selected
-from utils.files import json_line, write_atomic
+from utils.durable_io import json_line, write_atomic
 from utils.trees import differences
 
 

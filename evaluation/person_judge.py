@@ -12,7 +12,7 @@ from loguru import logger
 from evaluation.verdicts import CORRECT, MISS, PERSON, UNJUDGED, WRONG, Item, Judge
 from models.config import ConfigError
 from utils.cache import content_key
-from utils.files import jsonl_lines
+from utils.durable_io import jsonl_lines
 from utils.grader_tokens import grader_cut
 
 PERSON_VERDICTS = {"correct": CORRECT, "incorrect": WRONG, "miss": MISS}

@@ -15,7 +15,7 @@ from evaluation.judge import UNCERTAIN, contains_note
 from evaluation.metrics import MIN_FOR_INTERVAL, RESAMPLES, Scores, intervals, latency
 from evaluation.record import Record, records_of
 from evaluation.verdicts import MISS
-from utils.files import write_atomic
+from utils.durable_io import write_atomic
 
 BREAKDOWNS = ("domain", "question_type", "static_or_dynamic", "popularity")
 

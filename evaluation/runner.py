@@ -17,8 +17,8 @@ from tqdm import tqdm
 from evaluation.record import Record
 from utils.answers import IDK
 from utils.batch import BatchResult, answer_batch, batch_size_problem, make_batch
+from utils.durable_io import append_lines, json_line, jsonl_lines, open_text, write_atomic
 from utils.errors import HarnessError
-from utils.files import append_lines, json_line, jsonl_lines, open_text, write_atomic
 from utils.html import clean_text
 from utils.time_budget import Deadline
 
@@ -56,7 +56,7 @@ def load_predictions(path: Path) -> dict[str, dict[str, Any]]:
 
 def save_judgements(path: Path, judged: list[dict[str, Any]]) -> None:
     """Write the judged records (verdicts, the judge's reasons, attribution) over their lines of `path`; the
-    lines of other questions stay as they are. Written atomically (utils/files.py), so a crash or a full disk at
+    lines of other questions stay as they are. Written atomically (utils/durable_io.py), so a crash or a full disk at
     any point leaves the old file."""
     updates = {r["interaction_id"]: r for r in judged}
     records = load_predictions(path)

@@ -25,8 +25,8 @@ from evaluation.verdicts import CONTAINS, UNJUDGED
 from models.config import SystemConfig
 from models.prompting import PromptLibrary
 from utils.cli import check_out
+from utils.durable_io import held
 from utils.errors import HarnessError
-from utils.files import held
 
 
 @dataclass

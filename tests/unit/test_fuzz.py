@@ -20,7 +20,7 @@ from evaluation.judge import judge_records
 from evaluation.report import score_records
 from evaluation.runner import load_predictions, run_model, save_judgements
 from models.config import REPO_ROOT
-from utils import files
+from utils import durable_io as files
 
 FUZZ = settings(max_examples=200, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

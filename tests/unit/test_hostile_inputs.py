@@ -22,7 +22,7 @@ from evaluation.judge import judge_records
 from evaluation.report import score_records
 from evaluation.runner import load_predictions
 from models.config import REPO_ROOT
-from utils import files
+from utils import durable_io as files
 from utils.batch import BatchResult
 
 IDK = "i don't know"
@@ -132,7 +132,7 @@ def test_a_bad_byte_costs_its_line_only(monkeypatch, tmp_path, capfd):
 HOLDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from utils.files import held
+    from utils.durable_io import held
     with held(Path(sys.argv[1]), "run"):
         print("holding", flush=True)
         time.sleep(600)
