@@ -47,6 +47,11 @@ class R2AGSettings:
         if self.enabled and not self.checkpoint:
             raise ValueError("r2ag.enabled needs r2ag.checkpoint (train one with tools/train_r2former.py)")
 
+    def check(self, config: SystemConfig) -> None:
+        if self.enabled and self.mode == "prompt" and not config.reasoning.max_tokens:
+            raise ValueError("r2ag.mode prompt puts its embeddings into the reasoning prompt, which "
+                             "reasoning.max_tokens 0 turns off; set reasoning.max_tokens, or r2ag.mode relevance")
+
 
 def build_r2former(config: SystemConfig, prompts: PromptLibrary, built: dict[str, Any]) -> R2FormerHead | None:
     """The R2AG head of the config (r2ag.enabled only). Prompt mode needs a backend that takes input embeddings and a

@@ -285,3 +285,11 @@ def test_optional_stages_are_skipped_first_when_time_is_short(make_system, sampl
     assert statuses == {"references": "ok", "evidence": "ok", "knowledge": "skipped", "calculator": "skipped",
                         "reasoning": "ok", "answer": "ok"}
     assert SEED_REPLY in llm.reply(prompts_sent(llm, "reasoning")[0])
+
+
+def test_r2ag_prompt_mode_without_the_reasoning_prompt_is_refused(tmp_path):
+    path = tmp_path / "r2ag.yaml"
+    path.write_text("reasoning:\n  max_tokens: 0\nr2ag:\n  enabled: true\n  checkpoint: x.pt\n  mode: prompt\n",
+                    encoding="utf-8")
+    with pytest.raises(ConfigError, match="r2ag.mode prompt puts its embeddings into the reasoning prompt"):
+        load_config(path)
