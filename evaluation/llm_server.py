@@ -45,11 +45,16 @@ def serve_command(folder: Path, profile: ModelProfile, port: int) -> list[str]:
             "0", "--generation-config", "vllm", *LOAD_INVARIANT]
 
 
+# Its sitecustomize holds torch's store, which vLLM's engine core starts, to loopback (the module says how).
+ENGINE_SITE = REPO_ROOT / "evaluation" / "engine_site"
+
+
 def server_env() -> dict[str, str]:
-    """The served engine's environment: its KV cache, no hub, this repository importable (the guard), and vLLM's
-    own sockets on loopback."""
+    """The served engine's environment: its KV cache, no hub, this repository importable (the guard), and every
+    socket of vLLM's on loopback (VLLM_HOST_IP, and ENGINE_SITE for torch's store)."""
+    paths = [str(ENGINE_SITE), str(REPO_ROOT), os.environ.get("PYTHONPATH")]
     return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB), "HF_HUB_OFFLINE": "1", **ENGINE_ON_LOOPBACK,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+            "PYTHONPATH": os.pathsep.join(filter(None, paths))}
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ LOOPBACK = "127.0.0.1"
 
 # vLLM's own address for its processes (vllm/utils/network_utils.py get_ip): the engine core's torch.distributed
 # init method (tcp://ADDRESS:PORT) and its gloo sockets. Unset, it is the host's outward address. torch's store at
-# that port still listens on every interface: its server takes no bind address (docs/reliability.md).
+# that port binds every interface all the same; the served engine holds it to loopback (evaluation/engine_site/).
 ENGINE_ON_LOOPBACK = {"VLLM_HOST_IP": LOOPBACK}
 
 
