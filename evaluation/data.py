@@ -16,7 +16,7 @@ from typing import Any
 
 from loguru import logger
 
-from utils.batch import BATCH_FIELDS
+from utils.batch import BATCH_FIELDS, id_text
 from utils.errors import ConfigError, HarnessError
 from utils.html import clean_text
 from utils.names import did_you_mean
@@ -172,11 +172,10 @@ def _parse_example(line: str) -> tuple[dict[str, Any] | None, str | None, list[s
         return None, f"missing {missing}", []
     if _ESCAPED_UNWRITABLE.search(line):
         example = _cleaned(example)
-    identifier = example["interaction_id"]
-    if isinstance(identifier, int) and not isinstance(identifier, bool):
-        example["interaction_id"] = identifier = str(identifier)
-    if not isinstance(identifier, str) or not identifier.strip():
-        return None, f"interaction_id is {_shown(identifier)}, not a non-empty string", []
+    identifier = id_text(example["interaction_id"])
+    if identifier is None or not identifier.strip():
+        return None, f"interaction_id is {_shown(example['interaction_id'])}, not a non-empty string", []
+    example["interaction_id"] = identifier
     if not isinstance(example["query"], str) or not example["query"].strip():
         return None, f"query is {_shown(example['query'])}, not a non-empty string", []
     if not isinstance(example["query_time"], str):

@@ -417,9 +417,14 @@ def contains_note(judged_by: dict[str, int]) -> str | None:
             "no LLM judge; their agreement with a person: local_evaluation.py calibrate)") if count else None
 
 
+def _chained(spec: str) -> bool:
+    """Whether --judge names several judges joined by CHAIN (a URL may hold a "+" of its own)."""
+    return CHAIN in spec and not spec.startswith(("http://", "https://"))
+
+
 def check_judge(spec: str, model_name: str | None) -> None:
     """A ConfigError naming --judge when it cannot name a judge (checked before any model loads)."""
-    if CHAIN in spec and not spec.startswith(("http://", "https://")):
+    if _chained(spec):
         parts = spec.split(CHAIN)
         if "rules" in parts or "" in parts:
             raise ConfigError(f"--judge {spec!r}: join judges with {CHAIN}, e.g. person:FILE{CHAIN}contains (the "
@@ -446,6 +451,6 @@ def build_judge(spec: str, model_name: str | None) -> Judge | None:
     check_judge(spec, model_name)
     if spec == "rules":
         return None
-    kind = ("chain" if CHAIN in spec and not spec.startswith(("http://", "https://")) else CONTAINS
+    kind = ("chain" if _chained(spec) else CONTAINS
             if spec == CONTAINS else "person" if spec.startswith(PERSON) else "llm")
     return JUDGES.get(kind).from_spec(spec, model_name)

@@ -17,7 +17,7 @@ from models.stages.answer import AnswerStage
 from models.stages.stage import Batch, run_stage
 from models.state import QueryState
 from utils.answers import IDK
-from utils.batch import BATCH_FIELDS, BatchResult
+from utils.batch import BATCH_FIELDS, BatchResult, id_text
 from utils.html import clean_text
 
 
@@ -116,9 +116,7 @@ def unpack_batch(batch: Any) -> list[QueryState]:
     states = []
     for index in range(size):
         item = {key: batch[key][index] if index < lengths.get(key, 0) else None for key in BATCH_FIELDS}
-        identifier = item["interaction_id"]
-        interaction_id = (identifier if isinstance(identifier, str) else str(identifier)
-                          if isinstance(identifier, int) and not isinstance(identifier, bool) else f"#{index}")
+        interaction_id = id_text(item["interaction_id"]) or f"#{index}"
         pages = item["search_results"] if isinstance(item["search_results"], list) else []
         query = clean_text(item["query"]) if isinstance(item["query"], str) else ""
         if len(query) > MAX_QUERY_CHARS:

@@ -10,6 +10,13 @@ BATCH_FIELDS = ("interaction_id", "query", "search_results", "query_time")
 MAX_BATCH_SIZE = 16  # the most queries get_batch_size() may ask for
 
 
+def id_text(value: Any) -> str | None:
+    """An interaction_id as text: a string as it is, an integer as its digits (not a bool), else None."""
+    if isinstance(value, str):
+        return value
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def batch_size_problem(size: Any) -> str | None:
     """Why `size` breaks the grader's contract for get_batch_size() (an int in 1..MAX_BATCH_SIZE), or None."""
     if isinstance(size, int) and not isinstance(size, bool) and 1 <= size <= MAX_BATCH_SIZE:

@@ -72,10 +72,9 @@ def span_logprobs(sample: Sample, span: str) -> list[float]:
     return chosen
 
 
-def no_reply(samples: list[Sample]) -> str:
-    """How a call that gave no text ended, for an "i don't know" reason: its failure, or that it came back empty."""
-    failures = [s.failure for s in samples if s.finish_reason == FAILED]
-    return f"the LLM call failed ({failures[0]})" if failures else "the LLM returned nothing"
+def failure_of(samples: list[Sample]) -> str | None:
+    """Why a call got no reply (its first failed sample's `failure`), or None where none failed."""
+    return next((s.failure for s in samples if s.finish_reason == FAILED), None)
 
 
 def cut_short(sample: Sample, answer: str | None = None) -> str | None:

@@ -12,7 +12,7 @@ from loguru import logger
 from models.config import SystemConfig
 from models.estimates import StagePlan, template_tokens, tokens
 from models.kg.settings import KGSettings
-from models.llm.backend import Conversation, Sample, cut_short, no_reply, span_logprobs
+from models.llm.backend import Conversation, Sample, cut_short, failure_of, span_logprobs
 from models.prompting import Messages, Prompt, PromptLibrary
 from models.stages.stage import STAGES, Stage, StageContext
 from models.state import QueryState, Reference
@@ -190,7 +190,9 @@ class ReasoningStage(Stage):
         unparsed: list[QueryState] = []
         for state, samples in zip(states, outputs):
             if not samples or not samples[0].text.strip():
-                state.finish(IDK, f"reasoning: {no_reply(samples)}")
+                cause = failure_of(samples)
+                state.finish(IDK, f"reasoning: the LLM call failed ({cause})" if cause
+                             else "reasoning: the LLM returned nothing")
                 continue
             state.llm_output = samples[0].text
             parsed = parse_whole(samples[0])
@@ -263,8 +265,8 @@ class ReasoningStage(Stage):
                 state.answer = answer
                 answer_signals(state, samples[0], answer, summariser=True)
                 answered.append((state, conversation))
-            elif samples and samples[0].failure:
-                state.finish(IDK, f"{why} and the summariser's {no_reply(samples)[4:]}")
+            elif cause := failure_of(samples):
+                state.finish(IDK, f"{why} and the summariser's call failed ({cause})")
             else:
                 state.finish(IDK, f"{why} and the summariser returned nothing")
         if settings.samples and answered and not deadline.expired():  # self-consistency of the summariser's answer
