@@ -21,7 +21,8 @@
 # release; make test-vllm: the rehearsal in it (tests/vllm: the real engine against the fake, the image's pins, vllm
 # serve, and the grader's loop over data/crag_sample.jsonl with the T4 config; docs/decisions/vllm-rehearsal.md).
 # make docs: the documentation site (docs/, mkdocs.yml) built strictly into site/, its reference pages generated from
-# the code; make lint: ruff, the import layers and mypy (pyproject.toml).
+# the code; make lint: ruff, the import layers and mypy (pyproject.toml), and that mypy refuses the typed ports misused
+# (tests/typing).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -71,6 +72,7 @@ lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
+	$(PY) tools/check_mypy_refuses.py tests/typing/wrong_port_type.py
 
 # The quantizer's own venv: llm-compressor pins transformers 5.15-5.17 against .venv's 5.23. torch first, as in .venv.
 $(QSTAMP): requirements-quantize.txt
@@ -125,7 +127,7 @@ eval: $(STAMP) $(VSTAMP)
 # Two pytest workers, a test file each at a time (module fixtures built once), one thread per process: torch's
 # OpenMP threads spin while they wait, and two workers of two threads each on two cores slow every test down.
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile
+	OMP_NUM_THREADS=1 $(PY) -m pytest -n 2 --dist loadfile --check-ports
 
 # tests/ray (a local Ray instance of 2 CPUs: a few minutes) is left out of `make test` (pytest.ini); `.ci/run` runs it.
 test-ray: $(RAY_STAMP)

@@ -12,7 +12,7 @@ from evaluation.metrics import Scores, intervals, paired_difference, risk_covera
 from evaluation.record import records_of
 from evaluation.runner import load_predictions
 from evaluation.verdicts import CORRECT, MISS, UNJUDGED, WRONG
-from models.gate.answer_gate import Gate, GateError, signal_setup
+from models.gate.answer_gate import Gate, GateError, answering, signal_setup
 from utils.cli import check_out_file
 from utils.trees import differences
 
@@ -102,7 +102,7 @@ def evaluate(gate_file: Path, run: Path) -> str:
     gate = Gate.load(gate_file)
     records, found = run_records(run)
     notes = [f"note: the run's signal settings differ from the gate's ({'; '.join(changed)})"
-             for changed in [differences(gate.fit_on.get("setup") or {}, setup_of(found))] if changed]
+             for changed in [differences(answering(gate.fit_on.get("setup") or {}), setup_of(found))] if changed]
     before, after, withheld = gated_verdicts(gate, records)
     answered = sum(v in (CORRECT, WRONG) for v in before)
     result = paired_difference(before, after)

@@ -13,6 +13,7 @@ import jinja2.meta
 import yaml
 
 from models.config import REPO_ROOT
+from models.state import ADDED_FIELDS, EVIDENCE, QueryState
 from utils.errors import HarnessError
 
 PROMPT_DIR = REPO_ROOT / "prompts"
@@ -75,6 +76,25 @@ def load_prompt(path: Path, name: str | None = None) -> Prompt:
         if used - declared:
             raise PromptError(f"{path}: {part} template uses undeclared {sorted(used - declared)}")
     return Prompt(name or path.stem, path, declared, templates["system"], templates["user"])
+
+
+def render_with_evidence(prompt: Prompt, state: QueryState, **values: Any) -> Messages:
+    """`prompt` for `state`: `values`, and for each variable of the prompt left that names a field declaring
+    `Evidence`, that block's lines (none where no stage wrote it: such a variable is optional); the variable
+    `evidence`, where the prompt has it, lists every listed block it does not name (each with `title`, `kind`,
+    `lines`). A block with lines that the prompt shows nowhere is added to `state.unshown`, so the record says what
+    the LLM was not shown."""
+    blocks = {block.name: block for block in state.evidence_blocks()}
+    values = dict(values)
+    for name in prompt.variables - values.keys():
+        if name in ADDED_FIELDS and ADDED_FIELDS[name][1].evidence is not None:
+            values[name] = blocks[name].lines if name in blocks else []
+    listed = [block for name, block in blocks.items() if name not in values and block.listed]
+    if EVIDENCE in prompt.variables and EVIDENCE not in values:
+        values[EVIDENCE] = listed
+    shown = {block.name for block in values.get(EVIDENCE, [])} | set(values)
+    state.unshown += [f"{prompt.name}: {name}" for name in blocks if name not in shown]
+    return prompt.render(**values)
 
 
 class PromptLibrary:

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ from loguru import logger
 from models.config import REPO_ROOT, SystemConfig, load_config
 from models.gate.answer_gate import gate_settings
 from models.kg.client import KGClient
+from models.state import OPEN_READS, OPEN_WRITES, PortError, Ports
 from models.system import CragSystem
 from tests.fakes import HashEmbedder, ScriptedLLM
 from utils.batch import make_batch
@@ -23,6 +26,75 @@ SHARED_CRAG = REPO_ROOT.parent / "shared" / "crag_sample" / "crag_public_sample_
 # in the background by a non-interactive shell (`make test &`, nohup) inherits SIGINT ignored, and so would the
 # script: the evaluation then never sees the test's Ctrl-C (a fresh-clone `.ci/run` started that way failed twice).
 AS_FROM_A_TERMINAL = "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+
+
+# Every (stage, field, write) a guarded state was asked for in this process: `--check-ports` checks, once the whole
+# suite has run, that each built-in stage's declarations were all used.
+TOUCHED: set[tuple[str, str, bool]] = set()
+
+
+@pytest.fixture(autouse=True)
+def declared_ports(request, monkeypatch):
+    """Every stage a test runs touches only the fields it declares: an undeclared read or write fails the test even
+    where the stage runner turns it into one query's "i don't know", which the test may never look at. A test of the
+    refusal itself is marked `undeclared`."""
+    refused: list[str] = []
+    check = Ports.check
+
+    def recorded(self: Ports, name: str, write: bool) -> None:
+        try:
+            check(self, name, write)
+        except PortError as err:
+            refused.append(str(err))
+            raise
+        TOUCHED.add((self.owner, name, write))
+
+    monkeypatch.setattr(Ports, "check", recorded)
+    yield
+    if "undeclared" not in request.keywords:
+        assert not refused, f"a stage touched fields it does not declare: {sorted(set(refused))}"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--check-ports", action="store_true",
+                     help="after the run, fail where a built-in stage declares a field its code never touched in it")
+
+
+def pytest_configure(config):
+    if config.getoption("--check-ports") and not hasattr(config, "workerinput"):
+        os.environ["CRAG_PORTS_TOUCHED"] = tempfile.mkdtemp(prefix="ports-")  # the xdist workers inherit it
+
+
+def pytest_sessionfinish(session, exitstatus):
+    folder = os.environ.get("CRAG_PORTS_TOUCHED")
+    if not session.config.getoption("--check-ports") or not folder:
+        return
+    if hasattr(session.config, "workerinput"):
+        name = session.config.workerinput["workerid"]
+        Path(folder, f"{name}.json").write_text(json.dumps(sorted(TOUCHED)), encoding="utf-8")
+        return
+    touched = set(TOUCHED)
+    for path in Path(folder).glob("*.json"):
+        touched |= {tuple(item) for item in json.loads(path.read_text(encoding="utf-8"))}
+    unused = unused_declarations(touched)
+    if unused:
+        session.config.get_terminal_writer().line(
+            "declared but never touched by the stage's code in this run (tests/conftest.py --check-ports): "
+            + "; ".join(unused), red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def unused_declarations(touched: set[tuple[str, str, bool]]) -> list[str]:
+    """Each built-in stage's declared read (`reads`, `may_read`) and write of a guarded field that `touched` lacks."""
+    from models.config import STAGE_MODULES
+    from models.stages import STAGES
+    from models.stages.answer import AnswerStage
+
+    stages = [cls for cls in map(STAGES.get, STAGES) if cls.__module__ in STAGE_MODULES] + [AnswerStage]
+    unused = [f"{cls.name} reads {name}" for cls in stages for name in sorted(cls.reads | cls.may_read - OPEN_READS)
+              if (cls.name, name, False) not in touched]
+    return unused + [f"{cls.name} writes {name}" for cls in stages for name in sorted(cls.writes - OPEN_WRITES)
+                     if (cls.name, name, True) not in touched]
 
 
 def to_batch(examples: list[dict[str, Any]]) -> dict[str, list[Any]]:

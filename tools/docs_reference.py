@@ -102,8 +102,13 @@ def stages_page() -> str:
         overridden = getattr(cls.estimate, "__func__", None) is not getattr(Stage.estimate, "__func__", None)
         return "yes" if overridden else "-"
 
+    def evidence(cls: type[Stage]) -> str:
+        blocks = [f"`{spec.name}`: {spec.evidence.title}" for spec in cls.fields if spec.evidence is not None]
+        return "; ".join(blocks) or "-"
+
     rows = [f"| `{cls.name}` | `{cls.__module__}` | {names(cls.prompts)} | {names(cls.sections)} | {names(cls.reads)} "
-            f"| {names(cls.writes)} | {names(cls.needs)} | {estimates(cls)} |" for cls in classes]
+            f"| {names(cls.may_read)} | {names(cls.writes)} | {evidence(cls)} | {names(cls.needs)} | {estimates(cls)} |"
+            for cls in classes]
     signals = [f"| `{name}` | `{cls.name}` | {_cell(meaning)} |"
                for cls in classes for name, meaning in sorted(cls.signals.items())]
     return "\n".join([
@@ -111,8 +116,9 @@ def stages_page() -> str:
         "Every stage the code registers, and the answer step that closes every strategy, with what each declares "
         "(`models/stages/stage.py` `Stage`; [Stages and strategies](../concepts/stages.md)). Generated from the code "
         "at each docs build.\n",
-        "| stage | module | prompts | config sections | reads | writes | resources | budget estimate |",
-        "|---|---|---|---|---|---|---|---|", *rows, "",
+        "| stage | module | prompts | config sections | reads | may read | writes | evidence | resources "
+        "| budget estimate |",
+        "|---|---|---|---|---|---|---|---|---|---|", *rows, "",
         "## Signals\n",
         "The answer gate's inputs, by the stage that writes each (`Stage.signals`).\n",
         "| signal | stage | what it is |", "|---|---|---|", *signals, ""])

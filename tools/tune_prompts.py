@@ -57,7 +57,7 @@ from utils.batch import make_batch
 from utils.cache import JsonCache, cache_root, content_key
 from utils.cli import CommandParser, check_out, command, interrupted
 
-STAGE_CACHE_VERSION = "stages-2"
+STAGE_CACHE_VERSION = "stages-3"
 
 
 def state_to_json(state: QueryState) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from evaluation.verdicts import CORRECT, MISS, WRONG
 from models.config import REPO_ROOT, ConfigError
 from models.prompting import PromptLibrary
 from models.stages.reasoning import prompt_evidence, reasoning_conversation
-from models.state import QueryState, Reference
+from models.state import ADDED_FIELDS, QueryState, Reference
 from training.examples import answer_block
 from utils.answers import IDK, INVALID, contains_answer, is_idk, is_invalid
 
@@ -180,10 +180,17 @@ def state_of(record: Record, references: list[dict[str, Any]]) -> QueryState:
                                   page_url=r.get("url") or "", page_last_modified=r.get("updated") or "",
                                   score=r.get("score") or 0.0) for r in references]
     trace = record.trace or {}
-    state.kg_results = list(trace.get("kg_results") or [])
-    state.calculations = list(trace.get("calculations") or [])
-    state.knowledge = trace.get("knowledge")
+    for name, (_, spec) in ADDED_FIELDS.items():  # the evidence the prompt showed, as the record keeps it
+        if spec.evidence is not None and trace.get(name) is not None:
+            state[spec] = spec.load(trace[name]) if spec.load else trace[name]
     return state
+
+
+def without_answer(state: QueryState, golds: list[str]) -> None:
+    """Drop the lines of the state's source evidence (the KG's rows) that hold a gold answer."""
+    for name, (_, spec) in ADDED_FIELDS.items():
+        if spec.evidence is not None and spec.evidence.grounds and name in state.added:
+            state[spec] = [line for line in state[spec] if not contains_answer(str(line), golds)]
 
 
 def render(source: Source, prompt_name: str, state: QueryState) -> list[dict[str, str]]:
@@ -224,7 +231,7 @@ def raft_variants(source: Source, record: Record, conversation: dict[str, Any], 
     variants = []
     kept = [r for r in references if not contains_answer(" ".join((r.get("page") or "", r["text"])), golds)]
     state = state_of(record, kept)
-    state.kg_results = [line for line in state.kg_results if not contains_answer(line, golds)]
+    without_answer(state, golds)
     removed = render(source, prompt, state)
     if not contains_answer(user_text(removed), golds):
         variants.append(("raft-removed", removed, IDK))

@@ -41,8 +41,18 @@ class Column:
     value: str | None = None
 
 
-# The prompts whose wording moves the reasoning signals (the answer line and its log-probabilities).
-SIGNAL_PROMPTS = ("reasoning", "summariser")
+# The prompts whose wording moves the reasoning signals (the answer line and its log-probabilities), each with the
+# `reasoning` key that switches it off at 0: a prompt the setup never renders moves nothing.
+SIGNAL_PROMPTS = {"reasoning": "max_tokens", "summariser": "summariser_max_tokens"}
+
+
+def answering(setup: dict[str, Any]) -> dict[str, Any]:
+    """`setup` (signal_setup's, or one a gate file recorded) with only the prompts its reasoning settings render:
+    what two setups are compared on, so an edit to a prompt a gate's config never renders leaves the gate valid."""
+    reasoning = setup.get("reasoning") or {}
+    prompts = {name: digest for name, digest in (setup.get("prompts") or {}).items()
+               if name not in SIGNAL_PROMPTS or reasoning.get(SIGNAL_PROMPTS[name]) != 0}
+    return {**setup, "prompts": prompts}
 
 
 def signal_setup(config: dict[str, Any], prompt_hashes: dict[str, str],
@@ -50,7 +60,7 @@ def signal_setup(config: dict[str, Any], prompt_hashes: dict[str, str],
     """What produces the signals a gate reads, from a resolved config as plain JSON (a run manifest's
     `answers.config`), the prompt files' hashes and the weights' (a run manifest's `answers.weights`; None: hashed
     now, models/llm/weights.py): the LLM (backend, model, for hf its dtype, the weights), the reasoning settings and
-    the reasoning prompts. A gate fit on one setup is refused by a config of another."""
+    the reasoning prompts it renders (`answering`). A gate fit on one setup is refused by a config of another."""
     llm = config.get("llm") or {}
     backend = llm.get("backend")
     chosen = llm.get(backend) or {}
@@ -58,8 +68,8 @@ def signal_setup(config: dict[str, Any], prompt_hashes: dict[str, str],
     if backend == "hf":
         model["dtype"] = chosen.get("dtype")
     model.update(weights_of(llm) if weights is None else weights)
-    return {"llm": model, "reasoning": config.get("reasoning"),
-            "prompts": {name: prompt_hashes.get(name) for name in SIGNAL_PROMPTS}}
+    return answering({"llm": model, "reasoning": config.get("reasoning"),
+                      "prompts": {name: prompt_hashes.get(name) for name in SIGNAL_PROMPTS}})
 
 
 def columns_for(examples: list[dict[str, Signal]]) -> list[Column]:
@@ -185,7 +195,7 @@ def gate_for(config: SystemConfig, prompts: PromptLibrary) -> Gate:
         raise ConfigError(f"{config.source}: answer.gate: {err}") from None
     fit_on = gate.fit_on.get("setup")
     resolved = json.loads(json.dumps(config.resolved()))  # as a run's manifest holds it: tuples as lists
-    changed = differences(fit_on, signal_setup(resolved, prompts.hashes())) if fit_on else [
+    changed = differences(answering(fit_on), signal_setup(resolved, prompts.hashes())) if fit_on else [
         "the gate file does not say what it was fit on"]
     if changed:
         said = "; ".join(changed[:6]) + (f"; and {len(changed) - 6} more" if len(changed) > 6 else "")

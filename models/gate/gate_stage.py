@@ -21,14 +21,18 @@ def build_gate(config: SystemConfig, prompts: PromptLibrary, built: dict[str, An
     return gate_for(config, prompts)
 
 
+GATE = StateField[dict[str, Any] | None](
+    "gate", lambda: None, record=lambda value: value, record_none=False,
+    doc="P(correct), the threshold, and the answer the gate withheld, if it did")
+
+
 @STAGES.register("gate")
 class GateStage(Stage):
     """CragSystem runs it after the answer step, on every query, when `answer.gate` names a file; a strategy does
     not list it."""
 
     section_keys = {"answer": GateSettings}
-    fields = {"gate": StateField(lambda: None, record=lambda value: value, record_none=False,
-                                 doc="P(correct), the threshold, and the answer the gate withheld, if it did")}
+    fields = (GATE,)
     # Built before the models: a gate the config cannot feed stops the start before anything loads.
     resources = {"gate": Resource(build_gate, doc="the answer gate of `answer.gate`", first=True)}
     writes = frozenset({"answer", "gate"})
@@ -53,9 +57,10 @@ class GateStage(Stage):
                 continue
             self._say_unfed(gate, state)
             p = gate.p_correct(state.signals)
-            state.gate = {"p_correct": round(p, 4), "threshold": round(gate.threshold, 4)}
+            decision: dict[str, Any] = {"p_correct": round(p, 4), "threshold": round(gate.threshold, 4)}
+            state[GATE] = decision
             if p < gate.threshold:
-                state.gate["withheld"] = state.answer
+                decision["withheld"] = state.answer
                 reason = f"gate: p(correct) {p:.2f} < {gate.threshold:.2f}"
                 state.answer = IDK
                 state.done_reason = f"{state.done_reason}; {reason}" if state.done_reason else reason

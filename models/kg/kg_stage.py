@@ -37,7 +37,7 @@ from models.kg.settings import KGSettings
 from models.prompting import PromptLibrary
 from models.resources import Resource
 from models.stages.stage import STAGES, Stage, StageContext
-from models.state import QueryState, Signal, StateField
+from models.state import Evidence, QueryState, Signal, StateField
 from utils.time_budget import Deadline
 
 
@@ -72,18 +72,22 @@ def similarities(embedder: Any, lookups: list[tuple[QueryState, Lookup]], deadli
     return found
 
 
+KG_RESULTS = StateField[list[str]](
+    "kg_results", list, record=list, evidence=Evidence("Knowledge graph", "kg", grounds=True),
+    doc="the KG's results, one rendered row per line, best first")
+KG_CALLS = StateField[list[dict[str, Any]]](
+    "kg_calls", list, record=list, doc='{"call", "args", "answered"} of each KG call, in order made')
+
+
 @STAGES.register("kg")
 class KGStage(Stage):
     """Tasks 2 and 3; CragSystem leaves it out when no KG server answered at start-up."""
 
     prompts = ("kg_entities", "kg_functions")
     settings = KGSettings
-    fields = {
-        "kg_results": StateField(list, record=list, evidence=True,
-                                 doc="the KG's results, one rendered row per line, best first"),
-        "kg_calls": StateField(list, record=list, doc='{"call", "args", "answered"} of each KG call, in order made'),
-    }
+    fields = (KG_RESULTS, KG_CALLS)
     resources = {"kg": Resource(build_client, doc="the KG client (None when no server answered)", drops=True)}
+    may_read = frozenset({"domain"})  # the rules path's entity prompt names the predicted domain where there is one
     writes = frozenset({"kg_results", "kg_calls"})
     needs = frozenset({"llm", "kg", "embedder"})
     signals = {"kg.calls": "how many KG calls the query made", "kg.answered": "how many KG calls answered",
@@ -99,8 +103,9 @@ class KGStage(Stage):
 
     @classmethod
     def outcome(cls, state: QueryState) -> dict[str, Signal]:
-        return {"kg.calls": len(state.kg_calls), "kg.answered": sum(bool(c.get("answered")) for c in state.kg_calls),
-                "kg.lines": len(state.kg_results)}
+        calls = state[KG_CALLS]
+        return {"kg.calls": len(calls), "kg.answered": sum(bool(c.get("answered")) for c in calls),
+                "kg.lines": len(state[KG_RESULTS])}
 
     @classmethod
     def active(cls, config: SystemConfig) -> bool:
@@ -146,7 +151,7 @@ class KGStage(Stage):
         lookups = [(state, kg) for state, kg, _ in jobs]
         for (state, kg), similarity in zip(lookups, similarities(ctx.resource("embedder"), lookups, work)):
             ranked = rows_.rank(kg.rows, state.query, kg.dates, similarity)
-            state.kg_results = rows_.fit(ranked, settings.max_chars)
-            state.kg_calls = kg.made
+            state[KG_RESULTS] = rows_.fit(ranked, settings.max_chars)
+            state[KG_CALLS] = kg.made
             logger.debug("{}: {} KG calls, {} of {} rows kept", state.interaction_id, kg.calls,
-                         len(state.kg_results), len(kg.rows))
+                         len(state[KG_RESULTS]), len(kg.rows))

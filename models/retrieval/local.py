@@ -1,8 +1,9 @@
 """Sub-query retrieval over one query's own evidence, for the multi-hop strategies.
 
 The pool of a query is every candidate of its pages (chunks, tables, snippets, embedded once by the references
-stage) and its KG results (embedded on first use and cached). Each search of a batch embeds all its sub-queries
-(and the entities that re-rank them) in one call and returns the top-k of each query's own pool.
+stage; the references it chose are among them) and the lines of its evidence that is a source of its own (the KG's
+rows: `Evidence.grounds`; embedded on first use and cached). Each search of a batch embeds all its sub-queries (and
+the entities that re-rank them) in one call and returns the top-k of each query's own pool.
 """
 
 from __future__ import annotations
@@ -13,7 +14,11 @@ from typing import Any
 import numpy as np
 
 from models.retrieval.dense import best_first
-from models.state import QueryState, Reference
+from models.state import EVIDENCE, QueryState, Reference
+
+# The QueryState fields a search reads: a stage that searches declares them (`Stage.reads`, `may_read`).
+POOL_READS = frozenset({"candidates", "candidate_vectors"})
+POOL_MAY_READ = frozenset({EVIDENCE})
 
 
 @dataclass(frozen=True)
@@ -41,13 +46,15 @@ class LocalRetriever:
         return cached[1]
 
     def pool(self, state: QueryState) -> tuple[list[Reference], np.ndarray]:
-        """The query's candidates (else its selected references) and KG lines, with their embeddings."""
-        refs = list(state.candidates or state.references)
-        given = state.candidate_vectors if state.candidates else state.reference_vectors
-        parts = [self._vectors(state, "pages", [r.embedded_as() for r in refs], given)] if refs else []
-        if state.kg_results:
-            refs += [Reference(line, "kg") for line in state.kg_results]
-            parts.append(self._vectors(state, "kg", list(state.kg_results), None))
+        """The query's candidates and the lines of its evidence that is a source of its own, with their
+        embeddings."""
+        refs = list(state.candidates)
+        texts = [r.embedded_as() for r in refs]
+        parts = [self._vectors(state, "pages", texts, state.candidate_vectors)] if refs else []
+        for block in state.evidence_blocks():
+            if block.grounds:
+                refs += [Reference(str(line), block.kind) for line in block.lines]
+                parts.append(self._vectors(state, block.name, [str(line) for line in block.lines], None))
         return refs, (np.vstack(parts) if parts else np.zeros((0, 1), dtype=np.float32))
 
     def search(self, requests: list[Request], k: int) -> list[list[Reference]]:

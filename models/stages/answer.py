@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
 from models.stages.stage import Stage, StageContext
-from models.state import QueryState, Signal
+from models.state import EVIDENCE, QueryState, Signal, guarded
 from utils.answers import final_answer, is_idk, is_invalid, normalize_text
 from utils.grader_tokens import grader_token_count
 
@@ -24,13 +24,13 @@ class AnswerStage(Stage):
     runs it after every strategy, on every query; it is not a name a strategy lists."""
 
     name = "answer"
+    may_read = frozenset({"references", "domain", "dynamism", EVIDENCE})
     writes = frozenset({"answer"})
     signals = {
         "references.count": "how many references the query kept",
         "references.best": "the best reference's score (None without references)",
         "references.top3_mean": "the mean score of the best three references",
         "attributes.domain": "the predicted domain", "attributes.dynamism": "the predicted dynamism",
-        "knowledge.agrees": "whether the knowledge extractor's answer equals the answer (None without one)",
         "answer.grader_tokens": "the answer's length in the grader's tokens",
         "answer.number": "whether the answer is a number", "answer.yes_no": "whether the answer is yes or no",
         "answer.invalid": "whether the answer is \"invalid question\"",
@@ -57,19 +57,18 @@ class AnswerStage(Stage):
             state.done = True
             state.signals.update(outcome_signals(state))
             for cls in self.strategy:
-                state.signals.update(cls.outcome(state))
+                with guarded(cls.ports(), [state]):  # a stage's outcome reads what that stage declares
+                    state.signals.update(cls.outcome(state))
 
 
 def outcome_signals(state: QueryState) -> dict[str, Signal]:
     """The signals any strategy leaves on a query, read off its state once it has an answer: the references' scores
-    (best first), the predicted attributes, the knowledge extractor's agreement and the answer's form."""
+    (best first), the predicted attributes and the answer's form."""
     scores = sorted((r.score for r in state.references), reverse=True)
     answer = normalize_text(state.answer or "")
-    knowledge = None if state.knowledge is None or is_idk(state.knowledge) else normalize_text(state.knowledge)
     return {"references.count": len(scores), "references.best": scores[0] if scores else None,
             "references.top3_mean": sum(scores[:3]) / len(scores[:3]) if scores else None,
             "attributes.domain": state.domain, "attributes.dynamism": state.dynamism,
-            "knowledge.agrees": None if knowledge is None else knowledge == answer,
             "answer.grader_tokens": grader_token_count(state.answer or ""),
             "answer.number": bool(_NUMBER.fullmatch(answer)), "answer.yes_no": answer in ("yes", "no"),
             "answer.invalid": is_invalid(answer),
@@ -78,8 +77,8 @@ def outcome_signals(state: QueryState) -> dict[str, Signal]:
 
 def support_signals(state: QueryState) -> dict[str, Signal]:
     """How much of the answer the evidence says: the share of its content words (stop words left out) found in the
-    best reference (`answer.support_best`), and in any reference or line of evidence, the KG's results among them
-    (`answer.support_any`). A small
+    best reference (`answer.support_best`), and in any reference or line of evidence that is a source of its own
+    (`Evidence.grounds`: the KG's rows; `answer.support_any`). A small
     model's right answers are copied from what it read; its wrong ones often are not. None without content words
     (an "i don't know", a bare yes or no)."""
     words = set(_WORD.findall((state.answer or "").lower())) - ENGLISH_STOP_WORDS
@@ -88,6 +87,8 @@ def support_signals(state: QueryState) -> dict[str, Signal]:
     best = max(state.references, key=lambda r: r.score, default=None)
     found_best = set(_WORD.findall(best.text.lower())) if best else set()
     found_any = found_best.union(*(_WORD.findall(text.lower()) for text in
-                                   [r.text for r in state.references if r is not best] + state.evidence()))
+                                   [r.text for r in state.references if r is not best]
+                                   + [str(line) for block in state.evidence_blocks() if block.grounds
+                                      for line in block.lines]))
     return {"answer.support_best": len(words & found_best) / len(words),
             "answer.support_any": len(words & found_any) / len(words)}

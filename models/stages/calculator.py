@@ -13,10 +13,10 @@ from loguru import logger
 from models.config import SystemConfig
 from models.estimates import StagePlan, template_tokens, tokens
 from models.kg.settings import KGSettings
-from models.prompting import PromptLibrary
+from models.prompting import PromptLibrary, render_with_evidence
 from models.stages.reasoning import prompt_evidence
 from models.stages.stage import STAGES, Stage, StageContext
-from models.state import QueryState
+from models.state import EVIDENCE, Evidence, QueryState, StateField
 from utils.safe_eval import SafeEvalError, Value, safe_eval
 
 _CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
@@ -80,11 +80,18 @@ def calculations(samples: list[str], max_results: int) -> list[str]:
     return results
 
 
+CALCULATIONS = StateField[list[str]](
+    "calculations", list, record=list, evidence=Evidence("Calculation results", "calculation"),
+    doc='"expression = value" of each calculation, from the calculator')
+
+
 @STAGES.register("calculator")
 class CalculatorStage(Stage):
     prompts = ("calculator",)
     sections = ("calculator",)
+    fields = (CALCULATIONS,)
     reads = frozenset({"references"})
+    may_read = frozenset({EVIDENCE})
     writes = frozenset({"calculations"})
     needs = frozenset({"llm"})
 
@@ -105,9 +112,9 @@ class CalculatorStage(Stage):
         conversations = []
         for s in states:
             texts, tables = prompt_evidence(s, settings.max_reference_chars)
-            conversations.append(prompt.render(query=s.query, query_time=s.query_time, references=texts,
-                                               tables=tables, kg_references=s.kg_results))
+            conversations.append(render_with_evidence(prompt, s, query=s.query, query_time=s.query_time,
+                                                      references=texts, tables=tables))
         outputs = ctx.generate(conversations, owners=states, max_tokens=settings.max_tokens,
                                temperature=settings.temperature, n=settings.n)
         for state, samples in zip(states, outputs):
-            state.calculations = calculations([sample.text for sample in samples], settings.max_results)
+            state[CALCULATIONS] = calculations([sample.text for sample in samples], settings.max_results)

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from models.retrieval.local import LocalRetriever, Request
-from models.stages.hanrag import ROUTE_SIGNAL, route_signal
+from models.retrieval.local import POOL_MAY_READ, POOL_READS, LocalRetriever, Request
+from models.stages.hanrag import ROUTE, ROUTE_SIGNAL, SUB_QUERIES, route_signal
 from models.stages.stage import STAGES, Stage, StageContext
 from models.stages.steps import finish, step
 from models.state import QueryState, Signal
@@ -88,7 +88,8 @@ class DualRAGSettings:
 class DualRAGStage(Stage):
     prompts = ("dualrag_reason", "dualrag_entities", "dualrag_summarise", "dualrag_answer")
     settings = DualRAGSettings
-    reads = frozenset({"candidates"})
+    reads = POOL_READS
+    may_read = POOL_MAY_READ
     writes = frozenset({"route", "sub_queries", "steps", "answer"})
     needs = frozenset({"llm", "embedder"})
     signals = ROUTE_SIGNAL
@@ -107,7 +108,7 @@ class DualRAGStage(Stage):
         progress = {id(s): Progress() for s in states}
         active, retrieved = list(states), list[QueryState]()
         for state in states:
-            state.route = state.route or "dualrag"
+            state[ROUTE] = state[ROUTE] or "dualrag"
         for _ in range(settings.max_iter):
             if not active or not ctx.can_step(STEP_COSTED_AS):
                 break
@@ -149,7 +150,7 @@ class DualRAGStage(Stage):
                                                   settings.max_keywords):
                 for keyword in keywords:
                     text = f"{entity} {keyword}".strip()
-                    state.sub_queries.append(text)
+                    state[SUB_QUERIES] = [*state[SUB_QUERIES], text]
                     requests.append((state, entity, Request(state, text, entity)))
         new: dict[tuple[int, str], tuple[QueryState, str, list[str]]] = {}
         for (state, entity, _), refs in zip(requests, retriever.search([r for _, _, r in requests], settings.top_k)):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from loguru import logger
 
 from models.llm.backend import Sample
-from models.retrieval.local import LocalRetriever, Request
+from models.retrieval.local import POOL_MAY_READ, POOL_READS, LocalRetriever, Request
 from models.stages.reasoning import parse_structured, reasoning_conversation
 from models.stages.stage import STAGES, Stage, StageContext
 from models.stages.steps import finish, step
@@ -47,22 +47,22 @@ def route(states: list[QueryState], ctx: StageContext) -> None:
     outputs = step(ctx, [prompt.render(query=s.query, query_time=s.query_time) for s in states],
                    ctx.section("hanrag").max_tokens, states)
     for state, output in zip(states, outputs):
-        state.route = read_route(output.text)
+        state[ROUTE] = read_route(output.text)
 
 
 # What the multi-hop methods add to a query, declared once here (by HANRAGStage) and written by hanrag, dualrag and
 # multihop: the route taken and the sub-questions asked; and the route as a signal, read off every query of a
 # strategy that names one of them.
-MULTI_HOP_FIELDS = {
-    "route": StateField(lambda: None, record=lambda value: value,
-                        doc="the multi-hop route taken (None where no multi-hop method read the query)"),
-    "sub_queries": StateField(list, record=list, doc="the sub-questions a multi-hop method asked"),
-}
+ROUTE = StateField[str | None]("route", lambda: None, record=lambda value: value,
+                               doc="the multi-hop route taken (None where no multi-hop method read the query)")
+SUB_QUERIES = StateField[list[str]]("sub_queries", list, record=list,
+                                    doc="the sub-questions a multi-hop method asked")
+MULTI_HOP_FIELDS = (ROUTE, SUB_QUERIES)
 ROUTE_SIGNAL = {"answer.route": "the multi-hop route taken (single without one)"}
 
 
 def route_signal(state: QueryState) -> dict[str, Signal]:
-    return {"answer.route": state.route or "single"}
+    return {"answer.route": state[ROUTE] or "single"}
 
 
 @dataclass
@@ -89,7 +89,8 @@ class HANRAGStage(Stage):
     fields = MULTI_HOP_FIELDS
     signals = ROUTE_SIGNAL
     sections = ("reasoning",)
-    reads = frozenset({"candidates"})
+    reads = POOL_READS
+    may_read = POOL_MAY_READ
     writes = frozenset({"route", "sub_queries", "steps", "answer"})
     needs = frozenset({"llm", "embedder"})
 
@@ -104,7 +105,7 @@ class HANRAGStage(Stage):
     def answer(self, states: list[QueryState], ctx: StageContext) -> None:
         """Answer routed queries, each by its route."""
         retriever = LocalRetriever(ctx.resource("embedder"))
-        by_route = {r: [s for s in states if s.route == r] for r in ROUTES}
+        by_route = {r: [s for s in states if s[ROUTE] == r] for r in ROUTES}
         self._straightforward(by_route["straightforward"], ctx)
         self._single_step(by_route["single-step"], ctx, retriever)
         self._compound(by_route["compound"], ctx, retriever)
@@ -136,8 +137,8 @@ class HANRAGStage(Stage):
                        settings.max_tokens, states)
         for state, output in zip(states, outputs):
             subs = [q.strip() for q in parse_llm_json(output.text, list) or [] if isinstance(q, str) and q.strip()]
-            state.sub_queries = subs[:settings.max_sub_queries] or [state.query]
-        items = [(s, q) for s in states for q in s.sub_queries]
+            state[SUB_QUERIES] = subs[:settings.max_sub_queries] or [state.query]
+        items = [(s, q) for s in states for q in s[SUB_QUERIES]]
         facts: dict[int, list[dict[str, str]]] = {id(s): [] for s in states}
         for (state, question), (answer, _) in zip(items, self.anrag(items, ctx, retriever)):
             facts[id(state)].append({"question": question, "answer": answer or IDK})
@@ -156,8 +157,8 @@ class HANRAGStage(Stage):
             asked = []
             for state, output in zip(active, outputs):
                 question = next_question(output.text)
-                if question and question not in state.sub_queries:
-                    state.sub_queries.append(question)
+                if question and question not in state[SUB_QUERIES]:
+                    state[SUB_QUERIES] = [*state[SUB_QUERIES], question]
                     asked.append((state, question))
             if not asked:
                 break  # the refiner has nothing new to ask

@@ -1,6 +1,6 @@
 """HASH-RAG as a retriever of the references stage (`references.retriever: hash`, docs/methods/hash-rag.md): each
 candidate is split into propositions (embedded in a second call); a hash index of the query's propositions ranks
-the candidates by their best proposition, and the propositions of the kept references go to `state.propositions`
+the candidates by their best proposition, and the propositions of the kept references go to `PROPOSITIONS`
 for the PGCC prompt. With `hash.units: llm` the LLM first rewrites each query's best chunks as propositions (one
 backend call for the batch).
 
@@ -24,7 +24,7 @@ from models.retrieval.dense import best_first
 from models.retrieval.hash_index import HashEngine, HashIndex, HashIndexError, HashModel, SearchSettings, load_model
 from models.stages.retrievers import RETRIEVERS, Pool, Retriever, split_rows
 from models.stages.stage import StageContext
-from models.state import QueryState, Reference, StateField
+from models.state import Evidence, QueryState, Reference, StateField
 from utils.chunking import sentence_units
 
 
@@ -156,12 +156,16 @@ def build_hash_model(config: SystemConfig, prompts: PromptLibrary, built: dict[s
     return load_model(resolve_path(settings.model), embedder=getattr(built.get("embedder"), "name", ""))
 
 
+PROPOSITIONS = StateField[list[Proposition]](
+    "propositions", list, load=lambda rows: [Proposition(**row) for row in rows],
+    evidence=Evidence("Key propositions", "proposition", listed=False),
+    doc="the propositions that selected the references, for the PGCC prompt (empty with dense retrieval)")
+
+
 @RETRIEVERS.register("hash")
 class HashRetriever(Retriever):
     settings = HashKeys
-    fields = {"propositions": StateField(
-        list, load=lambda rows: [Proposition(**row) for row in rows],
-        doc="the propositions that selected the references, for the PGCC prompt (empty with dense retrieval)")}
+    fields = (PROPOSITIONS,)
     resources = {"hash_model": Resource(build_hash_model, ("embedder",), "HASH-RAG's hash layer (retriever hash only)")}
     prompts = ("propositions",)  # used only with references.hash.units: llm
     needs = frozenset({"hash_model", "llm"})
@@ -186,5 +190,5 @@ class HashRetriever(Retriever):
         unit_texts, _ = self.units[number]
         units = pool.units or []
         shown = ctx.section("references", HashKeys).hash.propositions
-        state.propositions = [Proposition(units[c], unit_texts[units[c]], rank + 1, refs[pool.indices[c]].page_name,
+        state[PROPOSITIONS] = [Proposition(units[c], unit_texts[units[c]], rank + 1, refs[pool.indices[c]].page_name,
                                           float(pool.scores[c])) for rank, c in enumerate(chosen[:shown])]

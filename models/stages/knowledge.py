@@ -11,16 +11,25 @@ from models.estimates import StagePlan, template_tokens
 from models.prompting import PromptLibrary
 from models.stages.reasoning import END, parse_whole
 from models.stages.stage import STAGES, Stage, StageContext
-from models.state import QueryState
-from utils.answers import INVALID
+from models.state import Evidence, QueryState, Signal, StateField
+from utils.answers import INVALID, is_idk, normalize_text
+
+KNOWLEDGE = StateField[str | None](
+    "knowledge", lambda: None, record=lambda value: value,
+    # a model's answer without references: shown only where a prompt names it, never listed as evidence
+    evidence=Evidence("Answer from another agent (without references)", "answer",
+                      lines=lambda value: [value] if value else [], listed=False),
+    doc='the knowledge extractor\'s answer ("an answer from another agent"), None where it gave none')
 
 
 @STAGES.register("knowledge")
 class KnowledgeStage(Stage):
     prompts = ("knowledge",)
     sections = ("knowledge",)
+    fields = (KNOWLEDGE,)
     writes = frozenset({"knowledge"})
     needs = frozenset({"llm"})
+    signals = {"knowledge.agrees": "whether the knowledge extractor's answer equals the answer (None without one)"}
 
     @classmethod
     def estimate(cls, config: SystemConfig, prompts: PromptLibrary) -> list[StagePlan]:
@@ -29,6 +38,12 @@ class KnowledgeStage(Stage):
     @classmethod
     def active(cls, config: SystemConfig) -> bool:
         return config.knowledge.enabled
+
+    @classmethod
+    def outcome(cls, state: QueryState) -> dict[str, Signal]:
+        knowledge = state[KNOWLEDGE]
+        return {"knowledge.agrees": None if knowledge is None or is_idk(knowledge)
+                else normalize_text(knowledge) == normalize_text(state.answer or "")}
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
         prompt = ctx.prompt("knowledge")
@@ -39,4 +54,4 @@ class KnowledgeStage(Stage):
         for state, samples in zip(states, outputs):
             parsed = parse_whole(samples[0]) if samples else None
             if parsed is not None:
-                state.knowledge = INVALID if parsed.false_premise else parsed.answer
+                state[KNOWLEDGE] = INVALID if parsed.false_premise else parsed.answer

@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from models.config import SystemConfig
+from models.retrieval.local import POOL_MAY_READ, POOL_READS
 from models.stages.dualrag import DualRAGStage
-from models.stages.hanrag import MULTI_HOP, ROUTE_SIGNAL, HANRAGStage, route, route_signal
+from models.stages.hanrag import MULTI_HOP, ROUTE, ROUTE_SIGNAL, HANRAGStage, route, route_signal
 from models.stages.stage import STAGES, Stage, StageContext
 from models.state import QueryState, Signal
 
@@ -19,7 +20,8 @@ from models.state import QueryState, Signal
 class MultiHopHandoff(Stage):
     prompts = tuple(dict.fromkeys((*HANRAGStage.prompts, *DualRAGStage.prompts)))
     sections = ("hanrag", "dualrag", "reasoning")
-    reads = frozenset({"candidates"})
+    reads = POOL_READS
+    may_read = POOL_MAY_READ
     writes = frozenset({"route", "sub_queries", "steps", "answer"})
     needs = frozenset({"llm", "embedder"})
     signals = ROUTE_SIGNAL
@@ -37,6 +39,6 @@ class MultiHopHandoff(Stage):
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
         route(states, ctx)
-        chosen = [s for s in states if s.route in MULTI_HOP]
+        chosen = [s for s in states if s[ROUTE] in MULTI_HOP]
         if chosen:
             self.target.answer(chosen, ctx)

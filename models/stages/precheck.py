@@ -1,5 +1,5 @@
 """precheck: the dynamic pre-check (the seed's section 4.7): a query predicted to change fast answers "i don't know"
-before the page and LLM stages, unless the KG brought something."""
+before the page and LLM stages, unless evidence of a source of its own (the KG's rows) came first."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from models.config import SystemConfig
 from models.stages.stage import STAGES, Stage, StageContext
-from models.state import QueryState
+from models.state import EVIDENCE, QueryState
 from utils.answers import IDK
 
 
@@ -27,6 +27,7 @@ class DynamicPrecheck(Stage):
     section_keys = {"answer": DynamicIDKSettings}
     sections = ("attributes",)
     reads = frozenset({"dynamism"})
+    may_read = frozenset({EVIDENCE})
     writes = frozenset({"answer"})
 
     @classmethod
@@ -36,6 +37,6 @@ class DynamicPrecheck(Stage):
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
         dynamic = set(ctx.section("attributes").dynamic_classes)
         for state in states:
-            if state.dynamism in dynamic and not state.kg_results:
+            if state.dynamism in dynamic and not state.grounded():
                 state.finish(IDK, f"predicted {state.dynamism}: answers that change this fast are not attempted "
                                   "without a KG result")

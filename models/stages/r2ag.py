@@ -89,11 +89,15 @@ def relevance_order(probabilities: np.ndarray, threshold: float, min_keep: int) 
     return order[:max(passing, min(min_keep, len(order)))]
 
 
+RETRIEVAL_FEATURES = StateField[list[list[float]] | None](
+    "retrieval_features", lambda: None,
+    doc="prompt mode: (relevance, precedent, neighbour) per reference, aligned with `references`")
+
+
 @STAGES.register("r2ag")
 class R2AGStage(Stage):
     settings = R2AGSettings
-    fields = {"retrieval_features": StateField(
-        lambda: None, doc="prompt mode: (relevance, precedent, neighbour) per reference, aligned with `references`")}
+    fields = (RETRIEVAL_FEATURES,)
     resources = {"r2former": Resource(build_r2former, ("llm", "embedder"), "the R2AG head (r2ag.enabled only)")}
     reads = frozenset({"references", "reference_vectors", "query_vector"})
     writes = frozenset({"references", "reference_vectors", "retrieval_features"})
@@ -122,7 +126,7 @@ class R2AGStage(Stage):
             refs = [replace(ref, relevance=float(p)) for ref, p in zip(state.references, probs)]
             if head.prompting:
                 state.references = refs
-                state.retrieval_features = feats.tolist()
+                state[RETRIEVAL_FEATURES] = feats.tolist()
                 continue
             kept = relevance_order(probs, settings.threshold, settings.min_keep)
             state.references = [refs[i] for i in kept]

@@ -13,9 +13,10 @@ from models.config import SystemConfig
 from models.estimates import StagePlan, template_tokens, tokens
 from models.kg.settings import KGSettings
 from models.llm.backend import Conversation, Sample, cut_short, failure_of, span_logprobs
-from models.prompting import Messages, Prompt, PromptLibrary
+from models.prompting import Messages, Prompt, PromptLibrary, render_with_evidence
+from models.stages.r2ag import RETRIEVAL_FEATURES
 from models.stages.stage import STAGES, Stage, StageContext
-from models.state import QueryState, Reference
+from models.state import EVIDENCE, QueryState, Reference
 from utils.answers import IDK, INVALID, normalize_text
 
 START, END = "===START===", "===END==="
@@ -92,14 +93,11 @@ def prompt_evidence(state: QueryState, max_chars: int, markers: int = 0) -> tupl
 
 
 def reasoning_conversation(prompt: Prompt, state: QueryState, max_chars: int, markers: int = 0) -> Messages:
-    """The reasoning prompt for `state`; with `markers`, its first references carry retrieval markers."""
+    """The reasoning prompt for `state`, with every block of evidence the stages wrote; with `markers`, its first
+    references carry retrieval markers."""
     texts, tables = prompt_evidence(state, max_chars, markers)
-    values = dict(query=state.query, query_time=state.query_time, references=texts, tables=tables,
-                  kg_references=state.kg_results, calculations=state.calculations, other_answer=state.knowledge)
-    if "propositions" in prompt.variables:  # HASH-RAG's PGCC variant (prompts/pgcc.yaml)
-        shown = len(texts) + len(tables)
-        values["propositions"] = [asdict(p) for p in state.propositions if p.reference <= shown]
-    return prompt.render(**values)
+    return render_with_evidence(prompt, state, query=state.query, query_time=state.query_time, references=texts,
+                                tables=tables)
 
 
 def place_embeddings(conversation: Messages, vectors: np.ndarray, placeholder: str
@@ -145,6 +143,7 @@ class ReasoningStage(Stage):
     prompts = ("reasoning", "summariser")
     sections = ("reasoning",)
     reads = frozenset({"references"})
+    may_read = frozenset({EVIDENCE, "retrieval_features"})
     writes = frozenset({"answer", "llm_output"})
     needs = frozenset({"llm", "r2former"})
     signals = {"reasoning.answer_logprob_mean": "the mean log-probability of the answer line's tokens (None where "
@@ -226,9 +225,9 @@ class ReasoningStage(Stage):
     @staticmethod
     def _retrieval_embeddings(states: list[QueryState], ctx: StageContext) -> list[np.ndarray | None]:
         """Per query, the R2-Former's projected embedding of each reference (None without retrieval features)."""
-        having = [s for s in states if s.retrieval_features]
+        having = [s for s in states if s[RETRIEVAL_FEATURES]]
         head = ctx.resource("r2former")
-        _, projected = head.run([np.asarray(s.retrieval_features, dtype=np.float32) for s in having])
+        _, projected = head.run([np.asarray(s[RETRIEVAL_FEATURES], dtype=np.float32) for s in having])
         by_state = {id(s): rows for s, rows in zip(having, projected)}
         return [by_state.get(id(s)) for s in states]
 
@@ -251,8 +250,8 @@ class ReasoningStage(Stage):
                         [s.interaction_id for s in states])
         prompt = ctx.prompt("summariser")
         settings = ctx.settings
-        conversations = [prompt.render(query=s.query, query_time=s.query_time,
-                                       references=prompt_evidence(s, settings.max_reference_chars)[0])
+        conversations = [render_with_evidence(prompt, s, query=s.query, query_time=s.query_time,
+                                              references=prompt_evidence(s, settings.max_reference_chars)[0])
                          for s in states]
         outputs = ctx.generate(conversations, owners=states, max_tokens=settings.summariser_max_tokens,
                                deadline=deadline, logprobs=True)

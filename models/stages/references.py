@@ -125,7 +125,7 @@ class ReferencesStage(Stage):
     prompts = tuple(dict.fromkeys(name for cls in _RETRIEVERS for name in cls.prompts))
     sections = ("references",)
     writes = frozenset({"references", "reference_vectors", "query_vector", "candidates", "candidate_vectors",
-                        *(name for cls in _RETRIEVERS for name in cls.fields)})
+                        *(spec.name for cls in _RETRIEVERS for spec in cls.fields)})
     needs = frozenset({"pages", "embedder", "reranker", *(name for cls in _RETRIEVERS for name in cls.needs)})
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:

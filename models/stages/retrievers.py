@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -37,7 +37,7 @@ class Retriever:
 
     name: ClassVar[str] = ""
     settings: ClassVar[type | None] = None  # keys of the `references` section (a dataclass)
-    fields: ClassVar[dict[str, StateField]] = {}
+    fields: ClassVar[tuple[StateField[Any], ...]] = ()
     resources: ClassVar[dict[str, Resource]] = {}
     prompts: ClassVar[tuple[str, ...]] = ()
     needs: ClassVar[frozenset[str]] = frozenset()

@@ -9,9 +9,10 @@ A stage is one class in one file:
         settings = MySettings           # a dataclass: the config section `my_stage`, ctx.settings
         section_keys = {"answer": MyKeys}  # keys it adds to a section several stages share (ctx.section)
         sections = ("reasoning",)       # other config sections it reads (ctx.section)
-        fields = {"my_field": StateField(list, record=list)}   # QueryState fields it adds
+        fields = (MY_FIELD,)            # QueryState fields it adds: MY_FIELD = StateField("my_field", list, ...)
         resources = {"my_index": Resource(build, depends=("embedder",))}  # resources it adds
         reads = frozenset({"references"})   # QueryState fields some earlier stage must write
+        may_read = frozenset({"evidence"})  # fields it reads where a stage wrote them ("evidence": every block)
         writes = frozenset({"my_field"})    # QueryState fields it sets
         needs = frozenset({"llm", "my_index"})  # resources it uses (models/resources.py)
         signals = {"my_stage.score": "what it means"}  # the answer gate's signals it writes
@@ -29,7 +30,8 @@ and one name in a strategy (`strategies:` in the config); a built-in stage's mod
 models/config/schema.py STAGE_MODULES. Registering the class registers what it adds; the
 stage is refused at import when it reads, writes or needs what nothing declares. CragSystem builds only the
 resources the chosen stages need and refuses a pipeline in which a stage reads a field that no earlier stage
-writes.
+writes. While a stage runs, its states refuse a field it does not declare (models/state.py `guarded`): a stage's
+declarations are what its code touches, or it fails.
 """
 
 from __future__ import annotations
@@ -54,12 +56,16 @@ from models.resources import RESOURCES, Resource, add_resource
 from models.state import (
     ADDED_FIELDS,
     BATCH_INPUTS,
+    EVIDENCE,
+    OPEN_WRITES,
     QUERY_STATE_FIELDS,
+    Ports,
     QueryState,
     Signal,
     StageRecord,
     StateField,
     add_field,
+    guarded,
 )
 from utils.answers import IDK
 from utils.time_budget import Deadline
@@ -73,9 +79,10 @@ class Stage:
     settings: ClassVar[type | None] = None
     section_keys: ClassVar[dict[str, type]] = {}
     sections: ClassVar[tuple[str, ...]] = ()
-    fields: ClassVar[dict[str, StateField]] = {}
+    fields: ClassVar[tuple[StateField[Any], ...]] = ()
     resources: ClassVar[dict[str, Resource]] = {}
     reads: ClassVar[frozenset[str]] = frozenset()
+    may_read: ClassVar[frozenset[str]] = frozenset()
     writes: ClassVar[frozenset[str]] = frozenset()
     needs: ClassVar[frozenset[str]] = frozenset()
     signals: ClassVar[dict[str, str]] = {}
@@ -100,6 +107,11 @@ class Stage:
         strategy names, switched on or not, so a signal has a value whether the stage ran or not); none by
         default."""
         return {}
+
+    @classmethod
+    def ports(cls) -> Ports:
+        """The fields its code may touch while it runs: what it reads, may read and writes."""
+        return Ports(cls.name, cls.reads | cls.may_read | cls.writes, cls.writes | OPEN_WRITES)
 
     def declared_signals(self) -> set[str]:
         """The signals this stage may write: those it declares in `signals`."""
@@ -141,7 +153,7 @@ STAGES = StageRegistry("stage", Stage)
 
 
 @contextlib.contextmanager
-def declaring(what: str, owner: str, sections: Iterable[tuple[str, type, bool]], fields: dict[str, StateField],
+def declaring(what: str, owner: str, sections: Iterable[tuple[str, type, bool]], fields: Iterable[StateField[Any]],
               resources: dict[str, Resource]) -> Iterator[None]:
     """Register what `what` (a stage, a retriever) declared in module `owner` adds: config keys (section name,
     dataclass, whether the section is shared), QueryState fields and resources. Where that or the block raises a
@@ -152,8 +164,8 @@ def declaring(what: str, owner: str, sections: Iterable[tuple[str, type, bool]],
         try:
             for section, settings, shared in sections:
                 add_section(section, settings, owner, shared)
-            for field_name, spec in fields.items():
-                add_field(field_name, spec, owner)
+            for spec in fields:
+                add_field(spec, owner)
             for resource_name, resource in resources.items():
                 add_resource(resource_name, resource, owner)
         except ValueError as err:
@@ -169,8 +181,8 @@ def declaring(what: str, owner: str, sections: Iterable[tuple[str, type, bool]],
 def _check(name: str, cls: type[Stage]) -> None:
     """Check that what stage `name` reads, writes, needs and is configured by is declared somewhere; RegistryError
     naming the stage where not."""
-    if unknown := (set(cls.reads) | set(cls.writes)) - QUERY_STATE_FIELDS - set(ADDED_FIELDS):
-        raise RegistryError(f"stage {name!r}: reads/writes name no QueryState field: {sorted(unknown)}")
+    if unknown := set(cls.reads | cls.may_read | cls.writes) - QUERY_STATE_FIELDS - set(ADDED_FIELDS) - {EVIDENCE}:
+        raise RegistryError(f"stage {name!r}: reads/may_read/writes name no QueryState field: {sorted(unknown)}")
     if unknown := set(cls.needs) - set(RESOURCES):
         raise RegistryError(f"stage {name!r}: needs unknown resources {sorted(unknown)}; known: "
                             f"{', '.join(RESOURCES)}")
@@ -307,7 +319,8 @@ def run_alone(stage: Stage, states: list[QueryState], config: SystemConfig, reso
     """Run one stage outside CragSystem (training tools, benchmarks, tests) in a batch of its own: these
     resources, `seconds` to spend, errors raised."""
     batch = Batch(config, Deadline(seconds), prompts or PromptLibrary(config.prompts), resources)
-    stage.run(states, batch.context(stage))
+    with guarded(stage.ports(), states):
+        stage.run(states, batch.context(stage))
 
 
 def well_formed(outputs: Any, count: int, stage: str) -> list[list[Sample]]:
@@ -324,18 +337,30 @@ def well_formed(outputs: Any, count: int, stage: str) -> list[list[Sample]]:
     return fixed
 
 
-# What a stage may change beyond its declared writes: state.finish(), ctx.generate's step count, failed calls and
-# prompts, and its confidence signals.
-_ALWAYS_WRITTEN = frozenset({"answer", "done", "done_reason", "steps", "llm_failures", "prompts", "signals"})
-
-
 def _copy(value: Any) -> Any:
     """A copy to put back after a failed run; arrays are replaced by stages, never changed in place."""
     return value if isinstance(value, np.ndarray) else copy.deepcopy(value)
 
 
-def _snapshot(stage: Stage, state: QueryState) -> dict[str, Any]:
-    return {name: _copy(getattr(state, name)) for name in stage.writes | _ALWAYS_WRITTEN}
+Snapshot = tuple[dict[str, Any], dict[str, Any]]
+
+
+def _snapshot(stage: Stage, state: QueryState) -> Snapshot:
+    """What `stage` may change on `state`, copied: its core fields (every stage's open ones among them) and the
+    values of the added fields it writes."""
+    core = {name: _copy(getattr(state, name)) for name in (stage.writes & QUERY_STATE_FIELDS | OPEN_WRITES) - {"trace"}}
+    return core, {name: _copy(state.added[name]) for name in stage.writes - QUERY_STATE_FIELDS if name in state.added}
+
+
+def _restore(stage: Stage, state: QueryState, snapshot: Snapshot) -> None:
+    core, added = snapshot
+    for name, value in core.items():
+        setattr(state, name, value)
+    for name in stage.writes - QUERY_STATE_FIELDS:
+        if name in added:
+            state.added[name] = added[name]
+        else:
+            state.added.pop(name, None)
 
 
 def _run_isolated(stage: Stage, group: list[QueryState], batch: Batch, needed: float,
@@ -346,16 +371,16 @@ def _run_isolated(stage: Stage, group: list[QueryState], batch: Batch, needed: f
     their errors; a group the deadline leaves no time to split fails whole."""
     saved = [_snapshot(stage, state) for state in group]
     try:
-        stage.run(group, batch.context(stage))
+        with guarded(stage.ports(), group):
+            stage.run(group, batch.context(stage))
         undeclared = sorted({name for state in group for name in state.signals} - stage.declared_signals()
-                            - {name for snapshot in saved for name in snapshot["signals"]})
+                            - {name for core, _ in saved for name in core["signals"]})
         if undeclared:
             raise RegistryError(f"stage {stage.name!r} wrote signals it does not declare in `signals`: {undeclared}")
         return []
     except Exception as err:  # one query's bad input or reply must not cost the batch its answers
         for state, snapshot in zip(group, saved):
-            for name, value in snapshot.items():
-                setattr(state, name, value)
+            _restore(stage, state, snapshot)
         if len(group) == 1:
             return [(group[0], err)]
         if not always and not batch.deadline.can_afford(needed):

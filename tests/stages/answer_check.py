@@ -51,12 +51,15 @@ def build_similarity(config: SystemConfig, prompts: PromptLibrary, built: dict[s
     return Similarity(built["embedder"])
 
 
+SUPPORT = StateField[str | None]("support", lambda: None, record=lambda value: value,
+                                 doc="the check's verdict: supported, unsupported, or None where it did not run")
+
+
 @STAGES.register("answer_check")
 class AnswerCheck(Stage):
     prompts = ("answer_check",)
     settings = AnswerCheckSettings
-    fields = {"support": StateField(lambda: None, record=lambda value: value,
-                                    doc="the check's verdict: supported, unsupported, or None where it did not run")}
+    fields = (SUPPORT,)
     resources = {"answer_similarity": Resource(build_similarity, depends=("embedder",),
                                                doc="answer-to-text cosine similarity by the embedder")}
     reads = frozenset({"answer", "references"})
@@ -83,6 +86,6 @@ class AnswerCheck(Stage):
         for state, samples in zip(answered, replies):
             state.signals["answer_check.similarity"] = similarity(state.answer, state.references[0].text)
             supported = bool(samples) and samples[0].text.strip().lower().startswith("yes")
-            state.support = "supported" if supported else "unsupported"
+            state[SUPPORT] = "supported" if supported else "unsupported"
             if not supported and settings.withhold:
                 state.finish(IDK, "answer_check: the references do not support the answer")

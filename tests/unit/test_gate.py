@@ -10,8 +10,8 @@ from evaluation.gate_fit import Labelled, TooFewLabels, fit_gate, label_records
 from evaluation.judge import judge_records
 from evaluation.metrics import Scores
 from evaluation.verdicts import CORRECT, MISS, WRONG
-from models.config import ConfigError
-from models.gate.answer_gate import Column, Gate, GateError, gate_settings, signal_setup
+from models.config import REPO_ROOT, ConfigError
+from models.gate.answer_gate import Column, Gate, GateError, gate_for, gate_settings, signal_setup
 from models.llm.profile import load_profile
 from models.llm.weights import FOLDER_FORMAT, content_hash
 from models.prompting import PromptLibrary
@@ -263,6 +263,22 @@ def test_a_gate_of_another_setup_is_refused_before_anything_loads(cpu_config, tm
     with pytest.raises(ConfigError, match="answer.gate: .*missing.json: not a readable gate file"):
         CragSystem(cpu_config)
     assert built == []
+
+
+def test_a_gate_follows_the_prompts_its_setup_renders(cpu_config, tmp_path):
+    # the reasoning prompt off: an edit to it moves no signal, so the gate stands; an edit to the summariser, which
+    # then answers every query, is refused
+    cpu_config.reasoning.max_tokens = 0
+    gate_settings(cpu_config).gate = str(tmp_path / "gate.json")
+    number_gate(cpu_config, tmp_path / "gate.json")
+    for name in ("reasoning", "summariser"):
+        text = (REPO_ROOT / "prompts" / f"{name}.yaml").read_text(encoding="utf-8")
+        (tmp_path / f"{name}.yaml").write_text(text.replace("question", "query"), encoding="utf-8")
+    cpu_config.prompts = {"reasoning": str(tmp_path / "reasoning.yaml")}
+    gate_for(cpu_config, PromptLibrary(cpu_config.prompts))
+    cpu_config.prompts = {"summariser": str(tmp_path / "summariser.yaml")}
+    with pytest.raises(ConfigError, match=r"fit on another setup than this config's \(prompts.summariser"):
+        gate_for(cpu_config, PromptLibrary(cpu_config.prompts))
 
 
 def test_a_gate_fit_on_the_base_is_refused_for_its_fine_tuned_folder(cpu_config, tmp_path):

@@ -16,7 +16,7 @@ from models.retrieval.hash_index import (
     sign_bits,
     within_widening_radius,
 )
-from models.stages.hash_retriever import hash_settings, read_propositions
+from models.stages.hash_retriever import PROPOSITIONS, hash_settings, read_propositions
 from models.state import QueryState, Reference
 from tests.conftest import to_batch
 from tests.fakes import HashEmbedder, ScriptedLLM, by_prompt
@@ -352,8 +352,8 @@ def test_hybrid_with_the_hash_index_answers_through_pgcc(make_system, hash_confi
 def test_hash_retrieval_fills_propositions_from_chosen_references(hash_config, sample_examples):
     state = run_references(hash_config, ScriptedLLM(), sample_examples[0])
     assert state.references and len(state.reference_vectors) == len(state.references)
-    assert 0 < len(state.propositions) <= hash_settings(hash_config).propositions
-    for prop in state.propositions:
+    assert 0 < len(state[PROPOSITIONS]) <= hash_settings(hash_config).propositions
+    for prop in state[PROPOSITIONS]:
         reference: Reference = state.references[prop.reference - 1]
         assert prop.text in reference.text and prop.page_name == reference.page_name
     scores = [r.score for r in state.references if r.kind != "table"]
@@ -388,7 +388,7 @@ def test_llm_propositions_index_the_best_chunks(hash_config, sample_examples):
     (conversations, params), = llm.calls
     assert len(conversations) == 2 and params.max_tokens == hash_settings(hash_config).llm_max_tokens
     assert "Page: " in conversations[0][1]["content"]
-    assert state.propositions[0].text == fact  # the LLM's proposition matches the question best
+    assert state[PROPOSITIONS][0].text == fact  # the LLM's proposition matches the question best
 
 
 def test_llm_propositions_are_recorded_on_the_query_of_their_chunk(make_system, hash_config, sample_examples):
@@ -417,8 +417,8 @@ def test_failed_proposition_extraction_falls_back_to_sentences(hash_config, samp
         raise RuntimeError("backend down")
 
     state = run_references(hash_config, ScriptedLLM(broken), sample_examples[0])
-    assert state.references and state.propositions
-    assert all(p.text in state.references[p.reference - 1].text for p in state.propositions)
+    assert state.references and state[PROPOSITIONS]
+    assert all(p.text in state.references[p.reference - 1].text for p in state[PROPOSITIONS])
     assert "proposition extraction failed, chunks are split into sentences: backend down" in caplog_loguru.text
 
 
@@ -438,4 +438,4 @@ def test_propositions_survive_the_tuning_cache(hash_config, sample_examples):
 
     state = run_references(hash_config, ScriptedLLM(), sample_examples[0])
     restored = state_from_json(json.loads(json.dumps(state_to_json(state))), state.pages)
-    assert restored.propositions == state.propositions and restored.propositions
+    assert restored[PROPOSITIONS] == state[PROPOSITIONS] and restored[PROPOSITIONS]

@@ -5,9 +5,10 @@ import re
 
 import pytest
 
+from models.kg.kg_stage import KG_RESULTS
 from models.retrieval.local import LocalRetriever, Request
 from models.stages.dualrag import link_entity, read_entities, read_reasoning
-from models.stages.hanrag import read_route
+from models.stages.hanrag import SUB_QUERIES, read_route
 from models.stages.stage import run_stage
 from models.state import QueryState, Reference
 from tests.conftest import stage_of, to_batch
@@ -176,7 +177,7 @@ def test_the_deadline_cuts_the_loop_and_answers_with_what_is_known(make_system, 
     run_stage(stage_of(system, "references"), states, batch)
     run_stage(stage_of(system, "hanrag"), states, batch)
     state = states[0]
-    assert state.sub_queries == ["q1?"]  # one round of the ten allowed fit
+    assert state[SUB_QUERIES] == ["q1?"]  # one round of the ten allowed fit
     assert state.done and state.answer == "i don't know" and "no time left" in state.done_reason
     assert not calls_of(llm, "hanrag_aggregate")  # nothing started after the deadline
 
@@ -188,7 +189,7 @@ def test_local_retriever_searches_each_querys_own_pool_with_kg_lines():
     a = QueryState(0, "a", "q", "", [])
     a.candidates = [Reference("lennon was born in liverpool", "chunk"), Reference("paris is in france", "chunk")]
     a.candidate_vectors = embedder.encode([r.text for r in a.candidates])
-    a.kg_results = ["music_get_artist_birth_date(artist_name='John Lennon'): 1940-10-09"]
+    a[KG_RESULTS] = ["music_get_artist_birth_date(artist_name='John Lennon'): 1940-10-09"]
     b = QueryState(1, "b", "q", "", [])
     retriever = LocalRetriever(embedder)
     hits = retriever.search([Request(a, "where was lennon born"), Request(b, "anything"),

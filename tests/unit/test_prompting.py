@@ -1,6 +1,8 @@
 import pytest
 
-from models.prompting import PROMPT_DIR, PromptError, PromptLibrary, load_prompt
+import models.stages  # noqa: F401  (registers the stages' fields)
+from models.prompting import PROMPT_DIR, PromptError, PromptLibrary, load_prompt, render_with_evidence
+from models.state import QueryState
 from tests.conftest import write
 
 GOOD = "variables: [query]\nsystem: Be brief.\nuser: 'Q: {{ query }}'\n"
@@ -42,27 +44,27 @@ def test_config_override_points_at_variant(tmp_path):
         library.get("nonexistent")
 
 
+def _state(**fields):
+    from models.kg.kg_stage import KG_RESULTS
+    from models.stages.calculator import CALCULATIONS
+    from models.stages.knowledge import KNOWLEDGE
+
+    state = QueryState(0, "id", "who?", "03/01/2024", [])
+    for spec, value in ((KG_RESULTS, fields.get("kg")), (CALCULATIONS, fields.get("calculations")),
+                        (KNOWLEDGE, fields.get("knowledge"))):
+        if value is not None:
+            state[spec] = value
+    return state
+
+
 def test_shipped_reasoning_prompt_renders_every_section():
-    messages = (
-        PromptLibrary()
-        .get("reasoning")
-        .render(
-            query="who?",
-            query_time="03/01/2024",
-            references=[
-                {
-                    "text": "Nolan directed it.",
-                    "page_name": "Inception",
-                    "page_last_modified": "2024",
-                    "retrieval_marker": "",
-                }
-            ],
-            tables=[{"text": "Page name: T\n| a | b |", "retrieval_marker": ""}],
-            kg_references=["movie: Inception, director: Nolan"],
-            calculations=["2024 - 2010 = 14"],
-            other_answer="christopher nolan",
-        )
-    )
+    state = _state(kg=["movie: Inception, director: Nolan"], calculations=["2024 - 2010 = 14"],
+                   knowledge="christopher nolan")
+    messages = render_with_evidence(
+        PromptLibrary().get("reasoning"), state, query="who?", query_time="03/01/2024",
+        references=[{"text": "Nolan directed it.", "page_name": "Inception", "page_last_modified": "2024",
+                     "retrieval_marker": ""}],
+        tables=[{"text": "Page name: T\n| a | b |", "retrieval_marker": ""}])
     user = messages[1]["content"]
     assert "[1] Inception (updated 2024)" in user and "Nolan directed it." in user and "who?" in user
     for section in ("### Tables", "| a | b |", "### Knowledge graph", "director: Nolan", "### Calculation results",
@@ -70,13 +72,23 @@ def test_shipped_reasoning_prompt_renders_every_section():
                     "Current time: 03/01/2024"):
         assert section in user
     assert "## False Premise:" in messages[0]["content"]
+    assert not state.unshown
 
 
 def test_reasoning_prompt_leaves_out_empty_sections():
-    user = PromptLibrary().get("reasoning").render(query="q", query_time="t", references=[], tables=[],
-                                                   kg_references=[], calculations=[], other_answer=None)[1]["content"]
+    # the evidence variables no stage fed are optional: rendered as none, not refused
+    user = render_with_evidence(PromptLibrary().get("reasoning"), _state(), query="q", query_time="t", references=[],
+                                tables=[])[1]["content"]
     assert "(none)" in user
     assert not any(s in user for s in ("### Tables", "### Knowledge graph", "### Calculation", "another agent"))
+
+
+def test_evidence_a_prompt_does_not_show_is_in_the_record():
+    # the summariser shows the references alone: the KG's rows it leaves out are named on the query's record
+    state = _state(kg=["movie: Inception, director: Nolan"], knowledge="nolan")
+    render_with_evidence(PromptLibrary().get("summariser"), state, query="q", query_time="t", references=[])
+    assert state.unshown == ["summariser: kg_results", "summariser: knowledge"]
+    assert state.record()["unshown"] == state.unshown
 
 
 @pytest.mark.parametrize("name", ["reasoning", "summariser", "knowledge", "calculator", "attributes"])

@@ -18,7 +18,7 @@ from models.retrieval.r2former_head import (
     retrieval_features,
     save_checkpoint,
 )
-from models.stages.r2ag import relevance_order
+from models.stages.r2ag import RETRIEVAL_FEATURES, relevance_order
 from models.stages.reasoning import fit_references, place_embeddings
 from models.state import QueryState, Reference
 from tests.conftest import to_batch, write
@@ -243,9 +243,9 @@ def test_prompt_mode_injects_one_embedding_per_reference_shown(make_system, cpu_
     assert system.batch_generate_answer(to_batch(sample_examples[:2])) == ["paris", "paris"]
     (conversations, embeddings), = llm.embedded
     for state, conversation, rows in zip(states, conversations, embeddings):
-        np.testing.assert_allclose(state.retrieval_features,
+        np.testing.assert_allclose(state[RETRIEVAL_FEATURES],
                                    retrieval_features(state.query_vector, state.reference_vectors), atol=1e-6)
-        _, (projected,) = system.resource("r2former").run([np.asarray(state.retrieval_features, dtype=np.float32)])
+        _, (projected,) = system.resource("r2former").run([np.asarray(state[RETRIEVAL_FEATURES], dtype=np.float32)])
         shown = fit_references(state.references, cpu_config.reasoning.max_reference_chars)
         embedded = min(len(shown), system.resource("r2former").model.config.max_refs)  # the rest are shown without one
         order = [i for i, r in enumerate(shown) if r.kind != "table" and i < embedded] + [

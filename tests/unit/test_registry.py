@@ -148,7 +148,7 @@ def test_undeclared_prompts_resources_and_sections_fail_the_stage(make_system, s
 
 
 def test_registrations_are_checked_where_they_are_written():
-    with pytest.raises(RegistryError, match="reads/writes name no QueryState field: \\['refs'\\]"):
+    with pytest.raises(RegistryError, match="reads/may_read/writes name no QueryState field: \\['refs'\\]"):
         STAGES.register("bad_fields")(type("Bad", (Stage,), {"reads": frozenset({"refs"})}))
     with pytest.raises(RegistryError, match="needs unknown resources \\['gpu'\\]"):
         STAGES.register("bad_needs")(type("Bad", (Stage,), {"needs": frozenset({"gpu"})}))
@@ -195,9 +195,9 @@ def test_what_a_stage_adds_is_refused_where_it_clashes_or_names_nothing(registri
     STAGES.register("adds_settings")(stage(settings=Settings))
     assert STAGES.get("adds_settings").sections == ("adds_settings",)
     with pytest.raises(RegistryError, match="field 'answer' is already a QueryState field"):
-        STAGES.register("adds_answer")(stage(fields={"answer": StateField(str)}))
+        STAGES.register("adds_answer")(stage(fields=(StateField("answer", str),)))
     with pytest.raises(RegistryError, match="field 'reason' is already a QueryState field or a key of its record"):
-        STAGES.register("adds_reason")(stage(fields={"reason": StateField(str)}))
+        STAGES.register("adds_reason")(stage(fields=(StateField("reason", str),)))
     with pytest.raises(RegistryError, match="resource 'index' depends on unknown resources \\['gpu'\\]"):
         STAGES.register("adds_index")(stage(resources={"index": Resource(lambda *a: None, depends=("gpu",))}))
     with pytest.raises(RegistryError, match="resource 'llm' is already declared by models.resources"):

@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from models.kg.kg_stage import KG_RESULTS
 from models.llm.backend import Sample, span_logprobs
 from tests.conftest import to_batch
 from tests.fakes import ScriptedLLM, by_prompt
@@ -109,7 +110,7 @@ def test_support_is_the_share_of_the_answer_s_content_words_in_the_evidence():
     state = QueryState(0, "q", "who directed inception?", "", [], references=[
         Reference("Inception was directed by Christopher Nolan.", "chunk", score=0.4),
         Reference("The film stars Leonardo DiCaprio.", "chunk", score=0.9)])
-    state.kg_results = ["movie: Inception, director: Christopher Nolan, year: 2010"]
+    state[KG_RESULTS] = ["movie: Inception, director: Christopher Nolan, year: 2010"]
 
     def support(answer: str) -> tuple:
         state.answer = answer

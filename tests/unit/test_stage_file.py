@@ -1,6 +1,7 @@
 """A stage is one file: tests/stages/answer_check.py adds settings, a QueryState field, a resource, a gate signal and
-a budget estimate, and a config that names it in `stage_modules` loads it, in a fresh process, with no patching.
-The how-to (docs/how-to/add-a-stage.md) follows this stage."""
+a budget estimate; tests/stages/page_dates.py adds settings, a field whose evidence reaches the reasoning prompt and
+a gate signal. A config that names either in `stage_modules` loads it, in a fresh process, with no patching and no
+other file changed. The how-to (docs/how-to/add-a-stage.md) follows these stages."""
 
 import json
 import subprocess
@@ -110,10 +111,50 @@ def test_a_misspelt_key_of_the_stage_is_one_line_with_the_closest_name(tmp_path)
     assert "Traceback" not in done.stderr
 
 
+# The walk: a stage before the answer whose evidence block reaches the reasoning prompt, every LLM call recorded.
+EVIDENCE_DRIVER = """
+import json, sys
+from models.config import load_config
+from models.system import CragSystem
+from tests.conftest import to_batch
+from tests.fakes import SEED_REPLY, HashEmbedder, ScriptedLLM
+
+config = load_config("configs/cpu.yaml", [sys.argv[1]])
+system = CragSystem(config, llm=ScriptedLLM(lambda c: SEED_REPLY), embedder=HashEmbedder())
+examples = [json.loads(line) for line in open(sys.argv[2], encoding="utf-8")][:2]
+result = system.answer_batch(to_batch(examples))
+system.close()
+print(json.dumps({"records": result.trace, "settings": config.resolved()["page_dates"], "pages": examples}))
+"""
+
+
+def test_a_stage_file_adds_evidence_that_reaches_the_reasoning_prompt(tmp_path):
+    path = tmp_path / "dated.yaml"
+    path.write_text(yaml.safe_dump({
+        "stage_modules": ["tests.stages.page_dates"], "task": 1, "attributes": {"method": "none"},
+        "answer": {"gate": None}, "reasoning": {"max_tokens": 96}, "references": {"workers": 0, "cache": False},
+        "record_prompts": True, "strategy": "dated",
+        "strategies": {"dated": ["references", "evidence", "page_dates", "reasoning"]}, "page_dates": {"max_dates": 1},
+    }), encoding="utf-8")
+    done = run("-c", EVIDENCE_DRIVER, str(path), str(SAMPLE))
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout)
+    assert found["settings"] == {"max_dates": 1}
+    for record, example in zip(found["records"], found["pages"]):
+        newest = max(example["search_results"], key=lambda page: page["page_last_modified"])
+        line = f"{newest['page_name'].strip()}: {newest['page_last_modified']}"
+        assert record["page_dates"] == [line]  # the field, in its record form; one date: the setting reached it
+        assert record["signals"]["page_dates.count"] == 1
+        (reasoning,) = [p for p in record["prompts"] if p["prompt"] == "reasoning"]
+        user = reasoning["messages"][1]["content"]
+        assert f"### When the pages were last updated\n- {line}\n### Question" in user
+        assert "unshown" not in record
+
+
 def test_no_project_module_names_the_stage():
     tracked = subprocess.run(["git", "ls-files", "*.py", "*.yaml", "*.yml", "Makefile"], cwd=REPO_ROOT,
                              capture_output=True, text=True, check=True).stdout.split()
     naming = [path for path in tracked if not path.startswith("tests/")
-              and STAGE in (REPO_ROOT / path).read_text(encoding="utf-8")]
+              and any(stage in (REPO_ROOT / path).read_text(encoding="utf-8") for stage in (STAGE, "page_dates"))]
     assert naming == []
     assert STAGE_FILE.is_file() and PROMPT_FILE.is_file()
