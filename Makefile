@@ -72,7 +72,7 @@ lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
-	$(PY) tools/check_mypy_refuses.py tests/typing/wrong_port_type.py
+	$(PY) -m tests.typing.check_refused tests/typing/wrong_port_type.py
 
 # The quantizer's own venv: llm-compressor pins transformers 5.15-5.17 against .venv's 5.23. torch first, as in .venv.
 $(QSTAMP): requirements-quantize.txt

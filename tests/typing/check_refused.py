@@ -1,5 +1,6 @@
-"""make lint: mypy must refuse exactly the lines of a file marked `# expect:` (tests/typing/): a check that the types
-it is meant to see are seen. Exit 1, naming the lines, where mypy passes one of them or refuses another."""
+"""`make lint` runs `python -m tests.typing.check_refused FILE`: mypy must refuse exactly the lines of FILE marked
+`# expect:`, a check that the types it is meant to see are seen. Exit 1, naming the lines, where mypy passes one
+of them or refuses another."""
 
 from __future__ import annotations
 
