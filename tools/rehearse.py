@@ -41,6 +41,7 @@ from utils.answers import IDK  # noqa: E402 - after the sys.path line
 from utils.batch import answer_batch  # noqa: E402 - after the sys.path line
 from utils.cli import CommandParser, check_out, command  # noqa: E402 - after the sys.path line
 from utils.errors import ConfigError  # noqa: E402 - after the sys.path line
+from utils.hardware import bf16_supported  # noqa: E402 - after the sys.path line
 
 BATCH_KEYS = ("interaction_id", "query", "search_results", "query_time", "answer")
 PER_QUERY_S = 30.0  # the grader's limit per query (the starter kit's models/dummy_model.py)
@@ -89,9 +90,12 @@ def merged(base: dict, assignments: list[str]) -> dict:
 
 def cpu_swaps(model: Path) -> list[str]:
     """The config changes that put a GPU config on this machine's CPU (docs/decisions/vllm-rehearsal.md): the
-    LLM folder given, one worker, no tensor parallelism, bfloat16 (the CPU's float16 runs at half its speed),
-    the packaged MiniLM for the embedder, every device the CPU."""
-    return [f"llm.vllm.model={model}", "llm.vllm.tensor_parallel_size=1", "llm.vllm.dtype=bfloat16",
+    LLM folder given, one worker, no tensor parallelism, bfloat16 where the CPU computes it natively (AMX or
+    AVX512-BF16; the CPU's float16 runs at half its speed) and float32 elsewhere (emulated bfloat16 is slower than
+    float32 there, and the T4 config's batches overrun the grader's limit), the packaged MiniLM for the embedder,
+    every device the CPU."""
+    dtype = "bfloat16" if bf16_supported("cpu") else "float32"
+    return [f"llm.vllm.model={model}", "llm.vllm.tensor_parallel_size=1", f"llm.vllm.dtype={dtype}",
             "embedder.model=null", "embedder.device=cpu", "references.rerank.device=cpu", "references.workers=1"]
 
 
