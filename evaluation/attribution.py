@@ -66,7 +66,8 @@ def attribute(line: Record | dict[str, Any], page_texts: list[str] | None) -> st
     golds = gold_answers(record)
     if not golds:
         return "unattributable"
-    prompt = [r.get("text", "") for r in record.references] + record.kg_results + record.calculations
+    prompt = [r.get("text", "") for r in record.references] + [str(line) for _, lines in record.evidence()
+                                                                for line in lines]
     if record.timed_out or (not prompt and str(record.reason or "").startswith("predicted ")):
         return "declined"
     if holds(prompt, golds):

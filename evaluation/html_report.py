@@ -5,7 +5,8 @@ here, and the questions' records as JSON for the record panel. The question tabl
 script only filters it and opens a record, so the page shows its numbers even with scripts off. Every text of
 the data reaches the page escaped (html.escape here, textContent in the script).
 
-A record's references, KG lines and calculator lines that hold a gold answer are marked the way error
+A record's references and lines of evidence (the KG's rows, the calculations: each field a stage declares as
+`Evidence`, under its title) that hold a gold answer are marked the way error
 attribution finds it (evaluation/attribution.py: case, accents, thousands separators and punctuation folded);
 the script highlights the literal occurrences inside them.
 """
@@ -21,6 +22,8 @@ from evaluation.attribution import CLASSES, gold_answers, holds
 from evaluation.judge import contains_note
 from evaluation.metrics import MIN_FOR_INTERVAL
 from evaluation.record import Record, as_record, records_of
+from models.kg.kg_stage import KG_CALLS
+from models.stages.hanrag import ROUTE, SUB_QUERIES
 from utils.durable_io import write_atomic
 
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -202,9 +205,9 @@ def _facts(record: Record) -> list[list[Any]]:
 
 
 def record_panel(line: Record | dict[str, Any]) -> dict[str, Any]:
-    """What the record panel of report.html shows for one question: the facts, then the references, KG and
-    calculator lines (marked where they hold a gold answer), the KG calls, the stages, and the prompts if the
-    run recorded them (--record-prompts)."""
+    """What the record panel of report.html shows for one question: the facts, then the references and each
+    recorded block of evidence (marked where they hold a gold answer), the KG calls, the multi-hop route, the
+    stages, and the prompts if the run recorded them (--record-prompts)."""
     record = as_record(line)
     trace = record.trace or {}
     golds = gold_answers(record)
@@ -233,20 +236,16 @@ def record_panel(line: Record | dict[str, Any]) -> dict[str, Any]:
                                       f"{' · ' + str(r.get('url')) if r.get('url') else ''}",
                               "text": r.get("text") or "", "gold": bool(golds) and holds([r.get("text") or ""], golds)}
                              for r in references]})
-    for key, title in (("kg_results", "KG lines"), ("calculations", "calculator lines")):
-        lines = trace.get(key) or []
-        if lines:
-            sections.append({"title": title, "kind": "list", "items": [
-                {"text": line, "gold": bool(golds) and holds([line], golds)} for line in lines]})
-    if trace.get("kg_calls"):
+    for spec, lines in record.evidence(listed=False):  # every block of evidence the stages declare, by its title
+        sections.append({"title": spec.evidence.title if spec.evidence else spec.name, "kind": "list", "items": [
+            {"text": str(line), "gold": bool(golds) and holds([str(line)], golds)} for line in lines]})
+    if calls := record.value(KG_CALLS):
         sections.append({"title": "KG calls", "kind": "table", "columns": ["call", "arguments", "answered"],
                          "rows": [[c.get("call"), json.dumps(c.get("args"), ensure_ascii=False),
-                                   "yes" if c.get("answered") else "no"] for c in trace["kg_calls"]]})
-    if trace.get("knowledge"):
-        sections.append({"title": "knowledge extractor", "kind": "pre", "text": str(trace["knowledge"])})
-    if trace.get("route") or trace.get("sub_queries"):
-        sections.append({"title": f"multi-hop route: {trace.get('route')} ({trace.get('steps')} LLM steps)",
-                         "kind": "list", "items": [{"text": str(q)} for q in trace.get("sub_queries") or []]})
+                                   "yes" if c.get("answered") else "no"] for c in calls]})
+    if (route := record.value(ROUTE)) or record.value(SUB_QUERIES):
+        sections.append({"title": f"multi-hop route: {route} ({trace.get('steps')} LLM steps)",
+                         "kind": "list", "items": [{"text": str(q)} for q in record.value(SUB_QUERIES) or []]})
     if trace.get("stages"):
         sections.append({"title": "stages", "kind": "table", "columns": ["stage", "status", "seconds", "note"],
                          "rows": [[s.get("stage"), s.get("status"), f"{float(s.get('seconds') or 0):.2f}",

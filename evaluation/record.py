@@ -13,7 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Generic, TypeVar, overload
 
+import models.stages  # noqa: F401  (registers the built-in stages' fields, which a trace holds by their names)
 from evaluation.verdicts import UNJUDGED
+from models.gate.gate_stage import GATE
+from models.state import ADDED_FIELDS, StateField
 
 T = TypeVar("T")
 
@@ -96,22 +99,28 @@ class Record:
         """The references the prompt was given, best first ({page, url, kind, score, relevance, text})."""
         return (self.trace or {}).get("references") or []
 
-    @property
-    def kg_results(self) -> list[str]:
-        return list((self.trace or {}).get("kg_results") or [])
+    def value(self, spec: StateField[T]) -> T | None:
+        """A field a stage declares, as the trace recorded it (read back by the field's `load`); None where the
+        trace has none."""
+        raw = (self.trace or {}).get(spec.name)
+        return None if raw is None else spec.load(raw) if spec.load else raw
 
-    @property
-    def calculations(self) -> list[str]:
-        return list((self.trace or {}).get("calculations") or [])
+    def evidence(self, listed: bool = True) -> list[tuple[StateField[Any], list[Any]]]:
+        """Each recorded field that declares `Evidence`, with its lines, in declaration order; `listed`: only the
+        blocks every answer prompt lists (the KG's rows, the calculations), not those a prompt must name (another
+        model's answer)."""
+        found = []
+        for _, spec in ADDED_FIELDS.values():
+            if spec.evidence is not None and (spec.evidence.listed or not listed):
+                value = self.value(spec)
+                if lines := spec.evidence.lines(value) if value is not None else []:
+                    found.append((spec, lines))
+        return found
 
     @property
     def golds(self) -> list[Any]:
         """The gold answer and its alternatives, as the line holds them."""
         return [self.answer, *(self.alt_answers or [])]
-
-    @property
-    def route(self) -> str | None:
-        return (self.trace or {}).get("route")
 
     @property
     def failures(self) -> list[str]:
@@ -134,7 +143,7 @@ class Record:
     @property
     def gate(self) -> dict[str, Any] | None:
         """What the answer gate did (the trace's `gate`: P(correct), the threshold, the withheld answer)."""
-        gate = (self.trace or {}).get("gate")
+        gate = self.value(GATE)
         return gate if isinstance(gate, dict) else None
 
     @property

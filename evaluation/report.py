@@ -15,6 +15,7 @@ from evaluation.judge import UNCERTAIN, contains_note
 from evaluation.metrics import MIN_FOR_INTERVAL, RESAMPLES, Scores, intervals, latency
 from evaluation.record import Record, records_of
 from evaluation.verdicts import MISS
+from models.stages.hanrag import ROUTE
 from utils.durable_io import write_atomic
 
 BREAKDOWNS = ("domain", "question_type", "static_or_dynamic", "popularity")
@@ -67,8 +68,8 @@ def score_records(lines: list[dict[str, Any]]) -> dict[str, Any]:
     steps: dict[str, list[int]] = defaultdict(list)  # multi-hop strategies: LLM steps per query, by question type
     routes: Counter = Counter()
     for record in records:
-        if record.route:
-            routes[record.route] += 1
+        if route := record.value(ROUTE):
+            routes[route] += 1
             steps[str(record.question_type or "unknown")].append(record.llm_steps)
         size = max(int(record.batch_size or 1), 1)
         if isinstance(record.batch_seconds, (int, float)):

@@ -40,7 +40,7 @@ def test_a_record_marks_the_evidence_that_holds_the_gold_answer_as_attribution_r
     panels = {p["id"]: p for p in map(record_panel, records())}
     references = next(s for s in panels["q0"]["sections"] if s["title"].startswith("references"))
     assert references["items"][0]["gold"] is True  # "1234.50 usd" holds "$1,234.50" once folded
-    assert next(s for s in panels["q1"]["sections"] if s["title"] == "KG lines")["items"][0]["gold"] is True
+    assert next(s for s in panels["q1"]["sections"] if s["title"] == "Knowledge graph")["items"][0]["gold"] is True
     assert next(s for s in panels["q2"]["sections"] if s["title"].startswith("references"))["items"][0]["gold"] is False
     assert panels["q0"]["golds"] == ["$1,234.50"]
 
