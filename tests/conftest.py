@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +77,7 @@ def pytest_sessionfinish(session, exitstatus):
     touched = set(TOUCHED)
     for path in Path(folder).glob("*.json"):
         touched |= {tuple(item) for item in json.loads(path.read_text(encoding="utf-8"))}
+    shutil.rmtree(folder, ignore_errors=True)
     unused = unused_declarations(touched)
     if unused:
         session.config.get_terminal_writer().line(
@@ -91,7 +93,7 @@ def unused_declarations(touched: set[tuple[str, str, bool]]) -> list[str]:
     from models.stages.answer import AnswerStage
 
     stages = [cls for cls in map(STAGES.get, STAGES) if cls.__module__ in STAGE_MODULES] + [AnswerStage]
-    unused = [f"{cls.name} reads {name}" for cls in stages for name in sorted(cls.reads | cls.may_read - OPEN_READS)
+    unused = [f"{cls.name} reads {name}" for cls in stages for name in sorted((cls.reads | cls.may_read) - OPEN_READS)
               if (cls.name, name, False) not in touched]
     return unused + [f"{cls.name} writes {name}" for cls in stages for name in sorted(cls.writes - OPEN_WRITES)
                      if (cls.name, name, True) not in touched]
