@@ -72,6 +72,12 @@ def span_logprobs(sample: Sample, span: str) -> list[float]:
     return chosen
 
 
+def deadline_cut(samples: list[Sample]) -> bool:
+    """Whether the batch deadline ended a call before it gave any text (an OpenAI-compatible server's reply comes
+    whole or not at all)."""
+    return bool(samples) and samples[0].finish_reason == DEADLINE and not samples[0].text
+
+
 def failure_of(samples: list[Sample]) -> str | None:
     """Why a call got no reply (its first failed sample's `failure`), or None where none failed."""
     return next((s.failure for s in samples if s.finish_reason == FAILED), None)

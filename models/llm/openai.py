@@ -18,6 +18,7 @@ from loguru import logger
 
 from models.config import OpenAIConfig
 from models.llm.backend import (
+    DEADLINE,
     LENGTH,
     STOP,
     BackendUnavailable,
@@ -46,6 +47,16 @@ def _short(err: Exception) -> str:
 
 class ReplyRefused(RuntimeError):
     """A reply that cannot be used: over the size cap, unreadable, or still arriving at the deadline."""
+
+
+class ReplyLate(ReplyRefused):
+    """A reply still arriving (or just finished) when the request's time ran out."""
+
+
+class CutByDeadline(RuntimeError):
+    """A request the batch deadline ended before its reply came: the in-process engines' DEADLINE, with no text
+    (a chat completion arrives whole). Not a failed call: the budget did what it is for, and a resume would
+    meet the same deadline."""
 
 
 class PromptLimit:
@@ -118,18 +129,25 @@ class OpenAIBackend:
             conversations = [self.prompt_limit.fit(c) for c in conversations]
         per_request = params.n if self.config.native_n else 1
         jobs = [(i, per_request) for i in range(len(conversations)) for _ in range(params.n // per_request)]
-        def send(job: tuple[int, int]) -> tuple[list[Sample], str | None]:
+        def send(job: tuple[int, int]) -> tuple[list[Sample], str | None, str | None]:
+            """The job's samples, why it got none, and why the deadline cut it."""
             try:
-                return self._request(conversations[job[0]], params, job[1]), None
+                return self._request(conversations[job[0]], params, job[1]), None, None
+            except CutByDeadline as err:
+                return [Sample("", DEADLINE)] * job[1], None, str(err)
             except NoReply as err:
-                return [], str(err)
+                return [], str(err), None
 
         with ThreadPoolExecutor(max_workers=max(1, self.config.concurrency)) as pool:
             replies = list(pool.map(send, jobs))
         outputs: list[list[Sample]] = [[] for _ in conversations]
-        for (index, _), (texts, problem) in zip(jobs, replies):
+        for (index, _), (texts, problem, _) in zip(jobs, replies):
             outputs[index].extend(texts if problem is None else [Sample.failed(problem)])
-        problems = Counter(problem for _, problem in replies if problem)
+        cut = Counter(why for _, _, why in replies if why)
+        if cut:  # the budget at work, not a fault: said once per call
+            logger.warning("{}: {} of {} requests cut by the batch deadline: {}", self.config.base_url,
+                           sum(cut.values()), len(jobs), "; ".join(f"{why} (x{n})" for why, n in cut.most_common()))
+        problems = Counter(problem for _, problem, _ in replies if problem)
         if problems:  # once per call, however many requests failed, with each cause and its count
             logger.error("{}: {} of {} requests got no reply: {}", self.config.base_url, sum(problems.values()),
                          len(jobs), "; ".join(f"{cause} (x{count})" for cause, count in problems.most_common()))
@@ -137,7 +155,7 @@ class OpenAIBackend:
 
     def _request(self, messages: Conversation, params: GenParams, n: int) -> list[Sample]:
         """The samples of one request, retried on transient errors while the deadline allows; NoReply saying
-        why when there are none."""
+        why when there are none, CutByDeadline when the batch deadline ended it."""
         retries = backoff(self.config.max_retries + 1, self.config.backoff_s, _TRANSIENT,
                           lambda wait: self._timeout(params.deadline) > wait, after=self._failed)
         try:
@@ -155,10 +173,12 @@ class OpenAIBackend:
                      state.attempt_number, self.config.max_retries + 1)
 
     def _attempt(self, messages: Conversation, params: GenParams, n: int) -> list[Sample]:
-        """One request: its samples, a transient error to retry, or NoReply."""
+        """One request: its samples, a transient error to retry, NoReply, or CutByDeadline where the batch
+        deadline (not `llm.openai.request_timeout_s`) set the time the reply did not come in."""
         timeout = self._timeout(params.deadline)
         if timeout <= 0:
-            raise NoReply("the deadline passed before the request could be sent")
+            raise CutByDeadline("no time left to send the request")
+        by_deadline = timeout < self.config.request_timeout_s
         # Servers that offer log-probabilities (vLLM, OpenAI) return them; transformers serve ignores the
         # fields; a server that refuses them (HTTP 400 or 422 naming them) is asked again without, and never again
         # with them.
@@ -175,8 +195,16 @@ class OpenAIBackend:
                            self.config.base_url, _short(err))
             self.logprobs_refused = True
             return self._request(messages, params, n)
+        except openai.APITimeoutError:
+            if by_deadline:
+                raise CutByDeadline("no reply came before it") from None
+            raise
         except _TRANSIENT:
             raise
+        except ReplyLate as err:
+            if by_deadline:
+                raise CutByDeadline("the reply was still arriving") from None
+            raise NoReply(f"reply not used: {err}") from None
         except openai.APIError as err:
             raise NoReply(f"refused ({type(err).__name__}: {_short(err)})") from None
         except ReplyRefused as err:
@@ -210,12 +238,12 @@ class OpenAIBackend:
                 if time.monotonic() < ends:  # the connection broke: worth another try
                     raise openai.APIConnectionError(message=f"reply cut off: {err}",
                                                     request=response.http_request) from err
-                raise ReplyRefused(f"still arriving after {seconds:.1f} s (the batch deadline or "
-                                   f"llm.openai.request_timeout_s); {len(body)} bytes read") from None
+                raise ReplyLate(f"still arriving after {seconds:.1f} s (the batch deadline or "
+                                f"llm.openai.request_timeout_s); {len(body)} bytes read") from None
             finally:
                 watchdog.cancel()
         if time.monotonic() >= ends:  # the last bytes came as the watchdog fired
-            raise ReplyRefused(f"finished after {seconds:.1f} s, past the deadline")
+            raise ReplyLate(f"finished after {seconds:.1f} s, past the deadline")
         return read_choices(bytes(body))
     def _timeout(self, deadline: Deadline | None) -> float:
         if deadline is None:

@@ -12,7 +12,7 @@ from loguru import logger
 from models.config import SystemConfig
 from models.estimates import StagePlan, template_tokens, tokens
 from models.kg.settings import KGSettings
-from models.llm.backend import Conversation, Sample, cut_short, failure_of, span_logprobs
+from models.llm.backend import DEADLINE, Conversation, Sample, cut_short, deadline_cut, failure_of, span_logprobs
 from models.prompting import Messages, Prompt, PromptLibrary, render_with_evidence
 from models.stages.r2ag import RETRIEVAL_FEATURES
 from models.stages.stage import STAGES, Stage, StageContext
@@ -191,6 +191,7 @@ class ReasoningStage(Stage):
             if not samples or not samples[0].text.strip():
                 cause = failure_of(samples)
                 state.finish(IDK, f"reasoning: the LLM call failed ({cause})" if cause
+                             else "reasoning: the deadline came before any text" if deadline_cut(samples)
                              else "reasoning: the LLM returned nothing")
                 continue
             state.llm_output = samples[0].text
@@ -264,6 +265,8 @@ class ReasoningStage(Stage):
                 state.answer = answer
                 answer_signals(state, samples[0], answer, summariser=True)
                 answered.append((state, conversation))
+            elif deadline_cut(samples):
+                state.finish(IDK, f"the summariser's generation was cut short ({DEADLINE})")
             elif cause := failure_of(samples):
                 state.finish(IDK, f"{why} and the summariser's call failed ({cause})")
             else:

@@ -189,13 +189,14 @@ def test_a_reply_trickled_past_the_batch_deadline_is_left_there(cpu_config, samp
     cpu_config.budget.per_query_s, cpu_config.budget.safety_margin_s = 10.0, 0.5
     system = _openai_system(cpu_config, server.url, clock)
     try:
-        answers = system.batch_generate_answer(to_batch(sample_examples[2:3]))
+        result = system.answer_batch(to_batch(sample_examples[2:3]))
     finally:
         system.close()
         server.close()
-    assert answers == ["i don't know"]
+    assert result.answers == ["i don't know"]
     assert sum("Question: " in r["body"]["messages"][-1]["content"] for r in server.requests) == 1
-    assert "reply not used: still arriving after" in caplog_loguru.text, caplog_loguru.text
+    assert "requests cut by the batch deadline: the reply was still arriving" in caplog_loguru.text
+    assert result.trace[0]["reason"] == "reasoning: the deadline came before any text"
 
 
 def test_an_llm_that_fails_after_the_probe_leaves_answers_that_say_so(cpu_config, sample_examples):

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from models.config import OpenAIConfig
-from models.llm.backend import FAILED, LENGTH, BackendUnavailable, GenParams, cut_at_stop, cut_short
+from models.llm.backend import DEADLINE, FAILED, LENGTH, BackendUnavailable, GenParams, cut_at_stop, cut_short
 from models.llm.openai import OpenAIBackend
 from tests.fakes import texts
 from tests.openai_fake import ChatServer
@@ -97,12 +97,13 @@ def test_openai_does_not_retry_a_bad_request(chat_server):
     assert failures(out)[0].startswith("refused (BadRequestError") and len(chat_server.requests) == 1
 
 
-def test_openai_unreachable_server_and_expired_deadline_are_failed_calls():
+def test_an_unreachable_server_is_a_failed_call_and_an_expired_deadline_a_deadline_cut(chat_server):
     backend = _backend("http://127.0.0.1:9/v1", max_retries=1)
     assert failures(backend.generate([[{"role": "user", "content": "a"}]], GenParams())) == [
         "APIConnectionError: Connection error. after 2 attempts"]
-    assert failures(backend.generate([[{"role": "user", "content": "a"}]], GenParams(deadline=Deadline(0)))) == [
-        "the deadline passed before the request could be sent"]
+    assert cut_by_deadline(_backend(chat_server.url).generate([[{"role": "user", "content": "a"}]],
+                                                              GenParams(deadline=Deadline(0)))) == 1
+    assert chat_server.requests == []
 
 
 @pytest.mark.parametrize("chat_server", [(10, 401)], indirect=True)
@@ -218,14 +219,20 @@ def test_a_server_failing_every_request_is_logged_once_per_call_with_the_cause(c
     assert "after 2 attempts (x4)" in errors[0]
 
 
+def cut_by_deadline(out) -> int:
+    """How many conversations of `out` got a sample the deadline cut (DEADLINE, no text), where each got one."""
+    assert all(len(row) == 1 and row[0].finish_reason == DEADLINE and not row[0].text for row in out), out
+    return len(out)
+
+
 @pytest.mark.parametrize("fault, retries, logged", [
     # 16 bytes every 0.5 s: each read is quick, the whole reply (about 3 KB) would take over 90 s
-    ({"raw_body": lambda body: _completion("y" * 3000), "trickle_s": 0.5}, 0, "still arriving after"),
-    ({"hold": threading.Event()}, 2, "no reply"),  # nothing at all until the test ends
+    ({"raw_body": lambda body: _completion("y" * 3000), "trickle_s": 0.5}, 0, "the reply was still arriving"),
+    ({"hold": threading.Event()}, 2, "no reply came before it"),  # nothing at all until the test ends
 ], ids=["trickle", "hang"])
 def test_openai_a_slow_server_is_left_at_the_deadline(fault, retries, logged, caplog_loguru):
-    """The reply cannot arrive before the deadline whatever the machine's speed, so the outcome is fixed: no
-    sample, the reason logged, no retry after the deadline."""
+    """The reply cannot arrive before the deadline whatever the machine's speed, so the outcome is fixed: a sample
+    the deadline cut, as the in-process engines give one, not a failed call; the reason logged, no retry."""
     server = ChatServer(**fault)
     try:
         out = _backend(server.url, max_retries=retries, request_timeout_s=30).generate(
@@ -234,4 +241,21 @@ def test_openai_a_slow_server_is_left_at_the_deadline(fault, retries, logged, ca
         if "hold" in fault:
             fault["hold"].set()
         server.close()
-    assert len(failures(out)) == 1 and logged in caplog_loguru.text and len(server.requests) == 1
+    assert cut_by_deadline(out) == 1 and len(server.requests) == 1
+    assert f"1 of 1 requests cut by the batch deadline: {logged}" in caplog_loguru.text
+
+
+def test_openai_a_server_slower_than_its_own_request_timeout_is_a_failed_call():
+    """Where `llm.openai.request_timeout_s` ends the wait before the batch deadline would, the server is at fault:
+    a failed call, which the report counts and a resume asks again."""
+    hold = threading.Event()
+    server = ChatServer(hold=hold)
+    try:
+        out = _backend(server.url, max_retries=0, request_timeout_s=1.0).generate(
+            [[{"role": "user", "content": "a"}]], GenParams(deadline=Deadline(600.0)))
+    finally:
+        hold.set()
+        server.close()
+    assert failures(out) == ["APITimeoutError: Request timed out. after 1 attempts"]
+
+
