@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", type=int, default=os.cpu_count() or 2, help="busy processes in the loaded run")
     parser.add_argument("--prefill-only", action="store_true", help="only the hf backend's prompt admission")
     args = parser.parse_args(argv)
-    from models.config import REPO_ROOT, load_config
+    from models.config import REPO_ROOT
+    from models.loading import load_config
     from models.user_config import UserModel
 
     if args.prefill_only:

@@ -47,7 +47,8 @@ from loguru import logger
 from threadpoolctl import threadpool_limits
 
 from evaluation.recall import recall as answer_recall
-from models.config import REPO_ROOT, load_config
+from models.config import REPO_ROOT
+from models.loading import load_config
 from models.retrieval.embedder import Embedder
 from models.retrieval.hash_index import HashIndex, HashModel, SearchSettings
 from models.stages.hash_retriever import HashKeys, hash_settings, proposition_units

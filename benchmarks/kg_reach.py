@@ -307,7 +307,8 @@ class Outcome:
 
 
 def build_config(variant: Variant, base_url: str, cache_dir: str) -> Any:
-    from models.config import SystemConfig, load_config
+    from models.config import SystemConfig
+    from models.loading import load_config
 
     config = load_config(REPO_ROOT / "configs" / "cpu.yaml")
     # reach is measured in the reasoning prompt, which cpu.yaml turns off for SmolLM2 (its summariser sees no KG lines)

@@ -61,7 +61,8 @@ import trafilatura
 from bs4 import BeautifulSoup
 
 from evaluation.recall import answer_found, recall, token_recall
-from models.config import REPO_ROOT, load_config, resolve_path
+from models.config import REPO_ROOT, resolve_path
+from models.loading import load_config
 from models.retrieval.embedder import Embedder
 from models.stages.attributes import SVMAttributes
 from models.stages.references import ReferencesStage, candidates

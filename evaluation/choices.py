@@ -13,16 +13,8 @@ from pathlib import Path
 
 from evaluation.data import QUESTION_TYPES, Selection, parse_choices
 from evaluation.verdicts import CONTAINS
-from models.config import (
-    DOMAINS,
-    DYNAMISM,
-    REPO_ROOT,
-    ConfigError,
-    SystemConfig,
-    add_config_arguments,
-    config_path,
-    load_config,
-)
+from models.config import DOMAINS, DYNAMISM, REPO_ROOT, ConfigError, SystemConfig, add_config_arguments, config_path
+from models.loading import load_config
 from models.prompting import PROMPT_DIR, PromptLibrary, load_prompt
 from utils.names import did_you_mean
 
@@ -238,7 +230,7 @@ def check_prompts(overrides: dict[str, str], source: str) -> None:
 def check_prompt_name(name: str, label: str) -> None:
     """A ConfigError naming `label`, with the closest name, when neither a prompts/*.yaml nor a registered stage's
     declared prompts (`Stage.prompts`) is called `name`."""
-    from models.stages import STAGES
+    from models.loading import STAGES
 
     declared = {prompt for stage in STAGES for prompt in STAGES.get(stage).prompts}
     known = sorted({path.stem for path in PROMPT_DIR.glob("*.yaml")} | declared)

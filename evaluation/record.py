@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Generic, TypeVar, overload
 
-import models.stages  # noqa: F401  (registers the built-in stages' fields, which a trace holds by their names)
+import models.loading  # noqa: F401  (registers the built-in stages' fields, which a trace holds by their names)
 from evaluation.verdicts import UNJUDGED
 from models.gate.gate_stage import GATE
 from models.state import ADDED_FIELDS, StateField

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from models.config import SystemConfig
 from models.estimates import Speed, StagePlan
+from models.loading import pipeline_stages
 from models.prompting import PromptLibrary
-from models.stages import pipeline_stages
 from utils.batch import MAX_BATCH_SIZE
 
 __all__ = ["Plan", "Speed", "StagePlan", "format_plan", "largest_fitting_batch", "llm_stages", "plan"]

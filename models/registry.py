@@ -1,5 +1,5 @@
 """A typed registry of classes by name: duplicates refused, a miss answered with the closest names, and entries that
-are imported only when first asked for. Stages (models/stages/stage.py STAGES), LLM backends (models/llm/backend.py
+are imported only when first asked for. Stages (models/stages/stage.py STAGES), LLM backends (models/llm/backends.py
 BACKENDS) and judges (evaluation/judge.py JUDGES) are registered in one."""
 
 from __future__ import annotations

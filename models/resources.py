@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from models.config import SystemConfig
-from models.llm.backend import LLM, Probed, create_llm
+from models.llm.backend import LLM, Probed
+from models.llm.backends import create_llm
 from models.prompting import PromptLibrary
 from models.registry import RegistryError
 from models.retrieval.embedder import Embedder

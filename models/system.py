@@ -8,11 +8,12 @@ from typing import Any
 
 from loguru import logger
 
-from models.config import SystemConfig, load_config
+from models.config import SystemConfig
 from models.llm.backend import LLM, Closable
+from models.loading import closing_stages, load_config, pipeline_stages
 from models.prompting import PromptLibrary
 from models.resources import RESOURCES, build_resources
-from models.stages import STAGES, Stage, closing_stages, pipeline_stages
+from models.stages import STAGES, Stage
 from models.stages.answer import AnswerStage
 from models.stages.stage import Batch, run_stage
 from models.state import QueryState

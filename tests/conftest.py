@@ -12,9 +12,10 @@ import pytest
 import yaml
 from loguru import logger
 
-from models.config import REPO_ROOT, SystemConfig, load_config
+from models.config import REPO_ROOT, SystemConfig
 from models.gate.answer_gate import gate_settings
 from models.kg.client import KGClient
+from models.loading import load_config
 from models.state import OPEN_READS, OPEN_WRITES, PortError, Ports
 from models.system import CragSystem
 from tests.fakes import HashEmbedder, ScriptedLLM
@@ -88,8 +89,7 @@ def pytest_sessionfinish(session, exitstatus):
 
 def unused_declarations(touched: set[tuple[str, str, bool]]) -> list[str]:
     """Each built-in stage's declared read (`reads`, `may_read`) and write of a guarded field that `touched` lacks."""
-    from models.config import STAGE_MODULES
-    from models.stages import STAGES
+    from models.loading import STAGE_MODULES, STAGES
     from models.stages.answer import AnswerStage
 
     stages = [cls for cls in map(STAGES.get, STAGES) if cls.__module__ in STAGE_MODULES] + [AnswerStage]

@@ -27,7 +27,7 @@ def reference(model_dir: Path, new_tokens: int = NEW_TOKENS, top_k: int = TOP_K)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from evaluation.data import read_examples
-    from models.config import load_config
+    from models.loading import load_config
     from training.examples import reasoning_conversations
     from utils.model_folders import weights_hash
 

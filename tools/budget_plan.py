@@ -11,7 +11,8 @@ import sys
 
 from models import budget_planner as budget_plan
 from models.budget_planner import Speed, format_plan, plan
-from models.config import ConfigError, add_config_arguments, config_from_args
+from models.config import ConfigError, add_config_arguments
+from models.loading import config_from_args
 from utils.batch import MAX_BATCH_SIZE
 from utils.cli import CommandParser, command
 

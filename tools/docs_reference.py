@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 from unittest import mock
 
-from models.config import REPO_ROOT, config_keys
+from models.config import REPO_ROOT
+from models.loading import config_keys
 from models.stages import Stage
 
 HELP_COLUMNS = "100"  # argparse wraps --help at $COLUMNS; fixed, so the page does not depend on the terminal
@@ -91,7 +92,7 @@ def config_page() -> str:
 
 def stages_page() -> str:
     """Every registered stage's declarations, and the answer step's, as the code declares them."""
-    from models.stages import STAGES
+    from models.loading import STAGES
     from models.stages.answer import AnswerStage
 
     def names(values) -> str:

@@ -220,7 +220,7 @@ def render_texts(data: list[Path], model: Path, config_path: Path | None, held_o
     from transformers import AutoTokenizer
 
     from evaluation.data import check_data_file, read_examples
-    from models.config import load_config
+    from models.loading import load_config
     from training.examples import answer_block, reasoning_conversations
 
     model_config(model)

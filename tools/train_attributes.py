@@ -20,8 +20,9 @@ from pathlib import Path
 from tqdm import tqdm
 
 from evaluation.data import DataError, check_data_file, data_lines
-from models.config import DOMAINS, DYNAMISM, REPO_ROOT, ConfigError, EmbedderConfig, load_config
+from models.config import DOMAINS, DYNAMISM, REPO_ROOT, ConfigError, EmbedderConfig
 from models.llm.backend import BackendUnavailable
+from models.loading import load_config
 from models.retrieval.embedder import Embedder
 from models.stages.attributes import SVMAttributes, read_labelled, svm_classifier
 from utils.cli import CommandParser, check_out_file, command, interrupted
@@ -49,7 +50,7 @@ def accuracy(predicted: list[str | None], gold: list[str]) -> float:
 
 
 def icl_predictions(rows_train: list[dict], rows_test: list[dict], config_path: Path | None) -> list[tuple]:
-    from models.llm.backend import create_llm
+    from models.llm.backends import create_llm
     from models.stages.attributes import AttributesStage, demonstrations
     from models.stages.stage import run_alone
     from models.state import QueryState

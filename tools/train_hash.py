@@ -29,7 +29,8 @@ import numpy as np
 from loguru import logger
 
 from evaluation.data import DataError, alternative_answers, check_data_file, is_crag_format, read_examples
-from models.config import REPO_ROOT, ConfigError, SystemConfig, load_config
+from models.config import REPO_ROOT, ConfigError, SystemConfig
+from models.loading import load_config
 from models.retrieval.embedder import Embedder
 from models.retrieval.hash_index import HashIndex, HashModel, SearchSettings
 from models.stages.hash_retriever import hash_settings, proposition_units

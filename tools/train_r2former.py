@@ -29,7 +29,8 @@ from loguru import logger
 from tqdm import tqdm
 
 from evaluation.data import DataError, alternative_answers, check_data_file, is_crag_format, read_examples
-from models.config import REPO_ROOT, ConfigError, SystemConfig, load_config
+from models.config import REPO_ROOT, ConfigError, SystemConfig
+from models.loading import load_config
 from models.prompting import PromptLibrary
 from models.retrieval.embedder import Embedder
 from models.retrieval.r2former_head import R2Former, R2FormerConfig, retrieval_features, save_checkpoint

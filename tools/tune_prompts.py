@@ -47,7 +47,8 @@ from evaluation.metrics import POINTS, paired_difference
 from evaluation.report import score_records
 from evaluation.run_command import kg_for_run
 from evaluation.verdicts import CORRECT, MISS, UNJUDGED, WRONG
-from models.config import REPO_ROOT, ConfigError, SystemConfig, add_config_arguments, config_from_args, load_config
+from models.config import REPO_ROOT, ConfigError, SystemConfig, add_config_arguments
+from models.loading import config_from_args, load_config
 from models.prompting import PromptLibrary
 from models.stages.stage import Batch, run_stage
 from models.state import ADDED_FIELDS, QueryState, Reference, StageRecord

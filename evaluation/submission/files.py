@@ -83,7 +83,7 @@ def _weights(folder: Path) -> bool:
 
 def check_config(repo: Path, config_path: str) -> tuple[Check, Check, Any]:
     """(config check, weights check, the loaded config or None)."""
-    from models.config import load_config
+    from models.loading import load_config
 
     try:
         config = load_config(repo / config_path)

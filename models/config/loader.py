@@ -1,13 +1,14 @@
-"""Loading a config: a YAML file (else $CRAG_CONFIG, else configs/cpu.yaml), overlays merged key by key and `--set`
-assignments, each key checked against the schema (models/config/schema.py) as it loads: an unknown key, a wrong
-type, a choice or range it breaks is a ConfigError naming the file, the key and the closest name."""
+"""Reading a config: a YAML file (else $CRAG_CONFIG, else configs/cpu.yaml), overlays merged key by key and `--set`
+assignments (`read_config`), each key then checked against the schema (models/config/schema.py) and the sections
+the registered stages declare (`build_config`): an unknown key, a wrong type, a choice or range it breaks is a
+ConfigError naming the file, the key and the closest name. models/loading.py `load_config` does both, with the
+stage modules imported in between: this package imports no stage."""
 
 from __future__ import annotations
 
 import argparse
 import copy
 import dataclasses
-import importlib
 import os
 import typing
 from collections.abc import Callable, Sequence
@@ -19,7 +20,6 @@ import yaml
 from models.config.schema import (
     CORE_SECTIONS,
     REPO_ROOT,
-    STAGE_MODULES,
     STAGE_SECTIONS,
     SystemConfig,
     declared_sections,
@@ -32,19 +32,6 @@ DEFAULT_CONFIG = REPO_ROOT / "configs" / "cpu.yaml"
 CONFIG_ENV = "CRAG_CONFIG"
 
 
-def import_stage_modules(modules: Sequence[str], source: str) -> None:
-    """Import the config's `stage_modules`, so the stages, settings and fields they declare are registered. A module
-    is imported as Python finds it: from an installed package, or from the working folder where the command runs
-    (the grader's is the repository's root)."""
-    for module in modules:
-        try:
-            importlib.import_module(module)
-        except ImportError as err:
-            raise ConfigError(f"{source}: stage_modules: cannot import {module!r}: {err}; a stage module must be "
-                              "importable where the command runs: run it from the folder that holds the package, "
-                              "set PYTHONPATH to that folder, or install the package") from err
-
-
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """--config, --overlay and --set, the same in every command that builds the system."""
     parser.add_argument("--config", type=Path, default=None,
@@ -55,19 +42,16 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
                         help="one setting over the config, e.g. --set kg.method=functions (repeatable; YAML value)")
 
 
-def config_from_args(args: argparse.Namespace) -> SystemConfig:
-    return load_config(args.config, args.overlay, args.sets)
-
-
 def config_path(path: str | os.PathLike | None = None) -> Path:
     """`path`, else $CRAG_CONFIG, else configs/cpu.yaml."""
     return Path(path or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
 
 
-def load_config(path: str | os.PathLike | None = None, overlays: Sequence[str | os.PathLike] = (),
-                sets: Sequence[str] = ()) -> SystemConfig:
-    """Load `path` (else $CRAG_CONFIG, else configs/cpu.yaml), then each overlay file in order (a partial config
-    merged key by key), then each `--set` assignment ("kg.method=functions", the value read as YAML)."""
+def read_config(path: str | os.PathLike | None = None, overlays: Sequence[str | os.PathLike] = (),
+                sets: Sequence[str] = ()) -> tuple[dict[str, Any], str]:
+    """The data of `path` (else $CRAG_CONFIG, else configs/cpu.yaml), then of each overlay file in order (a partial
+    config merged key by key), then of each `--set` assignment ("kg.method=functions", the value read as YAML);
+    and where it came from, for messages."""
     chosen = config_path(path)
     data = _read_yaml(chosen, f"set {CONFIG_ENV} or --config to an existing YAML file")
     source = str(chosen)
@@ -86,9 +70,12 @@ def load_config(path: str | os.PathLike | None = None, overlays: Sequence[str | 
             value = {part: value}
         data = _merge(data, value)
         source += f" --set {key.strip()}"
-    modules = data.get("stage_modules") or []
-    modules = [str(m) for m in modules] if isinstance(modules, list) else []  # anything else: refused by key
-    import_stage_modules([*STAGE_MODULES, *modules], source)
+    return data, source
+
+
+def build_config(data: dict[str, Any], source: str, modules: Sequence[str]) -> SystemConfig:
+    """The config of `data`, checked against the schema and every registered stage's sections; `modules` are the
+    stage modules (built-in and the config's own, imported by the caller) whose sections every config holds."""
     declared = {key: data.pop(key) for key in list(data) if key in STAGE_SECTIONS and key not in CORE_SECTIONS}
     for key in [key for key in STAGE_SECTIONS if key in CORE_SECTIONS and isinstance(data.get(key), dict)]:
         declared[key] = _split(key, data, source)
@@ -100,7 +87,7 @@ def load_config(path: str | os.PathLike | None = None, overlays: Sequence[str | 
     # the built-in stages' sections and the configured modules' are in every config, defaults or not, so the
     # resolved config (and its hash) depends on the config alone, never on what this process imported before
     named = [name for name in config.strategy_names() if name in STAGE_SECTIONS]
-    wanted = {*declared, *named, *declared_sections([*STAGE_MODULES, *modules])}
+    wanted = {*declared, *named, *declared_sections(modules)}
     config.stage_settings = {name: _parts(name, declared.get(name, {}), source) for name in sorted(wanted)}
     for part in (part for parts in config.stage_settings.values() for part in parts):
         if callable(check := getattr(part, "check", None)):

@@ -12,8 +12,7 @@ from typing import Any, Literal
 
 import yaml
 
-from models.config.loader import import_stage_modules
-from models.config.schema import CORE_SECTIONS, STAGE_MODULES, STAGE_SECTIONS, SystemConfig
+from models.config.schema import CORE_SECTIONS, STAGE_SECTIONS, SystemConfig
 from models.config.validation import CHOICES, Choice, bounds, field_docs, range_text, unwrap
 
 
@@ -29,9 +28,9 @@ class ConfigKey:
 
 
 def config_keys() -> list[ConfigKey]:
-    """Every key the loader accepts, in declaration order: a section, then its keys. A dict-valued key
-    (`strategies`, `prompts`, `budget.stage_min_s`) is one entry."""
-    import_stage_modules(STAGE_MODULES, "the built-in stages")
+    """Every key the loader accepts, in declaration order: a section, then its keys (the sections of the stages
+    registered so far: models/loading.py registers the built-in ones). A dict-valued key (`strategies`, `prompts`,
+    `budget.stage_min_s`) is one entry."""
     keys = list(_section_keys(SystemConfig, ""))
     for name, parts in sorted(STAGE_SECTIONS.items()):
         added = [key for _, settings in parts for key in _section_keys(settings, f"{name}.")]

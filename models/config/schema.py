@@ -32,17 +32,6 @@ from utils.names import did_you_mean
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 T = TypeVar("T")
 
-# The built-in stages' modules, the one list of them: importing one registers its stage and what the stage declares
-# (settings, QueryState fields, resources, signals). The loader imports them before reading a config, so their
-# sections are keys of every config; models.stages imports them, so strategies can name their stages. The order
-# is the order they register in.
-STAGE_MODULES = (
-    "models.stages.attributes", "models.kg.kg_stage", "models.stages.precheck", "models.stages.references",
-    "models.stages.r2ag", "models.stages.evidence", "models.stages.hanrag", "models.stages.dualrag",
-    "models.stages.multihop", "models.stages.knowledge", "models.stages.calculator", "models.stages.reasoning",
-    "models.gate.gate_stage",
-)
-
 # Strategies: ordered lists of stage names (models/stages/). The stages every built-in strategy starts with
 # gather the evidence; a stage whose switch is off in the config (`knowledge.enabled: false`, `r2ag.enabled:
 # false`, task 1 for `kg`) is left out of the pipeline, so one list serves every setting. The KG runs before the

@@ -1,16 +1,15 @@
 """The LLM interface every backend implements, the capabilities some backends add (each a runtime-checkable
-protocol), and the registry that builds one from config."""
+protocol), and the reply type they share. The registry that builds one from a config is models/llm/backends.py,
+which no backend imports: it imports each backend by name."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from models.config import LLMConfig
-from models.registry import Registry
 from utils.errors import BackendUnavailable as BackendUnavailable  # where the backends' callers import it
 from utils.time_budget import Deadline
 
@@ -142,23 +141,6 @@ class Closable(Protocol):
     """A backend that holds a process or an engine to stop (in-process vLLM)."""
 
     def close(self) -> None: ...
-
-
-# `llm.backend` names one; its module is imported only when chosen, so a CPU install never imports vllm.
-BACKENDS: Registry[LLM] = Registry("LLM backend", LLM)
-BACKENDS.register_lazy("hf", "models.llm.hf:HFBackend")
-BACKENDS.register_lazy("openai", "models.llm.openai:OpenAIBackend")
-BACKENDS.register_lazy("vllm", "models.llm.vllm:VLLMBackend")
-
-
-def create_llm(config: LLMConfig) -> LLM:
-    backend: Callable[[object], LLM] = BACKENDS.get(config.backend)  # each backend class takes its own section
-    section = getattr(config, config.backend)
-    if config.backend == "hf":  # what llm.hf leaves to the config's model profile
-        from models.llm.profile import hf_settings, load_profile
-
-        section = hf_settings(section, load_profile(config.profile))
-    return backend(section)
 
 
 def cut_at_stop(text: str, stop: list[str]) -> str:

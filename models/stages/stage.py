@@ -27,7 +27,7 @@ A stage is one class in one file:
         def run(self, states, ctx): ...
 
 and one name in a strategy (`strategies:` in the config); a built-in stage's module is also named once in
-models/config/schema.py STAGE_MODULES. Registering the class registers what it adds; the
+models/loading.py STAGE_MODULES. Registering the class registers what it adds; the
 stage is refused at import when it reads, writes or needs what nothing declares. CragSystem builds only the
 resources the chosen stages need and refuses a pipeline in which a stage reads a field that no earlier stage
 writes. While a stage runs, its states refuse a field it does not declare (models/state.py `guarded`): a stage's

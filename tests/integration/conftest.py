@@ -51,7 +51,7 @@ def _same_embedder(config: EmbedderConfig) -> bool:
 
 # Where a model is built from a config: the training tools and CragSystem (UserModel) when given none.
 EMBEDDER_BUILDERS = ("tools.train_hash", "tools.train_r2former", "tools.train_attributes", "models.resources")
-LLM_BUILDERS = ("models.llm.backend", "models.resources")
+LLM_BUILDERS = ("models.llm.backends", "models.resources")
 
 
 @pytest.fixture

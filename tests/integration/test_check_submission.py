@@ -27,7 +27,8 @@ from evaluation.submission.gpu import (
     check_quantization,
 )
 from evaluation.submission.run import check_rehearsal
-from models.config import REPO_ROOT, load_config
+from models.config import REPO_ROOT
+from models.loading import load_config
 from tests.conftest import write_config
 
 CHECKER = REPO_ROOT / "tools" / "check_submission.py"

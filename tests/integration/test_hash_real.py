@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from models.config import REPO_ROOT, load_config
+from models.config import REPO_ROOT
 from models.gate.answer_gate import gate_settings
+from models.loading import load_config
 from models.retrieval.hash_index import HashIndex, HashModel, SearchSettings
 from models.retrieval.r2former_head import R2Former, load_checkpoint
 from models.stages import hash_retriever

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from models.config import REPO_ROOT, HFConfig, load_config
+from models.config import REPO_ROOT, HFConfig
 from models.gate.answer_gate import gate_settings
 from models.llm import hf
 from models.llm.backend import GenParams
 from models.llm.hf import HFBackend
+from models.loading import load_config
 from models.retrieval.r2former_head import load_checkpoint
 from models.system import CragSystem
 from tests.conftest import SAMPLE, to_batch

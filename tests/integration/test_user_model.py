@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from models.config import REPO_ROOT, load_config
+from models.config import REPO_ROOT
+from models.loading import load_config
 from models.stages.stage import run_alone
 from models.system import CragSystem, unpack_batch
 from models.user_config import UserModel

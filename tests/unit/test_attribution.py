@@ -8,7 +8,8 @@ import local_evaluation
 from evaluation import manifest
 from evaluation.attribution import attribute, attribute_records, attribution_table, evidence_form, page_texts
 from evaluation.data import Selection
-from models.config import REPO_ROOT, load_config
+from models.config import REPO_ROOT
+from models.loading import load_config
 from tests.conftest import SAMPLE, write, write_config
 
 

@@ -1,7 +1,7 @@
 import pytest
 
-from models.config import load_config
 from models.kg.kg_stage import KGStage
+from models.loading import load_config
 from models.prompting import PromptLibrary
 from models.stages.calculator import CalculatorStage
 from models.stages.reasoning import ReasoningStage

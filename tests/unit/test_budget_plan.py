@@ -3,7 +3,8 @@
 import pytest
 
 from models.budget_planner import Speed, StagePlan, format_plan, largest_fitting_batch, llm_stages, plan
-from models.config import REPO_ROOT, load_config
+from models.config import REPO_ROOT
+from models.loading import load_config
 from tools.budget_plan import main
 
 

@@ -7,7 +7,8 @@ from evaluation import manifest
 from evaluation.compare import compare_records
 from evaluation.data import Selection
 from evaluation.metrics import paired_difference
-from models.config import REPO_ROOT, load_config
+from models.config import REPO_ROOT
+from models.loading import load_config
 from tests.conftest import SAMPLE, write
 
 

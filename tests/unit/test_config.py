@@ -3,7 +3,8 @@ import sys
 
 import pytest
 
-from models.config import REPO_ROOT, ConfigError, SystemConfig, load_config
+from models.config import REPO_ROOT, ConfigError, SystemConfig
+from models.loading import load_config
 from tests.conftest import write
 
 
@@ -115,11 +116,11 @@ def test_shipped_overlays_load_over_both_configs(overlay):
 
 
 def test_loading_a_config_imports_no_model_framework():
-    """Every command loads a config, and the loader imports every built-in stage to know its section; a stage that
+    """Every command loads a config, and loading imports every built-in stage to know its section; a stage that
     imports torch, transformers or sentence-transformers at module level makes each command (and each checker
     probe) pay for it. Such imports belong where a model is built."""
     frameworks = ("torch", "transformers", "sentence_transformers", "openvino")
-    code = (f"import sys; from models.config import load_config; load_config(); "
+    code = (f"import sys; from models.loading import load_config; load_config(); "
             f"print(sorted(m for m in {frameworks!r} if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert done.returncode == 0, done.stderr

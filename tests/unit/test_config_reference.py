@@ -9,16 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-import models.stages  # noqa: F401  (the built-in stages declare their sections)
-from models.config import (
-    REPO_ROOT,
-    STAGE_SECTIONS,
-    ConfigError,
-    SystemConfig,
-    config_keys,
-    load_config,
-    yaml_text,
-)
+import models.loading  # noqa: F401  (the built-in stages declare their sections)
+from models.config import REPO_ROOT, STAGE_SECTIONS, ConfigError, SystemConfig, yaml_text
+from models.loading import config_keys, load_config
 from tests.conftest import write
 
 CONFIGS = REPO_ROOT / "configs"

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from models.config import REPO_ROOT, config_keys
+from models.config import REPO_ROOT
+from models.loading import config_keys
 from tools import docs_reference
 
 PAGES = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]

@@ -21,7 +21,8 @@ from evaluation.judge import judge_by_rules
 from evaluation.metrics import Scores, latency
 from evaluation.runner import EvaluationError, call_with_limit, load_predictions, run_model, save_judgements
 from evaluation.verdicts import CORRECT, MISS, UNJUDGED, WRONG, Item
-from models.config import REPO_ROOT, ConfigError, load_config
+from models.config import REPO_ROOT, ConfigError
+from models.loading import load_config
 from tests.conftest import SAMPLE, running, write, write_config
 from utils.batch import BatchResult, make_batch
 from utils.model_folders import weights_hash

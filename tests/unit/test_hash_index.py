@@ -4,7 +4,8 @@ propositions, and the hash retriever with the PGCC prompt in the pipeline."""
 import numpy as np
 import pytest
 
-from models.config import ConfigError, load_config
+from models.config import ConfigError
+from models.loading import load_config
 from models.retrieval.hash_index import (
     HashIndex,
     HashIndexError,

@@ -5,11 +5,12 @@ from datetime import date
 
 import pytest
 
-from models.config import REPO_ROOT, ConfigError, load_config
+from models.config import REPO_ROOT, ConfigError
 from models.kg import rows as rows_
 from models.kg.client import ENDPOINTS
 from models.kg.rows import value as compact
 from models.kg.rules import games_date, query_date, read_calls, read_entities
+from models.loading import load_config
 from models.system import CragSystem
 from tests.conftest import to_batch, write
 from tests.fakes import HashEmbedder, RecordingKG, ScriptedLLM, by_prompt, prompt_name

@@ -12,11 +12,13 @@ from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from evaluation import manifest
 from evaluation.llm_server import serve_command
-from models.config import REPO_ROOT, ConfigError, HFConfig, load_config
-from models.llm.backend import FAILED, BackendUnavailable, GenParams, create_llm
+from models.config import REPO_ROOT, ConfigError, HFConfig
+from models.llm.backend import FAILED, BackendUnavailable, GenParams
+from models.llm.backends import create_llm
 from models.llm.hf import resolve_model_folder
 from models.llm.openai import OpenAIBackend
 from models.llm.profile import DEFAULT_PROFILE, load_profile, served_config
+from models.loading import load_config
 from tests.conftest import SAMPLE
 from tests.openai_fake import ChatServer
 from utils.model_folders import weights_hash

@@ -29,7 +29,8 @@ def test_the_bench_runs_each_encoder_the_device_has_with_torch_float32_first(mon
     from dataclasses import replace
 
     import benchmarks.pages as pages
-    from models.config import REPO_ROOT, load_config
+    from models.config import REPO_ROOT
+    from models.loading import load_config
 
     config = load_config(REPO_ROOT / "configs" / "cpu.yaml")
     monkeypatch.setattr(pages, "bf16_supported", lambda device: True)

@@ -1,6 +1,6 @@
 import pytest
 
-import models.stages  # noqa: F401  (registers the stages' fields)
+import models.loading  # noqa: F401  (registers the stages' fields)
 from models.prompting import PROMPT_DIR, PromptError, PromptLibrary, load_prompt, render_with_evidence
 from models.state import QueryState
 from tests.conftest import write

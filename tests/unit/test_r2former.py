@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from models.config import ConfigError, load_config
+from models.config import ConfigError
+from models.loading import load_config
 from models.prompting import Messages
 from models.retrieval.r2former_head import (
     R2Former,

@@ -8,8 +8,9 @@ from dataclasses import replace
 import pytest
 
 from evaluation import manifest
-from models.config import REPO_ROOT, load_config
+from models.config import REPO_ROOT
 from models.llm.backend import Sample
+from models.loading import load_config
 from models.prompting import PromptLibrary
 from models.stages.knowledge import KnowledgeStage
 from models.stages.stage import Batch

@@ -219,7 +219,8 @@ def test_resources_are_built_after_what_they_depend_on_in_registration_order():
 def test_a_shared_section_takes_keys_from_several_stages_and_each_reads_its_own(registries_restored, tmp_path):
     from dataclasses import dataclass
 
-    from models.config import STAGE_SECTIONS, load_config
+    from models.config import STAGE_SECTIONS
+    from models.loading import load_config
     from models.prompting import PromptLibrary
     from models.stages.stage import Batch
     from utils.time_budget import Deadline
@@ -269,7 +270,8 @@ def test_every_built_in_stage_module_is_listed_once_and_registers_what_the_list_
     strategy can name, so the list is checked against the files that register stages."""
     import ast
 
-    from models.config import REPO_ROOT, STAGE_MODULES
+    from models.config import REPO_ROOT
+    from models.loading import STAGE_MODULES
 
     def registers_a_stage(path) -> bool:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -291,7 +293,8 @@ def test_the_core_modules_name_no_feature():
     import ast
     import dataclasses
 
-    from models.config import REPO_ROOT, STAGE_MODULES, STAGE_SECTIONS, SystemConfig
+    from models.config import REPO_ROOT, STAGE_SECTIONS, SystemConfig
+    from models.loading import STAGE_MODULES
     from models.resources import RESOURCES
     from models.state import ADDED_FIELDS, QUERY_STATE_FIELDS
 
@@ -322,7 +325,8 @@ def test_the_core_modules_name_no_feature():
 def test_a_retriever_declares_what_it_needs_and_becomes_a_choice(registries_restored, tmp_path):
     from dataclasses import dataclass
 
-    from models.config import CHOICES, load_config
+    from models.config import CHOICES
+    from models.loading import load_config
     from models.resources import RESOURCES
     from models.stages.references import ReferencesStage
     from models.stages.retrievers import RETRIEVERS, Retriever

@@ -5,8 +5,9 @@ import pickle
 
 import pytest
 
-from models.config import DOMAINS, DYNAMISM, REPO_ROOT, load_config
+from models.config import DOMAINS, DYNAMISM, REPO_ROOT
 from models.llm.backend import DEADLINE, LENGTH, BackendUnavailable, Sample
+from models.loading import load_config
 from models.stages.attributes import SVMAttributes, demonstrations, parse_icl, read_labelled, vote
 from models.stages.calculator import calculations, candidate_expressions
 from models.stages.precheck import DynamicIDKSettings

@@ -25,7 +25,7 @@ PROMPT_FILE = REPO_ROOT / "tests" / "stages" / f"{STAGE}.yaml"
 DRIVER = """
 import json, sys
 from evaluation.choices import check_prompts
-from models.config import config_keys, load_config
+from models.loading import config_keys, load_config
 from models.system import CragSystem
 from tests.conftest import to_batch
 from tests.fakes import SEED_REPLY, HashEmbedder, ScriptedLLM, prompt_name
@@ -114,7 +114,7 @@ def test_a_misspelt_key_of_the_stage_is_one_line_with_the_closest_name(tmp_path)
 # The walk: a stage before the answer whose evidence block reaches the reasoning prompt, every LLM call recorded.
 EVIDENCE_DRIVER = """
 import json, sys
-from models.config import load_config
+from models.loading import load_config
 from models.system import CragSystem
 from tests.conftest import to_batch
 from tests.fakes import SEED_REPLY, HashEmbedder, ScriptedLLM

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from models.config import LLMConfig, VLLMConfig
-from models.llm.backend import DEADLINE, LENGTH, STOP, BackendUnavailable, GenParams, create_llm, cut_short
+from models.llm.backend import DEADLINE, LENGTH, STOP, BackendUnavailable, GenParams, cut_short
+from models.llm.backends import create_llm
 from models.llm.vllm import load_input_embeddings
 from tests.fakes import texts
 from tests.vllm_fake import FakeLLMEngine, RequestOutputKind, SamplingParams, install, model_folder

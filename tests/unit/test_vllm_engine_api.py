@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from models.config import LLMConfig, VLLMConfig
-from models.llm.backend import GenParams, create_llm
+from models.llm.backend import GenParams
+from models.llm.backends import create_llm
 from tests.vllm_fake import FakeLLMEngine, install_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,7 +114,7 @@ def test_the_backend_calls_the_engine_only_as_the_release_allows(api):
 def test_the_t4_config_s_kv_cache_dtype_is_one_of_the_release_s(api):
     """The T4 config keeps the KV cache in the model's float16 ("auto"; fp8 needs a newer GPU): the value it
     resolves to, and that the release's EngineArgs has the field."""
-    from models.config import load_config
+    from models.loading import load_config
 
     config = load_config(ROOT / "configs" / "t4x4-llama3-70b-gptq.yaml")
     assert config.llm.backend == "vllm" and config.llm.vllm.kv_cache_dtype == "auto"
@@ -203,7 +204,7 @@ def serve_command(path: Path) -> list[str]:
 def test_the_single_gpu_config_s_vllm_serve_flags_exist_in_the_release(api):
     """configs/gpu1-llama3-8b-w4a16.yaml's `vllm serve` line (also in docs/how-to/gpu-submission.md) uses flags the
     release's serve parser has: its own, FrontendArgs' and EngineArgs' (a boolean flag also as --no-...)."""
-    from models.config import load_config
+    from models.loading import load_config
 
     path = ROOT / "configs" / "gpu1-llama3-8b-w4a16.yaml"
     command = serve_command(path)

@@ -11,8 +11,7 @@ import textwrap
 
 import pytest
 
-from models.config import load_config
-from models.stages import pipeline_stages
+from models.loading import load_config, pipeline_stages
 from tests.vllm.conftest import REPO
 from tests.vllm.test_submission import T4
 

@@ -21,10 +21,11 @@ import psutil
 import pytest
 
 from evaluation.llm_server import serve_command, server_env
-from models.config import REPO_ROOT, load_config
+from models.config import REPO_ROOT
 from models.llm.backend import LENGTH, STOP, BackendUnavailable, GenParams
 from models.llm.openai import OpenAIBackend
 from models.llm.profile import load_profile
+from models.loading import load_config
 from tests.servers import free_port, running
 from tests.vllm.test_submission import GPU1
 from tests.vllm_scenarios import SHORT, STORY

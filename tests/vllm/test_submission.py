@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.config import load_config
 from models.llm.vllm import engine_kwargs
+from models.loading import load_config
 from tests.vllm.conftest import REPO, SMOLLM2_W4A16
 
 T4 = REPO / "configs" / "t4x4-llama3-70b-gptq.yaml"
@@ -75,8 +75,8 @@ def test_the_grader_s_import_works_in_the_image_s_environment():
 def test_every_stage_the_gpu_configs_enable_imports_and_its_files_load(path):
     """Each stage class of the config's strategy, its prompts and its data files (the attributes SVM and the
     embedder it needs, the answer gate) set up here, with the LLM, embedder and KG left to the rehearsal."""
+    from models.loading import pipeline_stages
     from models.prompting import PromptLibrary
-    from models.stages import pipeline_stages
 
     config = load_config(path)
     stages = pipeline_stages(config)
