@@ -23,7 +23,7 @@ from rank_bm25 import BM25Okapi
 
 from models.retrieval.dense import best_first, select
 from models.stages import hash_retriever  # noqa: F401  (registers the hash retriever)
-from models.stages.retrievers import RETRIEVERS, Pool, split_rows
+from models.stages.retrievers import RETRIEVERS, Pool, Retriever, split_rows
 from models.stages.stage import STAGES, Stage, StageContext
 from models.state import QueryState, Reference
 from utils.web_pages import ProcessedPage
@@ -116,17 +116,21 @@ def embed_in_turn(embedder: Any, per_query: list[list[Reference]], deadline: Any
     return blocks
 
 
-# The built-in retrievers, each registered by its module.
-_RETRIEVERS = [RETRIEVERS.get(name) for name in RETRIEVERS]
-
-
 @STAGES.register("references")
 class ReferencesStage(Stage):
-    prompts = tuple(dict.fromkeys(name for cls in _RETRIEVERS for name in cls.prompts))
+    """What its retrievers declare (prompts, fields, resources, signals) is added to its own as each registers
+    (`take`), so that a retriever of a config's `stage_modules` gets what it needs, as a built-in one does."""
+
     sections = ("references",)
-    writes = frozenset({"references", "reference_vectors", "query_vector", "candidates", "candidate_vectors",
-                        *(spec.name for cls in _RETRIEVERS for spec in cls.fields)})
-    needs = frozenset({"pages", "embedder", "reranker", *(name for cls in _RETRIEVERS for name in cls.needs)})
+    writes = frozenset({"references", "reference_vectors", "query_vector", "candidates", "candidate_vectors"})
+    needs = frozenset({"pages", "embedder", "reranker"})
+
+    @classmethod
+    def take(cls, retriever: type[Retriever]) -> None:
+        cls.prompts = tuple(dict.fromkeys((*cls.prompts, *retriever.prompts)))
+        cls.writes = cls.writes | {spec.name for spec in retriever.fields}
+        cls.needs = cls.needs | retriever.needs
+        cls.signals = {**cls.signals, **retriever.signals}
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:
         settings = ctx.settings
@@ -170,3 +174,6 @@ class ReferencesStage(Stage):
             state.references = [replace(refs[pool.indices[c]], score=float(pool.scores[c])) for c in chosen]
             state.reference_vectors = block[[pool.indices[c] for c in chosen]]
             retriever.kept(n, state, refs, pool, chosen, ctx)
+
+
+RETRIEVERS.on_register(ReferencesStage.take)  # the built-in retrievers now, a config's own when it registers

@@ -1,9 +1,10 @@
 """Retrievers of the references stage (`references.retriever`): how a query's embedded candidates are ranked
 before the re-ranker and the top-k. `dense` ranks them by cosine. A retriever that needs more (HASH-RAG's hash
 index, models/stages/hash_retriever.py) declares it on its class, as a stage does: keys of the `references`
-section, QueryState fields, resources, the prompts it renders and the resources it needs; registering it registers
-them, and makes its name a value `references.retriever` takes. The references stage imports its retrievers, so
-what they need is what it needs."""
+section, QueryState fields, resources, the prompts it renders, the resources it needs and the gate signals it
+writes; registering it registers them, and makes its name a value `references.retriever` takes. What a retriever
+declares becomes the references stage's (`RETRIEVERS.on_register`), whether it registers with the built-in ones or
+later, from a config's `stage_modules`."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from models.config import add_choice
 from models.registry import Registry
 from models.resources import Resource
 from models.stages.stage import declaring
@@ -41,6 +41,7 @@ class Retriever:
     resources: ClassVar[dict[str, Resource]] = {}
     prompts: ClassVar[tuple[str, ...]] = ()
     needs: ClassVar[frozenset[str]] = frozenset()
+    signals: ClassVar[dict[str, str]] = {}  # the answer gate's signals it writes: name -> what it means
 
     def prepare(self, states: list[QueryState], per_query: list[list[Reference]], blocks: list[np.ndarray],
                 queries: np.ndarray, ctx: StageContext) -> None:
@@ -58,8 +59,12 @@ class Retriever:
 
 
 class RetrieverRegistry(Registry[Retriever]):
-    """Retrievers by name; registering one registers what it declares and makes its name a choice of
-    `references.retriever`."""
+    """Retrievers by name; registering one registers what it declares, makes its name a choice of
+    `references.retriever`, and tells every listener (`on_register`)."""
+
+    def __init__(self, kind: str, base: type) -> None:
+        super().__init__(kind, base)
+        self._listeners: list[Callable[[type[Retriever]], None]] = []
 
     def register(self, name: str) -> Callable[[type[Retriever]], type[Retriever]]:
         add = super().register(name)
@@ -68,13 +73,21 @@ class RetrieverRegistry(Registry[Retriever]):
             if not (isinstance(cls, type) and issubclass(cls, Retriever)):
                 return add(cls)  # refused there, with the base class named
             sections = [("references", cls.settings, True)] if cls.settings is not None else []
-            with declaring(f"retriever {name!r}", cls.__module__, sections, cls.fields, cls.resources):
+            with declaring(f"retriever {name!r}", cls.__module__, sections, cls.fields, cls.resources,
+                           choices=[("retriever", name)]):
                 registered = add(cls)
             cls.name = name
-            add_choice("retriever", name)
+            for listener in self._listeners:
+                listener(cls)
             return registered
 
         return declare
+
+    def on_register(self, listener: Callable[[type[Retriever]], None]) -> None:
+        """Call `listener` with every retriever registered so far, in order, and with each one registered later."""
+        self._listeners.append(listener)
+        for name in self:
+            listener(self.get(name))
 
 
 RETRIEVERS = RetrieverRegistry("retriever", Retriever)

@@ -47,7 +47,7 @@ from typing import Any, ClassVar
 import numpy as np
 from loguru import logger
 
-from models.config import STAGE_SECTIONS, BudgetConfig, SystemConfig, add_section
+from models.config import CHOICES, STAGE_SECTIONS, BudgetConfig, SystemConfig, add_choice, add_section
 from models.estimates import StagePlan
 from models.llm.backend import FAILED, GenParams, Sample
 from models.prompting import Messages, Prompt, PromptLibrary
@@ -154,14 +154,17 @@ STAGES = StageRegistry("stage", Stage)
 
 @contextlib.contextmanager
 def declaring(what: str, owner: str, sections: Iterable[tuple[str, type, bool]], fields: Iterable[StateField[Any]],
-              resources: dict[str, Resource]) -> Iterator[None]:
+              resources: dict[str, Resource], choices: Iterable[tuple[str, str]] = ()) -> Iterator[None]:
     """Register what `what` (a stage, a retriever) declared in module `owner` adds: config keys (section name,
-    dataclass, whether the section is shared), QueryState fields and resources. Where that or the block raises a
-    ValueError, nothing of it stays registered; a clash is a RegistryError naming `what`."""
-    tables: tuple[dict[str, Any], ...] = (STAGE_SECTIONS, ADDED_FIELDS, RESOURCES)
+    dataclass, whether the section is shared), QueryState fields, resources and values of `Choice` keys (table,
+    name). Where that or the block raises a ValueError, nothing of it stays registered; a clash is a RegistryError
+    naming `what`."""
+    tables: tuple[dict[str, Any], ...] = (STAGE_SECTIONS, ADDED_FIELDS, RESOURCES, CHOICES)
     saved = [dict(table) for table in tables]
     try:
         try:
+            for key, choice in choices:
+                add_choice(key, choice)
             for section, settings, shared in sections:
                 add_section(section, settings, owner, shared)
             for spec in fields:

@@ -353,7 +353,7 @@ def test_a_retriever_declares_what_it_needs_and_becomes_a_choice(registries_rest
 
         with pytest.raises(RegistryError, match="config key references.top_k is already a key of SystemConfig's"):
             RETRIEVERS.register("clash")(type("Clash", (Retriever,), {"settings": TopK}))
-        assert "clash" not in RETRIEVERS and "clash" not in CHOICES["retriever"]
+        assert "clash" not in RETRIEVERS and "clash" not in CHOICES["retriever"]  # taken back with the rest
     finally:
         CHOICES["retriever"] = saved
         RETRIEVERS._entries.pop("sparse", None)
@@ -362,6 +362,29 @@ def test_a_retriever_declares_what_it_needs_and_becomes_a_choice(registries_rest
     assert RESOURCES["hash_model"][0] == "models.stages.hash_retriever" and "propositions" in ReferencesStage.prompts
     with pytest.raises(ConfigError, match="'references.retriever' is 'sparse'; one of \\['dense', 'hash'\\]"):
         load_config(write(tmp_path / "gone.yaml", "references:\n  retriever: sparse\n"))
+
+
+def test_a_retriever_registered_after_the_references_stage_gives_it_what_it_declares(registries_restored):
+    """A retriever of a config's `stage_modules` registers after the built-in stages: its fields, needs, prompts
+    and signals still become the references stage's, so the pipeline builds its resources and lets it write."""
+    from models.config import CHOICES
+    from models.stages.references import ReferencesStage
+    from models.stages.retrievers import RETRIEVERS, Retriever
+    from models.state import StateField
+
+    saved = {key: getattr(ReferencesStage, key) for key in ("prompts", "writes", "needs", "signals")}
+    choices = list(CHOICES["retriever"])
+    declared = {"fields": (StateField[float]("late_score", 0.0),), "needs": frozenset({"llm"}),
+                "prompts": ("summariser",), "signals": {"late.score": "the late retriever's best score"}}
+    try:
+        RETRIEVERS.register("late")(type("Late", (Retriever,), declared))
+        assert "late_score" in ReferencesStage.writes and "llm" in ReferencesStage.needs
+        assert "summariser" in ReferencesStage.prompts and "late.score" in ReferencesStage().declared_signals()
+    finally:
+        for key, value in saved.items():
+            setattr(ReferencesStage, key, value)
+        CHOICES["retriever"] = choices
+        RETRIEVERS._entries.pop("late", None)
 
 
 class Unsigned(Stage):
