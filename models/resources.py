@@ -3,9 +3,10 @@ resources it is built from. A stage names its resources in `needs`; a stage that
 `Stage.resources`, which registers it here.
 
 The shared resources are registered here: the page workers, the LLM backend, the sentence embedder and the
-cross-encoder; the others by the stages that bring them. They are built in the order they are registered, a
-resource after those it depends on, those marked `first` before all: a check of the config that loads no model.
-The pages come next, so their workers fork before any model loads and copy no model or GPU state.
+cross-encoder; the others by the stages that bring them, in any order: a resource may depend on one a later module
+registers. They are built after what they depend on, else in the order they are registered, those marked `first`
+before all (a check of the config that loads no model). The pages come next, so their workers fork before any
+model loads and copy no model or GPU state.
 """
 
 from __future__ import annotations
@@ -45,25 +46,36 @@ RESOURCES: dict[str, tuple[str, Resource]] = {}  # name -> (declaring module, re
 
 
 def add_resource(name: str, resource: Resource, owner: str) -> None:
-    """Register `resource` as `name` (declared by `owner`, a module); its dependencies must be registered first."""
+    """Register `resource` as `name` (declared by `owner`, a module). What it depends on may be registered later:
+    `build_order` checks it."""
     taken = RESOURCES.get(name)
     if taken is not None and taken[0] != owner:
         raise RegistryError(f"{owner}: resource {name!r} is already declared by {taken[0]}")
-    if unknown := [d for d in resource.depends if d not in RESOURCES]:
-        raise RegistryError(f"{owner}: resource {name!r} depends on unknown resources {unknown}; known: "
-                            f"{', '.join(RESOURCES)}")
     RESOURCES[name] = (owner, resource)
 
 
 def build_order(needed: Iterable[str]) -> list[str]:
-    """`needed` and what they depend on, in registration order (dependencies are registered first)."""
+    """`needed` and what they depend on, each after its dependencies, else those marked `first` first and the rest
+    in registration order. A RegistryError names a dependency nothing registers, or a cycle."""
     wanted, stack = set(), list(needed)
     while stack:
         name = stack.pop()
         if name not in wanted:
             wanted.add(name)
-            stack.extend(RESOURCES[name][1].depends)
-    return sorted((name for name in RESOURCES if name in wanted), key=lambda name: not RESOURCES[name][1].first)
+            for dependency in RESOURCES[name][1].depends:
+                if dependency not in RESOURCES:
+                    raise RegistryError(f"{RESOURCES[name][0]}: resource {name!r} depends on unknown resource "
+                                        f"{dependency!r}; known: {', '.join(RESOURCES)}")
+                stack.append(dependency)
+    waiting = sorted((name for name in RESOURCES if name in wanted), key=lambda name: not RESOURCES[name][1].first)
+    order: list[str] = []
+    while waiting:
+        ready = next((name for name in waiting if set(RESOURCES[name][1].depends) <= set(order)), None)
+        if ready is None:
+            raise RegistryError(f"resources depend on each other in a cycle: {', '.join(waiting)}")
+        order.append(ready)
+        waiting.remove(ready)
+    return order
 
 
 def build_resources(config: SystemConfig, prompts: PromptLibrary, needed: Iterable[str],

@@ -198,8 +198,6 @@ def test_what_a_stage_adds_is_refused_where_it_clashes_or_names_nothing(registri
         STAGES.register("adds_answer")(stage(fields=(StateField("answer", str),)))
     with pytest.raises(RegistryError, match="field 'reason' is already a QueryState field or a key of its record"):
         STAGES.register("adds_reason")(stage(fields=(StateField("reason", str),)))
-    with pytest.raises(RegistryError, match="resource 'index' depends on unknown resources \\['gpu'\\]"):
-        STAGES.register("adds_index")(stage(resources={"index": Resource(lambda *a: None, depends=("gpu",))}))
     with pytest.raises(RegistryError, match="resource 'llm' is already declared by models.resources"):
         STAGES.register("adds_llm")(stage(resources={"llm": Resource(lambda *a: None)}))
     with pytest.raises(RegistryError, match="needs unknown resources \\['gpu'\\]"):  # after its settings registered
@@ -209,11 +207,21 @@ def test_what_a_stage_adds_is_refused_where_it_clashes_or_names_nothing(registri
     assert "half_added" not in STAGE_SECTIONS and "half_added" not in STAGES  # a refused stage leaves nothing
 
 
-def test_resources_are_built_after_what_they_depend_on_in_registration_order():
-    from models.resources import build_order
+def test_resources_are_built_after_what_they_depend_on_in_registration_order(registries_restored):
+    from models.resources import RESOURCES, Resource, add_resource, build_order
 
     assert build_order(["r2former"]) == ["llm", "embedder", "r2former"]
     assert build_order(["kg", "gate", "pages"]) == ["gate", "pages", "kg"]  # the gate (first) before all
+    # a resource may depend on one registered after it (a later stage module's): built after it all the same
+    add_resource("index", Resource(lambda *a: None, depends=("shards",)), "early")
+    add_resource("shards", Resource(lambda *a: None, depends=("embedder",)), "late")
+    assert build_order(["index", "pages"]) == ["pages", "embedder", "shards", "index"]
+    add_resource("gpu_index", Resource(lambda *a: None, depends=("gpu",)), "typo")
+    with pytest.raises(RegistryError, match="typo: resource 'gpu_index' depends on unknown resource 'gpu'"):
+        build_order(["gpu_index"])
+    RESOURCES["shards"] = ("late", Resource(lambda *a: None, depends=("index",)))
+    with pytest.raises(RegistryError, match="resources depend on each other in a cycle: index, shards"):
+        build_order(["index"])
 
 
 def test_a_shared_section_takes_keys_from_several_stages_and_each_reads_its_own(registries_restored, tmp_path):
