@@ -231,10 +231,14 @@ class QueryState:
                                             spec.evidence.grounds, spec.evidence.listed))
         return blocks
 
+    def grounding_blocks(self) -> list[EvidenceBlock]:
+        """The blocks of evidence that are a source of their own beside the pages' references (`Evidence.grounds`:
+        the KG's rows)."""
+        return [block for block in self.evidence_blocks() if block.grounds]
+
     def grounded(self) -> bool:
-        """Whether a block of evidence that is a source of its own backs an answer besides the pages' references
-        (`Evidence.grounds`: the KG's rows)."""
-        return any(block.grounds for block in self.evidence_blocks())
+        """Whether a block of evidence that is a source of its own backs an answer besides the pages' references."""
+        return bool(self.grounding_blocks())
 
     def finish(self, answer: str, reason: str) -> None:
         """Fix the answer now; later LLM stages leave this query alone."""

@@ -55,7 +55,7 @@ def converted_folder(gguf: Path, cache_dir: str | None) -> Path:
     target = cache_root(cache_dir) / "hf" / f"{gguf.stem}-{_fingerprint(gguf)}-{FOLDER_FORMAT}"
     if (target / "config.json").is_file():
         return target
-    logger.info("converting {} to an HF folder under {} (once; ~25 s)", gguf.name, target)
+    logger.info("converting {} to an HF folder under {} (once; later runs reuse it)", gguf.name, target)
     target.parent.mkdir(parents=True, exist_ok=True)
     model: Any = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

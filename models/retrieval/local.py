@@ -51,10 +51,9 @@ class LocalRetriever:
         refs = list(state.candidates)
         texts = [r.embedded_as() for r in refs]
         parts = [self._vectors(state, "pages", texts, state.candidate_vectors)] if refs else []
-        for block in state.evidence_blocks():
-            if block.grounds:
-                refs += [Reference(str(line), block.kind) for line in block.lines]
-                parts.append(self._vectors(state, block.name, [str(line) for line in block.lines], None))
+        for block in state.grounding_blocks():
+            refs += [Reference(str(line), block.kind) for line in block.lines]
+            parts.append(self._vectors(state, block.name, [str(line) for line in block.lines], None))
         return refs, (np.vstack(parts) if parts else np.zeros((0, 1), dtype=np.float32))
 
     def search(self, requests: list[Request], k: int) -> list[list[Reference]]:

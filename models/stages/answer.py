@@ -88,7 +88,6 @@ def support_signals(state: QueryState) -> dict[str, Signal]:
     found_best = set(_WORD.findall(best.text.lower())) if best else set()
     found_any = found_best.union(*(_WORD.findall(text.lower()) for text in
                                    [r.text for r in state.references if r is not best]
-                                   + [str(line) for block in state.evidence_blocks() if block.grounds
-                                      for line in block.lines]))
+                                   + [str(line) for block in state.grounding_blocks() for line in block.lines]))
     return {"answer.support_best": len(words & found_best) / len(words),
             "answer.support_any": len(words & found_any) / len(words)}
