@@ -24,27 +24,29 @@ def traced(packages: list[str]) -> list[tuple[str, str]]:
         return real(name, package)
 
     importlib.import_module = import_module  # type: ignore[assignment]
-    for package in packages:
-        root = real(package)
-        for info in pkgutil.walk_packages(getattr(root, "__path__", []), f"{package}."):
-            try:
-                real(info.name)
-            except (ImportError, SystemExit):  # a module whose optional package (vllm, ray) is not installed here
-                continue
-    from models.loading import load_config
-    from models.registry import Registry
+    try:
+        for package in packages:
+            root = real(package)
+            for info in pkgutil.walk_packages(getattr(root, "__path__", []), f"{package}."):
+                try:
+                    real(info.name)
+                except (ImportError, SystemExit) as err:  # an optional package (vllm, ray) not installed here
+                    print(f"not traced: {info.name} ({type(err).__name__}: {err})", file=sys.stderr)
+        from models.loading import load_config
+        from models.registry import Registry
 
-    for config in sorted((REPO / "configs").glob("*.yaml")):
-        load_config(config)
-    registries = {id(value): value for module in list(sys.modules.values()) if module is not None
-                  for value in list(vars(module).values()) if isinstance(value, Registry)}
-    for registry in registries.values():
-        for name in list(registry):
-            try:
-                registry.get(name)
-            except ImportError:  # the edge is taken before the import fails
-                continue
-    importlib.import_module = real
+        for config in sorted((REPO / "configs").glob("*.yaml")):
+            load_config(config)
+        registries = {id(value): value for module in list(sys.modules.values()) if module is not None
+                      for value in list(vars(module).values()) if isinstance(value, Registry)}
+        for registry in registries.values():
+            for name in list(registry):
+                try:
+                    registry.get(name)
+                except ImportError as err:  # the edge is taken before the import fails
+                    print(f"not imported: {registry.kind} {name!r} ({err})", file=sys.stderr)
+    finally:
+        importlib.import_module = real
     return sorted(edges)
 
 

@@ -118,7 +118,7 @@ def embed_in_turn(embedder: Any, per_query: list[list[Reference]], deadline: Any
 
 @STAGES.register("references")
 class ReferencesStage(Stage):
-    """What its retrievers declare (prompts, fields, resources, signals) is added to its own as each registers
+    """What its retrievers declare (prompts, fields, needed resources, signals) is added to its own as each registers
     (`take`), so that a retriever of a config's `stage_modules` gets what it needs, as a built-in one does."""
 
     sections = ("references",)

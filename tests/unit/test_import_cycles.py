@@ -35,8 +35,8 @@ def import_cycles(*packages: str, by_name: list[tuple[str, str]] = ()) -> list[l
 
 
 def imports_by_name() -> list[tuple[str, str]]:
-    traced = subprocess.run([sys.executable, "-m", "tests.import_trace", *PACKAGES], capture_output=True, text=True,
-                            check=True)
+    traced = subprocess.run([sys.executable, "-m", "tests.import_trace", *PACKAGES], capture_output=True, text=True)
+    assert traced.returncode == 0, traced.stderr[-3000:]
     return [tuple(edge) for edge in json.loads(traced.stdout)]
 
 
