@@ -45,6 +45,15 @@ def test_summariser_with_nothing_to_say_gives_idk(make_system, sample_examples):
     assert "summariser returned nothing" in result.trace[0]["reason"]
 
 
+def test_a_summariser_call_the_deadline_ended_before_any_text_says_so(make_system, sample_examples):
+    """What the openai backend gives for a request the batch deadline ended: no text, DEADLINE; not a failed call."""
+    llm = ScriptedLLM(by_prompt(reasoning="no block here", summariser=Sample("", DEADLINE)))
+    result = make_system(llm).answer_batch(to_batch(sample_examples[:1]))
+    assert result.answers == ["i don't know"]
+    assert result.trace[0]["reason"] == "the summariser's generation was cut short (deadline)"
+    assert not result.trace[0].get("llm_failures")
+
+
 def test_summariser_off_declines_an_unparsable_output_without_a_call(make_system, sample_examples, cpu_config):
     cpu_config.reasoning.summariser_max_tokens = 0
     llm = ScriptedLLM(by_prompt(reasoning=lambda c: "I think it is Nolan" if "inception" in c[1]["content"]
