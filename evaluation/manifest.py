@@ -74,7 +74,7 @@ def answer_inputs(config: SystemConfig, data: Path, time_limit_s: float | None, 
     return {
         "config": resolved,
         "weights": weights_of(resolved["llm"]),
-        "prompts": PromptLibrary(config.prompts).hashes(),
+        "prompts": PromptLibrary(config.prompts).digests(),
         "data": {"name": data.name, "sha256": file_hash(data)},
         "time_limit_s": time_limit_s,
     }
@@ -118,6 +118,8 @@ def build(answers: dict[str, Any], selection: Selection, judge: dict[str, Any]) 
 
 
 def load(folder: Path) -> dict[str, Any] | None:
+    """The folder's manifest, None where it has none or it cannot be read (said in a warning); prompts recorded by
+    their file's sha256, as older manifests hold them, read as the digest of that file (`PromptLibrary.upgrade`)."""
     path = folder / MANIFEST
     if not path.is_file():
         return None
@@ -129,6 +131,12 @@ def load(folder: Path) -> dict[str, Any] | None:
     if not isinstance(data, dict):
         logger.warning("{}: not a JSON object; the run folder is treated as having no manifest", path)
         return None
+    answers = data.get("answers")
+    if isinstance(answers, dict) and isinstance(answers.get("prompts"), dict):
+        config = answers.get("config")
+        overrides = config.get("prompts") if isinstance(config, dict) else None
+        library = PromptLibrary(overrides if isinstance(overrides, dict) else None)
+        answers["prompts"] = library.upgrade(answers["prompts"])
     return data
 
 

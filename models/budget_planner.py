@@ -5,7 +5,7 @@ The model of time, per LLM stage and batch of B queries (vLLM and hf both batch 
 where a decode step advances every sequence of the batch by one token, so its time barely grows with B until
 the GPUs are full (an assumption: measure at the batch size you plan to use). Generated tokens are each stage's
 `max_tokens` (a stage may stop earlier: the plan is an upper bound). Prompt tokens are estimated at 4
-characters a token from the prompt file and the reference budgets of the config, by each stage
+characters a token from what the prompt renders for every query and the reference budgets of the config, by each stage
 (`Stage.estimate`, models/estimates.py). Page processing and embedding are `pages_s` per query, measured on real
 pages.
 

@@ -1,5 +1,5 @@
 """What a stage tells the budget planner (models/budget_planner.py): the LLM calls one query makes in it, each as a
-StagePlan, with prompt tokens estimated from the prompt file and the config's character budgets.
+StagePlan, with prompt tokens estimated from the prompt's fixed text and the config's character budgets.
 
 A stage declares them in `Stage.estimate`; the planner adds them up in the strategy's order.
 """
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from models.prompting import PromptLibrary
 
 CHARS_PER_TOKEN = 4
-QUERY_TOKENS = 40  # the question, its time and the section headers
+QUERY_TOKENS = 40  # the question and its time
 
 
 @dataclass(frozen=True)
@@ -40,5 +40,6 @@ def tokens(chars: int) -> int:
 
 
 def template_tokens(prompts: PromptLibrary, name: str) -> int:
-    """Tokens of prompt `name`'s file and the question it carries."""
-    return tokens(len(prompts.get(name).path.read_text(encoding="utf-8"))) + QUERY_TOKENS
+    """Tokens of what prompt `name` renders for every query (its fixed text) and of the question it carries: a
+    comment in the prompt file, or a template construct that renders nothing without its evidence, costs none."""
+    return tokens(len(prompts.get(name).fixed_text())) + QUERY_TOKENS

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+import json
+import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import jinja2
+import jinja2.lexer
 import jinja2.meta
 import yaml
 
@@ -19,6 +22,43 @@ from utils.errors import HarnessError
 PROMPT_DIR = REPO_ROOT / "prompts"
 _ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=False,
                           trim_blocks=True, lstrip_blocks=True, autoescape=False)
+
+
+class _Empty:
+    """A variable left empty, whatever its type: it renders as "", is false, iterates and measures as nothing, and its
+    attributes, items, calls (`outline.items()`) and sums (`references + tables`) are empty too."""
+
+    def __str__(self) -> str:
+        return ""
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __len__(self) -> int:
+        return 0
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(())
+
+    def __getattr__(self, name: str) -> _Empty:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self
+
+    def __getitem__(self, key: Any) -> _Empty:
+        return self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> _Empty:
+        return self
+
+    def __add__(self, other: Any) -> _Empty:
+        return self
+
+    __radd__ = __add__
+
+
+DIGEST_PREFIX = "template-sha256:"
+_FILE_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class PromptError(HarnessError, ValueError):
@@ -42,6 +82,23 @@ class Prompt:
     variables: frozenset[str]
     system: jinja2.Template
     user: jinja2.Template
+    sources: tuple[str, str]  # the system and user templates' text
+
+    @property
+    def digest(self) -> str:
+        """What the prompt is, as a run's manifest and a gate's setup record it: its variables and its templates'
+        tokens, without comments and the spaces inside tags. An edit to a comment leaves it as it was; an edit to
+        anything the prompt can render changes it."""
+        tokens = [[(kind, value) for _, kind, value in _ENV.lex(source) if kind not in jinja2.lexer.ignored_tokens]
+                  for source in self.sources]
+        canonical = json.dumps({"variables": sorted(self.variables), "templates": tokens}, ensure_ascii=False)
+        return DIGEST_PREFIX + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+    def fixed_text(self) -> str:
+        """The system and user messages rendered with every variable empty: the text every query's prompt holds,
+        which the budget planner counts (models/estimates.py)."""
+        empty = dict.fromkeys(self.variables, _Empty())
+        return "\n".join(template.render(**empty).strip() for template in (self.system, self.user))
 
     def render(self, **values: Any) -> Messages:
         """Messages for the LLM; a declared variable left out is an error, never a blank."""
@@ -75,7 +132,8 @@ def load_prompt(path: Path, name: str | None = None) -> Prompt:
             raise PromptError(f"{path}: {part} template, line {err.lineno}: {err.message}") from err
         if used - declared:
             raise PromptError(f"{path}: {part} template uses undeclared {sorted(used - declared)}")
-    return Prompt(name or path.stem, path, declared, templates["system"], templates["user"])
+    return Prompt(name or path.stem, path, declared, templates["system"], templates["user"],
+                  (data["system"], data["user"]))
 
 
 def render_with_evidence(prompt: Prompt, state: QueryState, **values: Any) -> Messages:
@@ -114,8 +172,22 @@ class PromptLibrary:
             self._cache[name] = load_prompt(path, name)
         return self._cache[name]
 
-    def hashes(self) -> dict[str, str]:
-        """sha256 of the file behind every prompt this library serves (the shipped ones and the overrides), by
-        name: what a run's manifest and a gate's setup record."""
+    def digests(self) -> dict[str, str]:
+        """`Prompt.digest` of every prompt this library serves (the shipped ones and the overrides), by name: what a
+        run's manifest and a gate's setup record."""
         names = {path.stem for path in self._directory.glob("*.yaml")} | set(self._overrides)
-        return {name: hashlib.sha256(self.get(name).path.read_bytes()).hexdigest() for name in sorted(names)}
+        return {name: self.get(name).digest for name in sorted(names)}
+
+    def upgrade(self, recorded: dict[str, Any]) -> dict[str, Any]:
+        """`recorded` prompt identities (a manifest's, a gate's setup's) with each file sha256, which records made
+        before digests hold, replaced by the digest of the prompt file with those bytes among the shipped prompts,
+        their variants and this library's overrides. A record of an unchanged file then compares equal; one of a
+        file changed since keeps its sha256, which no digest equals."""
+        old = {value for value in recorded.values() if isinstance(value, str) and _FILE_SHA256.fullmatch(value)}
+        if not old:
+            return recorded
+        paths = set(self._directory.rglob("*.yaml")) | {REPO_ROOT / path for path in self._overrides.values()
+                                                         if isinstance(path, str)}
+        by_bytes = {hashlib.sha256(path.read_bytes()).hexdigest(): path for path in paths if path.is_file()}
+        return {name: load_prompt(by_bytes[value]).digest if value in old and value in by_bytes else value
+                for name, value in recorded.items()}

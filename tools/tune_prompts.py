@@ -80,13 +80,14 @@ def state_from_json(data: dict[str, Any], pages: list[dict[str, Any]]) -> QueryS
     return QueryState(**fields)
 
 
-def upstream_key(example: dict[str, Any], config: SystemConfig, stage_names: list[str], prompt_texts: list[str]) -> str:
+def upstream_key(example: dict[str, Any], config: SystemConfig, stage_names: list[str],
+                 prompt_digests: list[str]) -> str:
     """Everything the upstream stages' output depends on: the question and its pages, the config (prompt
-    overrides aside) and the texts of the prompts those stages use."""
+    overrides aside) and the digests of the prompts those stages use."""
     settings = config.resolved()
     settings.pop("prompts")
     settings.pop("source")
-    return content_key(STAGE_CACHE_VERSION, json.dumps(settings, sort_keys=True), *stage_names, *prompt_texts,
+    return content_key(STAGE_CACHE_VERSION, json.dumps(settings, sort_keys=True), *stage_names, *prompt_digests,
                        example["interaction_id"], example["query"], example["query_time"],
                        json.dumps(example["search_results"], sort_keys=True))
 
@@ -106,8 +107,8 @@ class Tuner:
         self.system, self.prompt, self.cache = system, prompt, cache
         self.key_config = key_config or system.config
         self.upstream, self.downstream = stages[:split], stages[split:]
-        texts = [system.prompts.get(n).path.read_text(encoding="utf-8") for s in self.upstream for n in s.prompts]
-        self._key_parts = ([s.name for s in self.upstream], texts)
+        digests = [system.prompts.get(n).digest for s in self.upstream for n in s.prompts]
+        self._key_parts = ([s.name for s in self.upstream], digests)
 
     def upstream_states(self, examples: list[dict[str, Any]]) -> list[QueryState]:
         keys = [upstream_key(e, self.key_config, *self._key_parts) for e in examples]

@@ -55,10 +55,10 @@ def answering(setup: dict[str, Any]) -> dict[str, Any]:
     return {**setup, "prompts": prompts}
 
 
-def signal_setup(config: dict[str, Any], prompt_hashes: dict[str, str],
+def signal_setup(config: dict[str, Any], prompt_digests: dict[str, str],
                  weights: dict[str, str] | None = None) -> dict[str, Any]:
     """What produces the signals a gate reads, from a resolved config as plain JSON (a run manifest's
-    `answers.config`), the prompt files' hashes and the weights' (a run manifest's `answers.weights`; None: hashed
+    `answers.config`), the prompts' digests and the weights' (a run manifest's `answers.weights`; None: hashed
     now, models/llm/weights.py): the LLM (backend, model, for hf its dtype, the weights), the reasoning settings and
     the reasoning prompts it renders (`answering`). A gate fit on one setup is refused by a config of another."""
     llm = config.get("llm") or {}
@@ -69,7 +69,7 @@ def signal_setup(config: dict[str, Any], prompt_hashes: dict[str, str],
         model["dtype"] = chosen.get("dtype")
     model.update(weights_of(llm) if weights is None else weights)
     return answering({"llm": model, "reasoning": config.get("reasoning"),
-                      "prompts": {name: prompt_hashes.get(name) for name in SIGNAL_PROMPTS}})
+                      "prompts": {name: prompt_digests.get(name) for name in SIGNAL_PROMPTS}})
 
 
 def columns_for(examples: list[dict[str, Signal]]) -> list[Column]:
@@ -161,6 +161,9 @@ class Gate:
         if not len(columns) == len(gate.mean) == len(gate.scale) == len(gate.weights):
             raise GateError(f"{path}: {len(columns)} columns, {len(gate.mean)} means, {len(gate.scale)} scales and "
                             f"{len(gate.weights)} weights")
+        setup = gate.fit_on.get("setup")
+        if isinstance(setup, dict) and isinstance(setup.get("prompts"), dict):
+            gate.fit_on["setup"] = {**setup, "prompts": PromptLibrary().upgrade(setup["prompts"])}
         return gate
 
 
@@ -195,7 +198,7 @@ def gate_for(config: SystemConfig, prompts: PromptLibrary) -> Gate:
         raise ConfigError(f"{config.source}: answer.gate: {err}") from None
     fit_on = gate.fit_on.get("setup")
     resolved = json.loads(json.dumps(config.resolved()))  # as a run's manifest holds it: tuples as lists
-    changed = differences(answering(fit_on), signal_setup(resolved, prompts.hashes())) if fit_on else [
+    changed = differences(answering(fit_on), signal_setup(resolved, prompts.digests())) if fit_on else [
         "the gate file does not say what it was fit on"]
     if changed:
         said = "; ".join(changed[:6]) + (f"; and {len(changed) - 6} more" if len(changed) > 6 else "")

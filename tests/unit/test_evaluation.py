@@ -431,7 +431,7 @@ def _run_folder(out, config, count=2, judge="local"):
 def test_a_resume_with_a_changed_prompt_file_is_refused(tmp_path, capsys):
     out = _run_folder(tmp_path / "run", load_config(REPO_ROOT / "configs" / "cpu.yaml"))
     variant = write(tmp_path / "reasoning_v2.yaml", (REPO_ROOT / "prompts" / "reasoning.yaml").read_text()
-                    + "# a variant\n")
+                    .replace("Think step by step", "Think"))
     config = write_config(tmp_path / "v2.yaml", {"prompts": {"reasoning": str(variant)}})
     before = (out / "predictions.jsonl").read_bytes()
     assert local_evaluation.main(["--data", str(SAMPLE), "--config", str(config), "--out", str(out),
@@ -439,6 +439,21 @@ def test_a_resume_with_a_changed_prompt_file_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "prompts.reasoning" in err and "--out" in err and "--force-resume" in err
     assert (out / "predictions.jsonl").read_bytes() == before  # nothing mixed in
+
+
+def test_a_run_folder_that_recorded_prompt_files_sha256_resumes_while_they_are_unchanged(tmp_path, capsys):
+    """Manifests written before prompts were recorded by digest hold each file's sha256: an unchanged file reads
+    as its digest, so the folder resumes."""
+    import hashlib
+
+    out = _run_folder(tmp_path / "run", load_config(REPO_ROOT / "configs" / "cpu.yaml"))
+    written = json.loads((out / "manifest.json").read_text())
+    written["answers"]["prompts"] = {path.stem: hashlib.sha256(path.read_bytes()).hexdigest()
+                                     for path in sorted((REPO_ROOT / "prompts").glob("*.yaml"))}
+    write(out / "manifest.json", json.dumps(written))
+    assert local_evaluation.main(["--data", str(SAMPLE), "--config", str(REPO_ROOT / "configs" / "cpu.yaml"),
+                                  "--out", str(out), "--limit", "2"]) == 0
+    assert "another setup" not in capsys.readouterr().err
 
 
 def test_a_resume_with_other_weights_under_the_same_name_is_refused(tmp_path, capsys):

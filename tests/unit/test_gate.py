@@ -159,7 +159,7 @@ def number_gate(config, path, **setup_changes):
     `setup_changes` to its reasoning settings)."""
     resolved = json.loads(json.dumps(dataclasses.asdict(config)))
     resolved["reasoning"].update(setup_changes)
-    setup = signal_setup(resolved, PromptLibrary(config.prompts).hashes())
+    setup = signal_setup(resolved, PromptLibrary(config.prompts).digests())
     Gate([Column("answer.number", "number"), Column("answer.number", "missing")], [0.0, 0.0], [1.0, 1.0],
          [4.0, 0.0], -2.0, 0.5, fit_on={"setup": setup}).save(path)
     return Gate.load(path)
@@ -279,6 +279,22 @@ def test_a_gate_follows_the_prompts_its_setup_renders(cpu_config, tmp_path):
     cpu_config.prompts = {"summariser": str(tmp_path / "summariser.yaml")}
     with pytest.raises(ConfigError, match=r"fit on another setup than this config's \(prompts.summariser"):
         gate_for(cpu_config, PromptLibrary(cpu_config.prompts))
+    # a comment edit to the summariser changes nothing it renders: the gate stands
+    text = (REPO_ROOT / "prompts" / "summariser.yaml").read_text(encoding="utf-8")
+    (tmp_path / "summariser.yaml").write_text("# a comment added\n" + text, encoding="utf-8")
+    gate_for(cpu_config, PromptLibrary(cpu_config.prompts))
+
+
+def test_make_eval_s_config_takes_the_shipped_gate():
+    """The served configuration `make eval` runs accepts data/gates/cpu.json: an edit to a prompt its setup renders,
+    to the reasoning settings, to the profile or to the weights fails here, before make eval refuses the gate."""
+    from models.llm.profile import served_config
+    from models.loading import load_config
+
+    config = load_config(REPO_ROOT / "configs" / "cpu.yaml", [REPO_ROOT / "configs" / "overlays" / "vllm-cpu.yaml"])
+    config = served_config(config, load_profile(config.llm.profile), "http://127.0.0.1:1/v1", "folder")
+    gate = gate_for(config, PromptLibrary(config.prompts))
+    assert all(digest.startswith("template-sha256:") for digest in gate.fit_on["setup"]["prompts"].values())
 
 
 def test_a_gate_fit_on_the_base_is_refused_for_its_fine_tuned_folder(cpu_config, tmp_path):

@@ -109,3 +109,63 @@ def test_the_one_line_variants_reply_is_read_by_the_reasoning_stage():
     system = load_prompt(PROMPT_DIR / "variants" / "reasoning_one_line.yaml", "reasoning").system.render()
     assert "Answer: " in system  # the label the stage's parser reads, when no ===START=== block comes
     assert parse_structured("Answer: 1989").answer == "1989"
+
+
+LOOPED = """# a comment line
+variables: [query, items]
+system: Be brief.
+user: |
+  {% for item in items %}
+  - {{ item.text }}
+  {% else %}
+  (none)
+  {% endfor %}
+  Q: {{ query }}
+"""
+
+
+def test_a_prompt_s_digest_follows_what_it_can_render_not_its_comments(tmp_path):
+    digest = load_prompt(write(tmp_path / "p.yaml", LOOPED)).digest
+    assert digest.startswith("template-sha256:")
+    unchanged = [LOOPED.replace("a comment line", "another comment"),  # a YAML comment
+                 LOOPED.replace("Q: {{ query }}", "Q: {{query}}{# a template comment #}"),  # spaces in a tag
+                 LOOPED.replace("system: Be brief.", "system: 'Be brief.'")]  # the same string, quoted
+    changed = [LOOPED.replace("Be brief.", "Be short."), LOOPED.replace("item.text", "item.title"),
+               LOOPED.replace("(none)", "(nothing)"), LOOPED.replace("[query, items]", "[query, items, other]")]
+    for i, text in enumerate(unchanged + changed):
+        assert (load_prompt(write(tmp_path / f"v{i}.yaml", text)).digest == digest) == (text in unchanged), text
+
+
+def test_the_budget_planner_counts_what_a_prompt_renders_for_every_query(tmp_path):
+    from models.estimates import QUERY_TOKENS, template_tokens, tokens
+
+    prompt = load_prompt(write(tmp_path / "p.yaml", LOOPED))
+    assert prompt.fixed_text() == "Be brief.\n(none)\nQ:"
+    library = PromptLibrary({"p": str(tmp_path / "p.yaml")})
+    assert template_tokens(library, "p") == tokens(len("Be brief.\n(none)\nQ:")) + QUERY_TOKENS
+    # a comment, or a block that renders only with its evidence, costs no token of the plan
+    write(tmp_path / "p.yaml", "# a longer comment\n" + LOOPED.replace(
+        "  Q:", "  {% for block in items %}\n  ### {{ block.title }}\n  {% endfor %}\n  Q:"))
+    assert template_tokens(PromptLibrary({"p": str(tmp_path / "p.yaml")}), "p") == tokens(19) + QUERY_TOKENS
+
+
+@pytest.mark.parametrize("path", sorted(PROMPT_DIR.rglob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_prompt_has_a_fixed_text(path):
+    # every construct of the shipped templates (sums of lists, calls, attributes) renders with its variables empty
+    prompt = load_prompt(path)
+    assert prompt.fixed_text() and "{{" not in prompt.fixed_text() and "{%" not in prompt.fixed_text()
+
+
+def test_a_record_of_a_prompt_file_s_sha256_reads_as_that_file_s_digest(tmp_path):
+    import hashlib
+
+    shipped = PROMPT_DIR / "summariser.yaml"
+    variant = write(tmp_path / "variant.yaml", LOOPED)
+    library = PromptLibrary({"reasoning": str(variant)})
+    old = {name: hashlib.sha256(path.read_bytes()).hexdigest()
+           for name, path in (("summariser", shipped), ("reasoning", variant))}
+    old["judge"] = "0" * 64  # a file changed since: no file has those bytes, so it stays and compares unequal
+    upgraded = library.upgrade(old)
+    assert upgraded == {"summariser": library.get("summariser").digest, "reasoning": library.get("reasoning").digest,
+                        "judge": "0" * 64}
+    assert library.upgrade(upgraded) == upgraded

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from models.config import REPO_ROOT
+from models.prompting import load_prompt
 from tests.conftest import SAMPLE
 from tests.fakes import HashEmbedder
 
@@ -99,7 +100,7 @@ def test_the_budget_plan_counts_the_stage_by_its_own_estimate(tmp_path):
                "--prefill-tps", "2000", "--step-ms", "20")
     assert done.returncode == 0, done.stderr[-3000:]
     (row,) = [line.split() for line in done.stdout.splitlines() if line.startswith(STAGE)]
-    template = -(-len(PROMPT_FILE.read_text(encoding="utf-8")) // 4) + 40
+    template = -(-len(load_prompt(PROMPT_FILE).fixed_text()) // 4) + 40  # what the prompt renders for every query
     assert row[1:4] == [str(template + 2 * 1000 // 4), "7", "1"]  # prompt tokens/query, generated tokens, sequences
 
 
