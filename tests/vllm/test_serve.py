@@ -20,11 +20,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from evaluation.llm_server import serve_command, server_env
 from models.config import REPO_ROOT
 from models.llm.backend import LENGTH, STOP, BackendUnavailable, GenParams
 from models.llm.openai import OpenAIBackend
-from models.llm.profile import load_profile
 from models.loading import load_config
 from tests.servers import free_port, running
 from tests.vllm.test_submission import GPU1
@@ -199,14 +197,27 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_the_served_engine_and_its_engine_core_die_with_a_killed_evaluation(smollm2, tmp_path):
-    """`--serve-llm`'s real server (evaluation/llm_server.py): after a kill -9 of the evaluation that started it, no
-    process it started is left, the engine core (VLLM::EngineCore) included, which a killed `vllm serve` alone
-    leaves running."""
+def listeners(pids: list[int]) -> list[tuple[str, int, int]]:
+    """(address, port, pid) of every listening TCP socket of `pids`."""
+    found = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            found += [(c.laddr.ip, c.laddr.port, pid) for c in psutil.Process(pid).net_connections(kind="tcp")
+                      if c.status == psutil.CONN_LISTEN]
+    return found
+
+
+def test_the_served_engine_listens_on_loopback_only_and_dies_with_a_killed_evaluation(smollm2, tmp_path):
+    """`--serve-llm`'s real server (evaluation/llm_server.py served_llm), one engine start for both checks:
+    - the API server and every socket of the engine core are on loopback, vLLM's torch.distributed init method names
+      loopback, and torch's store at that init method's port listens there too (evaluation/engine_site/
+      sitecustomize.py), not on every interface;
+    - after a kill -9 of the evaluation that started it, no process it started is left, the engine core
+      (VLLM::EngineCore) included, which a killed `vllm serve` alone leaves running."""
     script = tmp_path / "parent.py"
     script.write_text(SERVED_BY_AN_EVALUATION)
     parent = subprocess.Popen([sys.executable, str(script), str(smollm2)], stdout=subprocess.PIPE, text=True,
-                              cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+                              cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "TMPDIR": str(tmp_path)})
     started: list[int] = []
     try:
         url = parent.stdout.readline().strip()
@@ -214,6 +225,16 @@ def test_the_served_engine_and_its_engine_core_die_with_a_killed_evaluation(smol
         started = descendants(parent.pid)
         names = [Path(f"/proc/{pid}/comm").read_text().strip() for pid in started if alive(pid)]
         assert any(name.startswith("VLLM::Engine") for name in names), names  # comm: 15 characters at most
+
+        found = listeners(started)
+        (log,) = tmp_path.glob("llm-server-*.log")  # served_llm's log, in the parent's TMPDIR
+        init = re.search(r"distributed_init_method=tcp://([\d.]+):(\d+)", log.read_text())
+        assert init is not None and init.group(1) == "127.0.0.1", "the engine core's init method is not on loopback"
+        port = int(url.removesuffix("/v1").rsplit(":", 1)[1])
+        assert ("127.0.0.1", port) in {(address, p) for address, p, _ in found}  # the API
+        assert ("127.0.0.1", int(init.group(2))) in {(address, p) for address, p, _ in found}  # torch's store
+        assert [(a, p) for a, p, _ in found if not ipaddress.ip_address(a).is_loopback] == []
+
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=60)
         deadline = time.monotonic() + 60
@@ -226,29 +247,3 @@ def test_the_served_engine_and_its_engine_core_die_with_a_killed_evaluation(smol
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         parent.stdout.close()
-
-
-def listeners(pids: list[int]) -> list[tuple[str, int, int]]:
-    """(address, port, pid) of every listening TCP socket of `pids`."""
-    found = []
-    for pid in pids:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            found += [(c.laddr.ip, c.laddr.port, pid) for c in psutil.Process(pid).net_connections(kind="tcp")
-                      if c.status == psutil.CONN_LISTEN]
-    return found
-
-
-def test_the_served_engine_listens_on_loopback_only(smollm2, tmp_path):
-    """`--serve-llm`'s command and environment (evaluation/llm_server.py): the API server and every socket of the
-    engine core are on loopback, vLLM's torch.distributed init method names loopback, and torch's store at that
-    init method's port listens there too (evaluation/engine_site/sitecustomize.py), not on every interface."""
-    port = free_port()
-    log = tmp_path / "serve.log"
-    with running(serve_command(smollm2, load_profile(), port), f"http://127.0.0.1:{port}/health", log, "vllm serve",
-                 env=server_env()) as process:
-        found = listeners([process.pid, *descendants(process.pid)])
-    init = re.search(r"distributed_init_method=tcp://([\d.]+):(\d+)", log.read_text())
-    assert init is not None and init.group(1) == "127.0.0.1", "the engine core's init method is not on loopback"
-    assert ("127.0.0.1", port) in {(address, p) for address, p, _ in found}  # the API
-    assert ("127.0.0.1", int(init.group(2))) in {(address, p) for address, p, _ in found}  # torch's store
-    assert [(a, p) for a, p, _ in found if not ipaddress.ip_address(a).is_loopback] == []
