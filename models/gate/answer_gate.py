@@ -142,7 +142,8 @@ class Gate:
 
     @classmethod
     def load(cls, path: Path | str) -> Gate:
-        """The gate in `path`; GateError naming the file and what is wrong with it."""
+        """The gate in `path`; GateError naming the file and what is wrong with it. Prompts its setup recorded by
+        file sha256, as older gates hold them, read as digests (docs/decisions/prompt-identity.md)."""
         path = Path(path)
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
