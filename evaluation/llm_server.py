@@ -18,7 +18,7 @@ from pathlib import Path
 from evaluation.kg_fixture.launch import stop
 from models.config import REPO_ROOT, ConfigError, SystemConfig
 from models.llm.hf import resolve_model_folder
-from models.llm.profile import ModelProfile, hf_settings, load_profile, served_config
+from models.llm.profile import SERVED_SEQUENCES, ModelProfile, hf_settings, load_profile, served_config
 from utils.errors import HarnessError
 from utils.model_folders import check_folder
 from utils.servers import ENGINE_ON_LOOPBACK, LOOPBACK, free_port, wait_until_healthy
@@ -35,7 +35,7 @@ class LLMServerError(HarnessError, RuntimeError):
 # One sequence at a time, and no prefix cache: the CPU build's bfloat16 kernels give results that depend on which
 # requests share a forward pass and on what a cached prefix left to compute, both set by timing; alone, a request's
 # answer depends on the request only, so make eval answers the same on a busy machine (docs/decisions/cpu-engine.md).
-LOAD_INVARIANT = ["--max-num-seqs", "1", "--no-enable-prefix-caching"]
+LOAD_INVARIANT = ["--max-num-seqs", str(SERVED_SEQUENCES), "--no-enable-prefix-caching"]
 
 
 def serve_command(folder: Path, profile: ModelProfile, port: int) -> list[str]:

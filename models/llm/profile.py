@@ -124,10 +124,15 @@ def hf_settings(hf: HFConfig, profile: ModelProfile | None = None) -> HFConfig:
                    max_input_tokens=hf.max_input_tokens or profile.prompt_tokens)
 
 
+# Sequences the served engine runs at once (evaluation/llm_server.py, for answers that do not depend on load).
+SERVED_SEQUENCES = 1
+
+
 def served_config(config: SystemConfig, profile: ModelProfile, url: str, tokenizer: str) -> SystemConfig:
     """`config` answering through the served profile at `url`: under its name, with its prompt limit counted by the
     tokenizer of the folder `tokenizer` (`local_evaluation.py --serve-llm`; a run's manifest records the same with
-    placeholders for the port and the converted folder's place)."""
+    placeholders for the port and the converted folder's place). It sends as many requests at once as the engine
+    runs, so that a request's timeout counts its own answer, not the queue before it."""
     openai = replace(config.llm.openai, base_url=url, model=profile.name, max_input_tokens=profile.prompt_tokens,
-                     tokenizer=tokenizer)
+                     tokenizer=tokenizer, concurrency=SERVED_SEQUENCES)
     return replace(config, llm=replace(config.llm, openai=openai))

@@ -98,6 +98,8 @@ def test_swapping_the_profile_swaps_the_model_everywhere(tmp_path, tiny):
     assert command[command.index("--max-model-len") + 1] == "512"
     served = served_config(config, profile, "http://127.0.0.1:1/v1", str(tiny)).llm.openai
     assert (served.model, served.max_input_tokens, served.tokenizer) == ("tiny", 128, str(tiny))
+    # as many requests in flight as the engine runs: a request's timeout does not count the queue before it
+    assert served.concurrency == int(command[command.index("--max-num-seqs") + 1]) == 1
     served_record = manifest.answer_inputs(config, SAMPLE, 30.0, False, served_llm=True)["config"]["llm"]["openai"]
     assert served_record["model"] == "tiny" and served_record["max_input_tokens"] == 128
 
