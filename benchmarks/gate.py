@@ -27,6 +27,7 @@ ranks by one signal, or by a logistic regression fit and scored on the same answ
     .venv/bin/python -m benchmarks.gate --runs runs/gate --reuse --ceiling   # and the in-sample ceiling
     .venv/bin/python -m benchmarks.gate --runs runs/gate --record-prompts    # runs kept as training data
     .venv/bin/python -m benchmarks.gate --damaged     # and the line of the model served before the RoPE fix
+    .venv/bin/python -m benchmarks.gate --set reasoning.summariser_max_tokens=50   # a candidate path's gate line
 """
 
 from __future__ import annotations
@@ -139,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--damaged", action="store_true", help="also answer and fit on the model as it was served "
                         "before the RoPE fix (the profile's folder read at RoPE base 10000), for the line the fixed "
                         "model's is measured against")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="answer with this setting "
+                        "over the served default (repeatable): the gate of a candidate answer path, before it ships")
     parser.add_argument("--ceiling", action="store_true", help="also print each signal's AUROC and the most a gate "
                         "ranking by it, or by an in-sample fit, could answer with its interval above 0")
     args = parser.parse_args(argv)
@@ -155,10 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         folders = [root / name for name in SETS]
         for (name, data), folder in zip(SETS.items(), folders):
             if args.reuse:  # judged again: verdicts may have been added since the run
-                check_weights(ungated(), folder)
+                check_weights(ungated(*args.set), folder)
                 answer_set(data, folder, judge=LABELS, answer=False)
             else:
-                seconds = answer_set(data, folder, judge=LABELS, record_prompts=args.record_prompts)
+                seconds = answer_set(data, folder, judge=LABELS, record_prompts=args.record_prompts,
+                                     sets=tuple(args.set))
                 print(f"{name}: {data.relative_to(REPO_ROOT)} answered in {seconds:.0f} s into {folder}")
         out = args.out or Path(scratch) / "gate.json"
         try:
@@ -190,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             damaged = [root / f"damaged-{name}" for name in SETS]
             for data, folder in zip(SETS.values(), damaged):
                 if not (args.reuse and (folder / "predictions.jsonl").is_file()):
-                    answer_set(data, folder, judge=LABELS, sets=(f"llm.hf.model={model}",))
+                    answer_set(data, folder, judge=LABELS, sets=(*args.set, f"llm.hf.model={model}"))
             print(fit_line(damaged, Path(scratch) / "gate-damaged.json", questions,
                            "the damaged model, RoPE base 10000; the same labels"))
     return 0

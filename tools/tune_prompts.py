@@ -50,7 +50,7 @@ from evaluation.verdicts import CORRECT, MISS, UNJUDGED, WRONG
 from models.config import REPO_ROOT, ConfigError, SystemConfig, add_config_arguments
 from models.loading import config_from_args, load_config
 from models.prompting import PromptLibrary
-from models.stages.stage import Batch, run_stage
+from models.stages.stage import Batch, Stage, run_stage
 from models.state import ADDED_FIELDS, QueryState, Reference, StageRecord
 from models.system import CragSystem, unpack_batch
 from training.judged_data import fold_of
@@ -81,12 +81,13 @@ def state_from_json(data: dict[str, Any], pages: list[dict[str, Any]]) -> QueryS
 
 
 def upstream_key(example: dict[str, Any], config: SystemConfig, stage_names: list[str],
-                 prompt_digests: list[str]) -> str:
+                 prompt_digests: list[str], downstream_sections: frozenset[str] = frozenset()) -> str:
     """Everything the upstream stages' output depends on: the question and its pages, the config (prompt
-    overrides aside) and the digests of the prompts those stages use."""
+    overrides aside, and the `downstream_sections` only later stages read) and the digests of the prompts those
+    stages use."""
     settings = config.resolved()
-    settings.pop("prompts")
-    settings.pop("source")
+    for name in {"prompts", "source"} | downstream_sections:
+        settings.pop(name)
     return content_key(STAGE_CACHE_VERSION, json.dumps(settings, sort_keys=True), *stage_names, *prompt_digests,
                        example["interaction_id"], example["query"], example["query_time"],
                        json.dumps(example["search_results"], sort_keys=True))
@@ -108,7 +109,13 @@ class Tuner:
         self.key_config = key_config or system.config
         self.upstream, self.downstream = stages[:split], stages[split:]
         digests = [system.prompts.get(n).digest for s in self.upstream for n in s.prompts]
-        self._key_parts = ([s.name for s in self.upstream], digests)
+        # a setting of a section only the tuned stages read (a summariser budget) answers from the same cache
+        downstream_only = frozenset(self.sections(self.downstream) - self.sections(self.upstream))
+        self._key_parts = ([s.name for s in self.upstream], digests, downstream_only)
+
+    @staticmethod
+    def sections(stages: list[Stage]) -> set[str]:
+        return {name for stage in stages for name in stage.sections}
 
     def upstream_states(self, examples: list[dict[str, Any]]) -> list[QueryState]:
         keys = [upstream_key(e, self.key_config, *self._key_parts) for e in examples]
@@ -135,10 +142,9 @@ class Tuner:
     def check_setting(self, key: str) -> None:
         """A ConfigError where setting `key` would change what an upstream stage did (its cached result)."""
         section = key.partition(".")[0]
-        upstream = sorted({name for stage in self.upstream for name in stage.sections})
-        if section in upstream or section not in {name for stage in self.downstream for name in stage.sections}:
+        if section not in self._key_parts[2]:
             raise ConfigError(f"--setting {key}: only a section of the stages from {self.downstream[0].name} on can "
-                              f"vary ({sorted({n for s in self.downstream for n in s.sections})}); run "
+                              f"vary ({sorted(self.sections(self.downstream))}); run "
                               "local_evaluation.py with --set for any other")
 
     def variant_answers(self, states: list[QueryState], variant: str, label: str = "",

@@ -298,6 +298,10 @@ class ReasoningConfig:
     summariser_max_tokens: Annotated[int, Ge(0)] = 32
     """Reply tokens of the backup summariser, used when the reasoning output cannot be parsed (0: no summariser;
     such a query answers "i don't know")."""
+    summariser_answer: Literal["line", "reply"] = "line"
+    """What of the summariser's reply is the answer: `line`, its first line, "i don't know" where the generation
+    was cut within it; `reply`, the whole reply, cut or not, as the organisers' baseline answers (a longer answer
+    names the gold answer more often, and more often says something false)."""
     samples: Annotated[int, Ge(0)] = 0
     """Extra answers sampled beside the answer (which stays the answer), from the prompt that gave it (reasoning, or
     the backup summariser); the share that agree is the reasoning.agreement signal (self-consistency). 0: none, no

@@ -12,7 +12,16 @@ from loguru import logger
 from models.config import SystemConfig
 from models.estimates import StagePlan, template_tokens, tokens
 from models.kg.settings import KGSettings
-from models.llm.backend import DEADLINE, Conversation, Sample, cut_short, deadline_cut, failure_of, span_logprobs
+from models.llm.backend import (
+    DEADLINE,
+    LENGTH,
+    Conversation,
+    Sample,
+    cut_short,
+    deadline_cut,
+    failure_of,
+    span_logprobs,
+)
 from models.prompting import Messages, Prompt, PromptLibrary, render_with_evidence
 from models.stages.r2ag import RETRIEVAL_FEATURES
 from models.stages.stage import STAGES, Stage, StageContext
@@ -146,9 +155,9 @@ class ReasoningStage(Stage):
     may_read = frozenset({EVIDENCE, "retrieval_features"})
     writes = frozenset({"answer", "llm_output"})
     needs = frozenset({"llm", "r2former"})
-    signals = {"reasoning.answer_logprob_mean": "the mean log-probability of the answer line's tokens (None where "
-                                                "the backend gives none)",
-               "reasoning.answer_logprob_min": "the lowest log-probability of the answer line's tokens",
+    signals = {"reasoning.answer_logprob_mean": "the mean log-probability of the answer's tokens (None where the "
+                                                "backend gives none)",
+               "reasoning.answer_logprob_min": "the lowest log-probability of the answer's tokens",
                "reasoning.summariser": "whether the backup summariser gave the answer",
                "reasoning.agreement": "the share of `reasoning.samples` sampled answers equal to the answer (None "
                                       "without samples)",
@@ -257,9 +266,11 @@ class ReasoningStage(Stage):
         outputs = ctx.generate(conversations, owners=states, max_tokens=settings.summariser_max_tokens,
                                deadline=deadline, logprobs=True)
         answered: list[tuple[QueryState, Conversation]] = []
+        # "reply" keeps a reply its token budget cut, as the organisers' baseline does; never one the deadline cut
+        read, kept = (str.strip, {LENGTH}) if settings.summariser_answer == "reply" else (first_line, set())
         for state, conversation, samples in zip(states, conversations, outputs):
-            answer = first_line(samples[0].text) if samples else ""
-            if answer and (reason := cut_short(samples[0], answer)):
+            answer = read(samples[0].text) if samples else ""
+            if answer and (reason := cut_short(samples[0], answer)) and reason not in kept:
                 state.finish(IDK, f"the summariser's generation was cut short ({reason})")
             elif answer:
                 state.answer = answer
@@ -277,4 +288,4 @@ class ReasoningStage(Stage):
                                    max_tokens=settings.summariser_max_tokens, temperature=settings.sample_temperature,
                                    n=settings.samples, deadline=deadline)
             for state, samples in zip(states_, sampled):
-                agreement(state, [line for sample in samples if (line := first_line(sample.text))], len(samples))
+                agreement(state, [line for sample in samples if (line := read(sample.text))], len(samples))

@@ -380,3 +380,21 @@ def test_the_damaged_model_is_the_profile_s_weights_read_at_rope_base_10000(tmp_
     assert json.loads((source / "config.json").read_text())["rope_theta"] == 100000.0  # the source is untouched
     assert weights_hash(folder) != weights_hash(source)  # config.json is part of what a setup records
     check_folder(folder)  # both keys agree: no stack reads another base
+
+
+def test_the_gate_benchmark_answers_with_a_candidate_path_s_settings(tmp_path, monkeypatch, capsys):
+    """benchmarks/gate.py --set: every set is answered with the settings on top of the served default."""
+    import benchmarks.gate as bench
+    from evaluation import gate_command
+    from evaluation.gate_fit import TooFewLabels
+
+    answered = []
+    monkeypatch.setattr(bench, "answer_set", lambda data, folder, **kw: answered.append(kw["sets"]) or 0.0)
+
+    def no_fit(folders, out):
+        raise TooFewLabels("none answered")
+
+    monkeypatch.setattr(gate_command, "fit", no_fit)
+    assert bench.main(["--runs", str(tmp_path), "--set", "reasoning.summariser_answer=reply"]) == 0
+    assert answered == [("reasoning.summariser_answer=reply",)] * len(bench.SETS)
+    assert "no gate fit (none answered)" in capsys.readouterr().out

@@ -126,6 +126,22 @@ def test_a_whole_answer_line_before_the_cut_is_an_answer(make_system, sample_exa
     assert make_system(llm).batch_generate_answer(to_batch(sample_examples[:1])) == ["Christopher Nolan"]
 
 
+def test_the_summariser_s_whole_reply_answers_as_the_organisers_baseline_reads_it(make_system, sample_examples,
+                                                                                 cpu_config):
+    """`summariser_answer: reply`: every line, the budget's cut kept; a reply the deadline cut is still declined."""
+    cpu_config.reasoning.summariser_answer = "reply"
+    reply = Sample("The director of Inception\nis Christopher Nol", LENGTH, tokens=("The director of Inception\n",
+                   "is Christopher", " Nol"), token_logprobs=(-0.5, -1.0, -3.0))
+    llm = ScriptedLLM(by_prompt(reasoning="no answer here", summariser=reply))
+    result = make_system(llm).answer_batch(to_batch(sample_examples[:1]))
+    assert result.answers == ["The director of Inception is Christopher Nol"]
+    assert result.trace[0]["signals"]["reasoning.answer_logprob_min"] == -3.0  # the whole reply's tokens
+
+    llm = ScriptedLLM(by_prompt(reasoning="no answer here", summariser=Sample("Christopher", DEADLINE)))
+    result = make_system(llm).answer_batch(to_batch(sample_examples[:1]))
+    assert result.answers == ["i don't know"] and "cut short (deadline)" in result.trace[0]["reason"]
+
+
 def test_a_cut_short_reasoning_output_falls_back_to_the_summariser(make_system, sample_examples):
     llm = ScriptedLLM(by_prompt(reasoning=Sample("===START===\n## Answer: christopher nol", LENGTH),
                                 summariser="Christopher Nolan"))

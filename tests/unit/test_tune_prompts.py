@@ -50,6 +50,25 @@ def test_variants_share_cached_upstream_results(make_system, cpu_config, tmp_pat
     assert calls_of(llm, "reasoning") == 4 * batches
 
 
+def test_a_setting_only_the_tuned_stages_read_answers_from_the_same_cache(make_system, cpu_config, tmp_path,
+                                                                         monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    cpu_config.knowledge.enabled = True
+    args = ["--prompt", "reasoning", "--variant", "prompts/reasoning.yaml", "--data", str(SAMPLE), "--limit", "4",
+            "--out", str(tmp_path / "out")]
+
+    def knowledge_calls_of_a_run() -> int:
+        llm = ScriptedLLM(by_prompt(reasoning="## Answer: paris"))
+        assert main(args, system=make_system(llm)) == 0
+        return calls_of(llm, "knowledge")
+
+    assert knowledge_calls_of_a_run() == 1
+    cpu_config.reasoning.summariser_max_tokens = 7  # the reasoning stage's section: downstream only
+    assert knowledge_calls_of_a_run() == 0
+    cpu_config.references.top_k = 3  # read by an upstream stage: its results are computed again
+    assert knowledge_calls_of_a_run() == 1
+
+
 def test_prompt_no_stage_uses_is_a_one_line_error(make_system, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     args = ["--prompt", "judge", "--variant", "prompts/judge.yaml", "--data", str(SAMPLE), "--out", str(tmp_path)]
