@@ -110,8 +110,8 @@ class Tuner:
         self.upstream, self.downstream = stages[:split], stages[split:]
         digests = [system.prompts.get(n).digest for s in self.upstream for n in s.prompts]
         # a setting of a section only the tuned stages read (a summariser budget) answers from the same cache
-        downstream_only = frozenset(self.sections(self.downstream) - self.sections(self.upstream))
-        self._key_parts = ([s.name for s in self.upstream], digests, downstream_only)
+        self.downstream_only = frozenset(self.sections(self.downstream) - self.sections(self.upstream))
+        self._key_parts = ([s.name for s in self.upstream], digests, self.downstream_only)
 
     @staticmethod
     def sections(stages: list[Stage]) -> set[str]:
@@ -142,7 +142,7 @@ class Tuner:
     def check_setting(self, key: str) -> None:
         """A ConfigError where setting `key` would change what an upstream stage did (its cached result)."""
         section = key.partition(".")[0]
-        if section not in self._key_parts[2]:
+        if section not in self.downstream_only:
             raise ConfigError(f"--setting {key}: only a section of the stages from {self.downstream[0].name} on can "
                               f"vary ({sorted(self.sections(self.downstream))}); run "
                               "local_evaluation.py with --set for any other")
