@@ -15,8 +15,9 @@ answered from the facts it shows, every other prompt answers "i don't know". Fac
 knowledge-graph section of the recorded reasoning prompt, case-insensitively (numbers and short words as whole
 tokens), so neither the question's own words nor the pages can count as a reached fact.
 
-Variants: kg.method rules / functions x answer.dynamic_idk on / off x pages: none (the questions' empty search
-results) / 5 unrelated real pages of data/crag_sample.jsonl (so the references stage has work). Every variant
+Variants: kg.method rules / functions (spans with --method: names from the question's words, no LLM) x
+answer.dynamic_idk on / off x pages: none (the questions' empty search results) / 5 unrelated real pages of
+data/crag_sample.jsonl (so the references stage has work). Every variant
 embeds with the system's own embedder, the packaged all-MiniLM-L6-v2, as `make eval` and the grader's run do (the
 KG stage ranks rows by meaning with it); `--embedder bag` swaps in the bag-of-words test embedder, which knows no
 synonyms, to see what ranking by shared words alone reaches. Per variant: a
@@ -29,6 +30,7 @@ It reports and never gates: exit 0; a broken question file is a one-line error a
     .venv/bin/python -m benchmarks.kg_reach                 # all 8 variants, MiniLM
     .venv/bin/python -m benchmarks.kg_reach --show ID       # also print the KG lines each variant gave ID
     .venv/bin/python -m benchmarks.kg_reach --embedder bag  # the bag-of-words embedder instead of MiniLM
+    .venv/bin/python -m benchmarks.kg_reach --method spans  # names from the question's spans, no LLM (kg.method)
 """
 
 from __future__ import annotations
@@ -400,7 +402,8 @@ def longest_answer(outcomes: list[Outcome]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--questions", type=Path, default=QUESTIONS)
-    parser.add_argument("--method", choices=("rules", "functions"), nargs="+", default=["rules", "functions"])
+    parser.add_argument("--method", choices=("rules", "functions", "spans"), nargs="+", default=["rules", "functions"],
+                        help="spans asks the scripted LLM nothing (left out by default: make bench's time)")
     parser.add_argument("--embedder", choices=("minilm", "bag"), default="minilm",
                         help="minilm: the packaged all-MiniLM-L6-v2 (the system's own); bag: bag-of-words")
     parser.add_argument("--show", nargs="*", default=[], metavar="ID",

@@ -16,6 +16,7 @@ from evaluation.verdicts import CONTAINS
 from models.config import DOMAINS, DYNAMISM, REPO_ROOT, ConfigError, SystemConfig, add_config_arguments, config_path
 from models.loading import load_config
 from models.prompting import PROMPT_DIR, PromptLibrary, load_prompt
+from models.state import ADDED_FIELDS, EVIDENCE
 from utils.names import did_you_mean
 
 DEFAULT_DATA = REPO_ROOT / "data" / "crag_sample.jsonl"
@@ -239,9 +240,16 @@ def check_prompt_name(name: str, label: str) -> None:
 
 
 def check_variant(name: str, path: Path, label: str) -> None:
-    """A ConfigError when the prompt file `path` cannot stand in for prompt `name` (other variables)."""
+    """A ConfigError when the prompt file `path` cannot stand in for prompt `name`: other variables, apart from the
+    evidence blocks (a field declaring Evidence, or `evidence`) where a stage that reads every block renders it
+    (`may_read` holds "evidence"): render_with_evidence fills each block such a prompt names, and none is required."""
+    from models.loading import STAGES
+
     wanted = load_prompt(PROMPT_DIR / f"{name}.yaml", name).variables
     given = load_prompt(path, name).variables
-    if given != wanted:
+    renderers = [STAGES.get(stage) for stage in STAGES if name in STAGES.get(stage).prompts]
+    optional = ({EVIDENCE} | {field for field, (_, state_field) in ADDED_FIELDS.items() if state_field.evidence}
+                if renderers and all(EVIDENCE in stage.may_read for stage in renderers) else set())
+    if given - optional != wanted - optional:
         raise ConfigError(f"{label}: {path} declares the variables {sorted(given)} but the {name} prompt is given "
                           f"{sorted(wanted)} (a prompt of another stage?); give a variant of prompts/{name}.yaml")

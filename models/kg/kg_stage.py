@@ -3,7 +3,9 @@
 Rules path (`kg.method: rules`): one LLM call for the batch extracts each query's domain and entities as JSON
 (repaired, or dropped when it cannot be read); domain rules choose the API calls. Functions path
 (`kg.method: functions`): the LLM lists the calls itself; each is checked against the endpoint table (name,
-argument names and types) before anything is sent, and at most `kg.max_calls` are made.
+argument names and types) before anything is sent, and at most `kg.max_calls` are made. Spans path (`kg.method:
+spans`): no LLM call; the question's word spans are tried as the predicted domain's names (models/kg/rules.py
+`span_lookup`).
 
 Names: the LLM writes names as the question does ("meta", "manchester united"), and the organisers' API matches
 most names exactly, case included. So on both paths every name is resolved through the server's own searches
@@ -28,11 +30,11 @@ from typing import Any
 
 from loguru import logger
 
-from models.config import SystemConfig
+from models.config import DOMAINS, SystemConfig
 from models.estimates import StagePlan, template_tokens
 from models.kg import rows as rows_
 from models.kg.client import ENDPOINTS, KGClient
-from models.kg.rules import Lookup, function_lookup, query_date, read_calls, read_entities, rule_lookup
+from models.kg.rules import Lookup, function_lookup, query_date, read_calls, read_entities, rule_lookup, span_lookup
 from models.kg.settings import KGSettings
 from models.prompting import PromptLibrary
 from models.resources import Resource
@@ -72,6 +74,10 @@ def similarities(embedder: Any, lookups: list[tuple[QueryState, Lookup]], deadli
     return found
 
 
+# Both prompts frame the query as "Question: ..."; a small model writes its reply and then a made-up next
+# question with its own reply, which costs the batch's time and which the JSON reader never keeps.
+NEXT_QUESTION = "\nQuestion:"
+
 KG_RESULTS = StateField[list[str]](
     "kg_results", list, record=list, evidence=Evidence("Knowledge graph", "kg", grounds=True),
     doc="the KG's results, one rendered row per line, best first")
@@ -96,6 +102,8 @@ class KGStage(Stage):
     @classmethod
     def estimate(cls, config: SystemConfig, prompts: PromptLibrary) -> list[StagePlan]:
         settings = config.section("kg", KGSettings)
+        if settings.method == "spans":
+            return []
         functions = settings.method == "functions"
         extra = len(ENDPOINTS) * 25 if functions else 0  # the endpoint list, a line of about 25 tokens each
         return [StagePlan("kg", template_tokens(prompts, "kg_functions" if functions else "kg_entities") + extra,
@@ -111,12 +119,13 @@ class KGStage(Stage):
     def active(cls, config: SystemConfig) -> bool:
         return config.task > 1
 
-    def run(self, states: list[QueryState], ctx: StageContext) -> None:
-        client = ctx.resource("kg")
-        if client is None:
-            raise RuntimeError("kg stage without a KG client (task 1 never calls the KG)")
+    @staticmethod
+    def extract(states: list[QueryState], ctx: StageContext) -> list[str]:
+        """Each query's LLM reply: its entities (rules) or its calls (functions); "" for each on the spans path,
+        which asks the LLM nothing."""
         settings = ctx.settings
-        work = ctx.work_deadline()
+        if settings.method == "spans":
+            return ["" for _ in states]
         if settings.method == "functions":
             prompt = ctx.prompt("kg_functions")
             functions = [f"{e.signature()}: {e.doc}" for e in ENDPOINTS.values()]
@@ -125,24 +134,32 @@ class KGStage(Stage):
         else:
             prompt = ctx.prompt("kg_entities")
             conversations = [prompt.render(query=s.query, query_time=s.query_time, domain=s.domain) for s in states]
-        outputs = ctx.generate(conversations, owners=states, max_tokens=settings.max_tokens, deadline=work)
+        outputs = ctx.generate(conversations, owners=states, max_tokens=settings.max_tokens, stop=[NEXT_QUESTION])
+        return [samples[0].text if samples else "" for samples in outputs]
+
+    def run(self, states: list[QueryState], ctx: StageContext) -> None:
+        client = ctx.resource("kg")
+        if client is None:
+            raise RuntimeError("kg stage without a KG client (task 1 never calls the KG)")
+        settings = ctx.settings
+        work = ctx.work_deadline()
         jobs: list[tuple[QueryState, Lookup, Callable[[], Any]]] = []
-        for state, samples in zip(states, outputs):
-            output = samples[0].text if samples else ""
+        for state, output in zip(states, self.extract(states, ctx)):
             today = query_date(state.query_time)
             kg = Lookup(client, work, today, settings, state.query, rows_.named_dates(state.query, today))
-            if settings.method == "functions":
+            if settings.method == "spans":
+                domain = state.domain if state.domain in DOMAINS else "open"
+                jobs.append((state, kg, functools.partial(span_lookup, kg, domain, today, settings.max_spans)))
+            elif settings.method == "functions":
                 calls, refused = read_calls(output, settings.max_calls)
                 if refused:
                     logger.info("{}: KG calls refused before sending: {}", state.interaction_id, refused)
                 jobs.append((state, kg, functools.partial(function_lookup, kg, calls)))
-                continue
-            read = read_entities(output, state.domain, state.query)
-            if read is None:
+            elif (read := read_entities(output, state.domain, state.query)) is None:
                 logger.info("{}: KG entity extraction unreadable; no KG lookup", state.interaction_id)
-                continue
-            domain, entities = read
-            jobs.append((state, kg, functools.partial(rule_lookup, kg, domain, entities, today)))
+            else:
+                domain, entities = read
+                jobs.append((state, kg, functools.partial(rule_lookup, kg, domain, entities, today)))
         with ThreadPoolExecutor(max_workers=max(1, settings.concurrency)) as pool:
             futures = [pool.submit(job) for _, _, job in jobs]
         for (state, _, _), future in zip(jobs, futures):

@@ -13,6 +13,7 @@ from datetime import date, timedelta
 from typing import Any
 
 from loguru import logger
+from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
 from models.config import DOMAINS
 from models.kg import rows as rows_
@@ -303,6 +304,45 @@ def rule_lookup(kg: Lookup, domain: str, entities: dict[str, Any], today: date |
         sports_rules(kg, entities, today)
     else:
         open_rules(kg, entities)
+
+
+# --- the spans path: no LLM; the question's own words as the predicted domain's names ---
+
+# The names each domain's rules look up: a span is tried as each of them.
+SPAN_KEYS = {"finance": ("company_name",), "movie": ("movie_name", "person"), "music": ("artist_name", "song_name"),
+             "sports": ("team",), "open": ("main_entity",)}
+_YEAR = re.compile(r"\b(?:19|20)\d{2}\b")
+# Words that name no entity beyond English's stop words: auxiliaries, and the words of dates and times, which the
+# question's year and named dates carry to the rules instead.
+_NOT_NAMES = ENGLISH_STOP_WORDS | {"did", "does", "today", "yesterday", "tonight", "tomorrow", "night", "week",
+                                   "month", "year", "january", "february", "march", "april", "june", "july", "august",
+                                   "september", "october", "november", "december", "jan", "feb", "mar", "apr", "jun",
+                                   "jul", "aug", "sep", "sept", "oct", "nov", "dec"}
+
+
+def question_spans(query: str, limit: int) -> list[str]:
+    """Where a name may be in the question: every part of each run of words between stop words, numbers and date
+    words ("what's the market cap of meta?": "market cap", "meta", "market", "cap"), longer first, then in the
+    question's order; at most `limit`, each once."""
+    words = fold(query).split()
+    stop = [w in _NOT_NAMES or w.isdigit() or len(w) == 1 for w in words]  # "s": "what's" folds to "what s"
+    found = [(end - start, start, " ".join(words[start:end])) for start in range(len(words))
+             for end in range(start + 1, len(words) + 1) if not any(stop[start:end])]
+    return list(dict.fromkeys(text for _, _, text in sorted(found, key=lambda f: (-f[0], f[1]))))[:limit]
+
+
+def span_lookup(kg: Lookup, domain: str, today: date | None, limit: int) -> None:
+    """The spans path: each span of the question in turn as every name the domain's rules look up, until one
+    brings rows; the question's year and named date go with each. A span that names nothing the server stores
+    costs its searches and adds no row (names are resolved before any lookup)."""
+    given: dict[str, Any] = {"date": min(kg.dates)} if kg.dates else {}
+    if year := _YEAR.search(kg.query):
+        given["year"] = year.group(0)
+    for span in question_spans(kg.query, limit) or [""]:
+        found = len(kg.rows)
+        rule_lookup(kg, domain, {**given, **dict.fromkeys(SPAN_KEYS.get(domain, SPAN_KEYS["open"]), span)}, today)
+        if len(kg.rows) > found or kg.deadline.expired():
+            return
 
 
 # --- the functions path: the LLM's calls, with its names resolved first ---

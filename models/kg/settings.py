@@ -13,9 +13,11 @@ from annotated_types import Ge
 class KGSettings:
     """The knowledge-graph stage over the CRAG mock API, run for tasks 2 and 3."""
 
-    method: Literal["rules", "functions"] = "rules"
+    method: Literal["rules", "functions", "spans"] = "rules"
     """rules: the LLM extracts the domain and entities, domain rules choose the calls; functions: the LLM lists the
-    calls (at most max_calls), each checked against the endpoint table before it is made."""
+    calls (at most max_calls), each checked against the endpoint table before it is made; spans: no LLM call, the
+    question's own word spans are tried as the predicted domain's names, longest first, until one names something
+    the server stores (for a model too small to extract entities: docs/methods/knowledge-graph.md)."""
     base_url: str | None = None
     """The mock API; null: $CRAG_MOCK_API_URL, else http://localhost:8000 (make eval serves data/kg)."""
     connect_timeout_s: Annotated[float, Ge(0.01)] = 1.0
@@ -37,6 +39,8 @@ class KGSettings:
     """Calls in flight for a batch."""
     max_calls: Annotated[int, Ge(1)] = 6
     """method functions: calls per query, at most."""
+    max_spans: Annotated[int, Ge(1)] = 8
+    """method spans: spans of the question tried per query, at most (each costs a name search or two)."""
     max_chars: Annotated[int, Ge(0)] = 1000
     """The KG text of one query is cut to this many characters (whole rows, best first)."""
     max_tokens: int = 160

@@ -9,11 +9,12 @@ from models.config import REPO_ROOT, ConfigError
 from models.kg import rows as rows_
 from models.kg.client import ENDPOINTS
 from models.kg.rows import value as compact
-from models.kg.rules import games_date, query_date, read_calls, read_entities
+from models.kg.rules import games_date, query_date, question_spans, read_calls, read_entities
+from models.llm.backend import STOP
 from models.loading import load_config
 from models.system import CragSystem
 from tests.conftest import to_batch, write
-from tests.fakes import HashEmbedder, RecordingKG, ScriptedLLM, by_prompt, prompt_name
+from tests.fakes import HashEmbedder, RecordingKG, ScriptedLLM, by_prompt, generated, prompt_name
 from utils.llm_json import parse_llm_json
 
 
@@ -127,6 +128,57 @@ def test_a_company_resolves_to_its_ticker_not_the_first_search_hit(make_system, 
     assert f"{ticker} market capitalization: {compact(CAPS[ticker])}" in lines
     assert all(wrong not in line for line in lines)
     assert not any(body == {"query": written} for name, body in kg.sent if name != "finance_get_company_name")
+
+
+@pytest.mark.parametrize("method, prompt, reply", [
+    ("rules", "kg_entities", entities_reply("finance", company_name="meta")),
+    ("functions", "kg_functions", json.dumps([{"function_name": "finance_get_ticker_by_name",
+                                               "args": {"company_name": "meta"}}]))])
+def test_the_extraction_ends_where_the_model_makes_up_a_next_question(make_system, cpu_config, sample_examples,
+                                                                     method, prompt, reply):
+    """The served SmolLM2 goes on after its reply with the prompt's framing, a made-up question and its reply, until
+    max_tokens: time a batch's KG share cannot spare on 2 cores. The stop ends it at the reply the reader keeps."""
+    going_on = reply + "\n\nQuestion: what is the market cap of apple?\nJSON: " + reply * 20
+    llm = ScriptedLLM(by_prompt(**{prompt: going_on}))
+    example = dict(sample_examples[2], query="what's the market cap of meta?")
+    kg_system(make_system, cpu_config, llm, finance_kg(), method=method).batch_generate_answer(to_batch([example]))
+    [params] = [params for conversations, params in llm.calls if prompt_name(conversations[0]) == prompt]
+    served = generated(going_on, params)
+    assert (served.text, served.finish_reason) == (reply, STOP)
+
+
+@pytest.mark.parametrize("query, spans", [
+    ("what's the market cap of meta?", ["market cap", "market", "cap", "meta"]),
+    ("did manchester united win last night?", ["manchester united win", "manchester united", "united win"]),
+    ("what was the closing price of apple on jan 16 2024?", ["closing price", "closing", "price", "apple"]),
+    ("how tall is the eiffel tower?", ["eiffel tower", "tall", "eiffel"]),
+])
+def test_a_question_s_spans_leave_out_stop_words_and_dates_longest_first(query, spans):
+    assert question_spans(query, limit=len(spans)) == spans
+
+
+@pytest.mark.parametrize("domain, query", [("finance", "what's the market cap of meta?"),
+                                           ("open", "what's the market cap of meta?")])
+def test_the_spans_path_finds_the_name_without_asking_the_llm(make_system, cpu_config, sample_examples, domain,
+                                                            query):
+    """Spans are tried longest first until one names what the server stores: "market cap", "market" and "cap" name
+    no company, "meta" does (the finance rules); the open domain's search finds nothing for any span."""
+    cpu_config.attributes.method = "icl"
+    cpu_config.attributes.icl.n = 1
+    kg = finance_kg()
+    llm = ScriptedLLM(by_prompt(attributes=f"domain: {domain}\ndynamism: static", reasoning=reasoning_from_kg))
+    example = dict(sample_examples[2], query=query)
+    [answer] = kg_system(make_system, cpu_config, llm, kg, method="spans").batch_generate_answer(to_batch([example]))
+    assert not [c for conversations, _ in llm.calls for c in conversations if prompt_name(c).startswith("kg_")]
+    searched = [body["query"] for name, body in kg.sent if name in ("finance_get_company_name",
+                                                                    "open_search_entity_by_name")]
+    looked_up = {body["query"] for name, body in kg.sent if name == "finance_get_market_capitalization"}
+    if domain == "finance":
+        assert searched == ["market cap", "market", "cap"] and looked_up == {"META"}  # "meta" is a ticker too
+        assert answer != "i don't know"
+    else:
+        assert searched == question_spans(query, cpu_config.section("kg").max_spans) and not looked_up
+        assert answer == "i don't know"
 
 
 def test_functions_path_resolves_names_and_sends_only_valid_calls(make_system, cpu_config, sample_examples):

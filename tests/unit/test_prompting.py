@@ -1,6 +1,8 @@
 import pytest
 
 import models.loading  # noqa: F401  (registers the stages' fields)
+from evaluation.choices import check_variant
+from models.config import ConfigError
 from models.prompting import PROMPT_DIR, PromptError, PromptLibrary, load_prompt, render_with_evidence
 from models.state import QueryState
 from tests.conftest import write
@@ -98,9 +100,21 @@ def test_every_shipped_prompt_loads(name):
 
 @pytest.mark.parametrize("path", sorted((PROMPT_DIR / "variants").glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_shipped_variant_fits_the_prompt_it_replaces(path):
-    # a variant named <prompt>_<what> is rendered by <prompt>'s stage: the same variables, no more, no fewer
+    # a variant named <prompt>_<what> is rendered by <prompt>'s stage: its variables, and evidence blocks where that
+    # stage fills each block a prompt names
     name = next(stem for stem in sorted(p.stem for p in PROMPT_DIR.glob("*.yaml")) if path.stem.startswith(f"{stem}_"))
-    assert load_prompt(path, name).variables == PromptLibrary().get(name).variables
+    check_variant(name, path, str(path))
+
+
+def test_a_variant_names_evidence_blocks_only_where_its_stage_fills_every_block(tmp_path):
+    state = _state(kg=["Spirited Away original language: ja"])
+    shows_kg = load_prompt(PROMPT_DIR / "variants" / "summariser_kg.yaml", "summariser")
+    user = render_with_evidence(shows_kg, state, query="q", query_time="t", references=[])[1]["content"]
+    assert "- Spirited Away original language: ja" in user and state.unshown == []
+    # the KG stage renders its extraction prompt with its own values: a block named there would never be filled
+    extraction = (PROMPT_DIR / "kg_entities.yaml").read_text().replace("domain]", "domain, kg_results]", 1)
+    with pytest.raises(ConfigError, match="a prompt of another stage"):
+        check_variant("kg_entities", write(tmp_path / "kg_entities_kg.yaml", extraction), "--variant")
 
 
 def test_the_one_line_variants_reply_is_read_by_the_reasoning_stage():
