@@ -340,7 +340,7 @@ def span_lookup(kg: Lookup, domain: str, today: date | None, limit: int) -> None
         given["year"] = year.group(0)
     for span in question_spans(kg.query, limit) or [""]:
         found = len(kg.rows)
-        rule_lookup(kg, domain, {**given, **dict.fromkeys(SPAN_KEYS.get(domain, SPAN_KEYS["open"]), span)}, today)
+        rule_lookup(kg, domain, {**given, **dict.fromkeys(SPAN_KEYS[domain], span)}, today)
         if len(kg.rows) > found or kg.deadline.expired():
             return
 
