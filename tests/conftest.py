@@ -15,6 +15,7 @@ from loguru import logger
 from models.config import REPO_ROOT, SystemConfig
 from models.gate.answer_gate import gate_settings
 from models.kg.client import KGClient
+from models.kg.settings import KGSettings
 from models.loading import load_config
 from models.state import OPEN_READS, OPEN_WRITES, PortError, Ports
 from models.system import CragSystem
@@ -119,10 +120,13 @@ def cpu_config(tmp_path):
     references and reasoning on: task 1, so no KG (tests of the other stages turn theirs on). The answer gate is
     off: it reads log-probabilities the scripted LLM does not give (tests/unit/test_gate.py turns one on). The
     reasoning prompt is on, at its default length: cpu.yaml turns it off for SmolLM2, which never fills its answer
-    block, but a larger model answers through it, and the scripted replies are written for it."""
+    block, but a larger model answers through it, and the scripted replies are written for it. For the same reason
+    the KG stage, where a test turns it on, has the LLM name the entities (`kg.method`'s default), not cpu.yaml's
+    question spans."""
     config = load_config(REPO_ROOT / "configs" / "cpu.yaml")
     gate_settings(config).gate = None
     config.reasoning.max_tokens = SystemConfig().reasoning.max_tokens
+    config.section("kg", KGSettings).method = KGSettings().method
     config.attributes.method = "none"
     config.task = 1
     config.knowledge.enabled = False

@@ -59,8 +59,9 @@ def signal_setup(config: dict[str, Any], prompt_digests: dict[str, str],
                  weights: dict[str, str] | None = None) -> dict[str, Any]:
     """What produces the signals a gate reads, from a resolved config as plain JSON (a run manifest's
     `answers.config`), the prompts' digests and the weights' (a run manifest's `answers.weights`; None: hashed
-    now, models/llm/weights.py): the LLM (backend, model, for hf its dtype, the weights), the reasoning settings and
-    the reasoning prompts it renders (`answering`). A gate fit on one setup is refused by a config of another."""
+    now, models/llm/weights.py): the LLM (backend, model, for hf its dtype, the weights), the reasoning settings, the
+    reasoning prompts it renders (`answering`) and the KG stage's method, which makes the `kg.*` signals. A gate fit
+    on one setup is refused by a config of another."""
     llm = config.get("llm") or {}
     backend = llm.get("backend")
     chosen = llm.get(backend) or {}
@@ -69,7 +70,8 @@ def signal_setup(config: dict[str, Any], prompt_digests: dict[str, str],
         model["dtype"] = chosen.get("dtype")
     model.update(weights_of(llm) if weights is None else weights)
     return answering({"llm": model, "reasoning": config.get("reasoning"),
-                      "prompts": {name: prompt_digests.get(name) for name in SIGNAL_PROMPTS}})
+                      "prompts": {name: prompt_digests.get(name) for name in SIGNAL_PROMPTS},
+                      "kg": {"method": (config.get("kg") or {}).get("method")}})
 
 
 def columns_for(examples: list[dict[str, Signal]]) -> list[Column]:

@@ -43,8 +43,11 @@ def test_larger_batches_share_the_decode_steps(config):
 
 def test_stages_follow_the_config(config):
     names = [s.stage for s in llm_stages(config)]
-    assert names == ["kg", "summariser"]  # cpu.yaml: task 2, svm, no knowledge, no calculator, no reasoning prompt
+    # cpu.yaml: task 2 with the KG by question spans (no LLM call), svm, no knowledge, no calculator, no reasoning
+    assert names == ["summariser"]
     config.reasoning.max_tokens = 96
+    assert [s.stage for s in llm_stages(config)] == ["reasoning", "summariser"]
+    config.section("kg").method = "rules"
     assert [s.stage for s in llm_stages(config)] == ["kg", "reasoning", "summariser"]
     config.task, config.calculator.enabled, config.attributes.method = 1, True, "icl"
     stages = {s.stage: s for s in llm_stages(config)}

@@ -446,10 +446,13 @@ def test_a_run_folder_that_recorded_prompt_files_sha256_resumes_while_they_are_u
     as its digest, so the folder resumes."""
     import hashlib
 
-    out = _run_folder(tmp_path / "run", load_config(REPO_ROOT / "configs" / "cpu.yaml"))
+    config = load_config(REPO_ROOT / "configs" / "cpu.yaml")
+    out = _run_folder(tmp_path / "run", config)
     written = json.loads((out / "manifest.json").read_text())
-    written["answers"]["prompts"] = {path.stem: hashlib.sha256(path.read_bytes()).hexdigest()
-                                     for path in sorted((REPO_ROOT / "prompts").glob("*.yaml"))}
+    files = {path.stem: path for path in (REPO_ROOT / "prompts").glob("*.yaml")}
+    files.update({name: REPO_ROOT / path for name, path in config.prompts.items()})
+    written["answers"]["prompts"] = {name: hashlib.sha256(path.read_bytes()).hexdigest()
+                                     for name, path in sorted(files.items())}
     write(out / "manifest.json", json.dumps(written))
     assert local_evaluation.main(["--data", str(SAMPLE), "--config", str(REPO_ROOT / "configs" / "cpu.yaml"),
                                   "--out", str(out), "--limit", "2"]) == 0
@@ -510,7 +513,7 @@ def test_the_port_of_a_served_kg_is_not_part_of_what_changes_answers():
                                     30.0, True)
     assert differences(first, second) == []
     other = manifest.answer_inputs(config.with_keys("kg", method="functions"), SAMPLE, 30.0, True)
-    assert differences(first, other) == ["config.kg.method ('rules' -> 'functions')"]
+    assert differences(first, other) == ["config.kg.method ('spans' -> 'functions')"]
 
 
 def test_an_auto_embedder_precision_is_recorded_as_this_machine_resolved_it(monkeypatch):

@@ -157,7 +157,7 @@ def gold_or_paris(conversation) -> str:
 def number_gate(config, path, **setup_changes):
     """A gate that trusts numbers (P 0.88) and nothing else (P 0.12), fit on `config`'s setup (with
     `setup_changes` to its reasoning settings)."""
-    resolved = json.loads(json.dumps(dataclasses.asdict(config)))
+    resolved = json.loads(json.dumps(config.resolved()))
     resolved["reasoning"].update(setup_changes)
     setup = signal_setup(resolved, PromptLibrary(config.prompts).digests())
     Gate([Column("answer.number", "number"), Column("answer.number", "missing")], [0.0, 0.0], [1.0, 1.0],
@@ -268,7 +268,7 @@ def test_a_gate_of_another_setup_is_refused_before_anything_loads(cpu_config, tm
 def test_a_gate_follows_the_prompts_its_setup_renders(cpu_config, tmp_path):
     # the reasoning prompt off: an edit to it moves no signal, so the gate stands; an edit to the summariser, which
     # then answers every query, is refused
-    cpu_config.reasoning.max_tokens = 0
+    cpu_config.reasoning.max_tokens, cpu_config.prompts = 0, {}
     gate_settings(cpu_config).gate = str(tmp_path / "gate.json")
     number_gate(cpu_config, tmp_path / "gate.json")
     for name in ("reasoning", "summariser"):
@@ -285,9 +285,21 @@ def test_a_gate_follows_the_prompts_its_setup_renders(cpu_config, tmp_path):
     gate_for(cpu_config, PromptLibrary(cpu_config.prompts))
 
 
+def test_a_gate_fit_on_one_kg_method_is_refused_by_another(cpu_config, tmp_path):
+    # kg.calls and kg.lines mean other things when the LLM names the entities than when the question's spans do
+    cpu_config.section("kg").method = "rules"
+    gate_settings(cpu_config).gate = str(tmp_path / "gate.json")
+    number_gate(cpu_config, tmp_path / "gate.json")
+    gate_for(cpu_config, PromptLibrary(cpu_config.prompts))
+    cpu_config.section("kg").method = "spans"
+    with pytest.raises(ConfigError, match=r"another setup than this config's \(kg.method \('rules' -> 'spans'\)\)"):
+        gate_for(cpu_config, PromptLibrary(cpu_config.prompts))
+
+
 def test_make_eval_s_config_takes_the_shipped_gate():
     """The served configuration `make eval` runs accepts data/gates/cpu.json: an edit to a prompt its setup renders,
-    to the reasoning settings, to the profile or to the weights fails here, before make eval refuses the gate."""
+    to the reasoning settings, to kg.method, to the profile or to the weights fails here, before make eval refuses the
+    gate."""
     from models.llm.profile import served_config
     from models.loading import load_config
 
