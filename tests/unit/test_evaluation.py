@@ -446,13 +446,14 @@ def test_a_run_folder_that_recorded_prompt_files_sha256_resumes_while_they_are_u
     as its digest, so the folder resumes."""
     import hashlib
 
+    from models.prompting import PromptLibrary
+
     config = load_config(REPO_ROOT / "configs" / "cpu.yaml")
     out = _run_folder(tmp_path / "run", config)
     written = json.loads((out / "manifest.json").read_text())
-    files = {path.stem: path for path in (REPO_ROOT / "prompts").glob("*.yaml")}
-    files.update({name: REPO_ROOT / path for name, path in config.prompts.items()})
-    written["answers"]["prompts"] = {name: hashlib.sha256(path.read_bytes()).hexdigest()
-                                     for name, path in sorted(files.items())}
+    library = PromptLibrary(config.prompts)
+    written["answers"]["prompts"] = {name: hashlib.sha256(library.get(name).path.read_bytes()).hexdigest()
+                                     for name in library.digests()}
     write(out / "manifest.json", json.dumps(written))
     assert local_evaluation.main(["--data", str(SAMPLE), "--config", str(REPO_ROOT / "configs" / "cpu.yaml"),
                                   "--out", str(out), "--limit", "2"]) == 0
