@@ -7,9 +7,9 @@
 # local run and a --ray run; quantize: GPTQ and round-to-nearest W4A16 of SmolLM2, time and held-out perplexity;
 # hf_cuda: the hf backend's deadline clock with an 8B-shaped model on a CUDA GPU, skipped without one; engine_cpu: vLLM's
 # CPU build against the hf backend, prompt-reading and generation rates on these cores; gate: the answer
-# gate's cross-validated score against no gate, always "i don't know" and an oracle; finetune: the untrained base's row
-# of the fine-tuning table on the gate's runs, against the organisers' baseline; it trains nothing here: a recipe is
-# `python -m benchmarks.finetune --variant NAME`, most of an hour per fold model on two cores).
+# gate's cross-validated score against no gate, always "i don't know" and an oracle; finetune: the fine-tuning table on
+# the gate's runs, against the organisers' baseline: the untrained base's rows, and the default recipe's rows where
+# runs/finetune holds its fold models; it trains nothing and prints the one command that trains them).
 # make gate: refit the answer gate configs/overlays/vllm-cpu.yaml ships (data/gates/cpu.json) on the served
 # SmolLM2's answers to data/gate_dev.jsonl and the KG questions of benchmarks/kg_reach, judged by the rules, a person's
 # verdicts where they saw the answer (data/gate_dev/verdicts.jsonl) and the containment judge elsewhere; run it again
@@ -162,7 +162,7 @@ bench: $(STAMP) $(RAY_STAMP) $(QSTAMP) $(VSTAMP)
 	$(PY) -m benchmarks.engine_cpu
 	rm -rf runs/bench-gate
 	$(PY) -m benchmarks.gate --runs runs/bench-gate --record-prompts --damaged
-	$(PY) -m benchmarks.finetune --base runs/bench-gate --no-train
+	$(PY) -m benchmarks.finetune --base runs/bench-gate --runs runs/finetune --no-train
 
 gate: $(STAMP) $(VSTAMP)
 	$(PY) -m benchmarks.gate --runs runs/gate --out data/gates/cpu.json

@@ -20,6 +20,8 @@ Targets (issue "Answers the model learned"): pooled wrong answers at most half t
 fewer than the base's, and at least 36 right on gate_dev. It reports and never gates (exit 0).
 
     .venv/bin/python -m benchmarks.finetune                              # base, data, the default recipe, 2 folds
+    # make bench: train nothing; answer with the fold models runs/finetune holds, else print how to train them
+    .venv/bin/python -m benchmarks.finetune --base runs/bench-gate --runs runs/finetune --no-train
     .venv/bin/python -m benchmarks.finetune --runs runs/finetune --reuse  # keep and reuse what is done
     .venv/bin/python -m benchmarks.finetune --base runs/gate --variant sft --variant sft-noraft \\
         --untrained reasoning.summariser_max_tokens=64
@@ -182,20 +184,25 @@ def labelled(folders: dict[str, Path]) -> tuple[dict[str, str], int]:
     return found, dev
 
 
+def model_folder(root: Path, name: str, fold: int) -> Path:
+    """Where recipe `name`'s model trained on every fold but `fold` is kept."""
+    return root / name / f"fold{fold}" / ("merged" if VARIANTS[name].settings.lora_rank else "model")
+
+
 def fold_model(root: Path, name: str, fold: int, args: argparse.Namespace, model: Path,
                manifests: dict[str, dict]) -> tuple[Path, Path]:
     """(the run folder, the model folder) of recipe `name` trained on every fold but `fold`; trained and merged
-    here unless --reuse finds the model folder already there."""
+    here unless --reuse or --no-train finds the model folder already there."""
     variant = VARIANTS[name]
     settings = variant.settings if args.max_steps is None else replace(variant.settings, max_steps=args.max_steps)
-    out = root / name / f"fold{fold}"
-    merged = out / ("merged" if settings.lora_rank else "model")  # full fine-tuning saves model/
+    merged = model_folder(root, name, fold)
+    out = merged.parent
     start = model
     if variant.after is not None:
         start = root / variant.after / f"fold{fold}" / "merged"
         if not (start / "config.json").is_file():
             raise SystemExit(f"error: {name} starts from {start}: run --variant {variant.after} first")
-    if not (args.reuse and (merged / "config.json").is_file()):
+    if not ((args.reuse or args.no_train) and (merged / "config.json").is_file()):
         data = data_folder(root, variant.targets) / (SFT_FILE if settings.method == "sft" else PAIRS_FILE)
         rows = [r for r in read_rows(data, set(range(args.folds)) - {fold}) if variant.keeps(r)]
         train(start, rows, out, settings, resume=args.reuse, data_manifest={
@@ -221,27 +228,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-steps", type=int, default=None, help="cap each training run (a quick look)")
     parser.add_argument("--train-only", action="store_true", help="train the recipes' fold models and stop (on a "
                         "GPU machine; copy --runs back and answer them here with --reuse)")
-    parser.add_argument("--no-train", action="store_true", help="the base's and the untrained rows only, no recipe "
-                        "trained (make bench: training takes most of an hour per fold model on two cores)")
+    parser.add_argument("--no-train", action="store_true", help="train nothing: answer with the recipes' fold "
+                        "models --runs already holds and print the command that trains the others (make bench)")
     args = parser.parse_args(argv)
-    if args.no_train and (args.variant or args.train_only):
-        print("error: --no-train trains no recipe; leave out --variant and --train-only", file=sys.stderr)
+    if args.no_train and args.train_only:
+        print("error: --no-train trains nothing; leave out --train-only", file=sys.stderr)
         return 2
-    recipes = [] if args.no_train else args.variant or [DEFAULT_VARIANT]
+    recipes = args.variant or [DEFAULT_VARIANT]
     for flag, given in (("--reuse", args.reuse), ("--train-only", args.train_only)):
         if given and args.runs is None:
             print(f"error: {flag} needs --runs, the folder that holds the runs", file=sys.stderr)
             return 2
     with tempfile.TemporaryDirectory(prefix="finetune-bench-") as scratch:
         root = args.runs or Path(scratch)
+        untrained_recipes = [] if not args.no_train else [
+            name for name in recipes
+            if not all((model_folder(root, name, fold) / "config.json").is_file() for fold in range(args.folds))]
+        recipes = [name for name in recipes if name not in untrained_recipes]
         base_root = args.base or root / "base"
         base = {name: base_root / name for name in SETS}
         for name, data in SETS.items():
             if not (args.reuse or args.base) or not (base[name] / "predictions.jsonl").is_file():
                 seconds = answer_set(data, base[name], judge=PERSON, record_prompts=True)
                 print(f"base: {name} answered in {seconds:.0f} s into {base[name]}")
-        manifests = {}
-        for form in sorted({VARIANTS[name].targets for name in recipes}):
+        manifests = {}  # --no-train leaves the data its fold models were trained on as it is
+        for form in sorted({VARIANTS[name].targets for name in recipes} if not args.no_train else ()):
             built, sources = build(list(base.values()), args.folds, form=form)
             manifests[form] = write(built, sources, data_folder(root, form), args.folds, True, 0, form)
             print(f"data ({form} targets): {manifests[form]['files'][SFT_FILE]['rows']} examples of "
@@ -298,6 +309,12 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(lines))
         print(f"targets: right on gate_dev at least {BASELINE_RIGHT} (the organisers' RAG baseline, same weights); "
               "pooled wrong at most half the base's; right no fewer than the base's")
+        for name in untrained_recipes:
+            where = args.runs or Path("runs/finetune")
+            print(f"{name}: no fold models in {where}, and --no-train trains none. To train its {args.folds} "
+                  f"(LoRA, on these cores or with --train-only on a GPU machine) and answer them:\n"
+                  f"    python -m benchmarks.finetune --runs {where}"
+                  + (f" --base {args.base}" if args.base else "") + f" --variant {name}")
     return 0
 
 

@@ -37,7 +37,7 @@ from evaluation.runner import load_predictions
 from evaluation.verdicts import CORRECT, MISS, WRONG
 from models.config import REPO_ROOT, ConfigError
 from models.prompting import PromptLibrary
-from models.stages.reasoning import prompt_evidence, reasoning_conversation
+from models.stages.reasoning import reasoning_conversation, summariser_conversation
 from models.state import ADDED_FIELDS, QueryState, Reference
 from training.examples import answer_block
 from utils.answers import IDK, INVALID, contains_answer, is_idk, is_invalid
@@ -198,8 +198,7 @@ def render(source: Source, prompt_name: str, state: QueryState) -> list[dict[str
     chars = source.max_reference_chars or 0
     if prompt_name == "reasoning":
         return list(reasoning_conversation(prompt, state, chars))
-    return list(prompt.render(query=state.query, query_time=state.query_time,
-                              references=prompt_evidence(state, chars)[0]))
+    return list(summariser_conversation(prompt, state, chars))
 
 
 @dataclass

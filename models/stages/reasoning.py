@@ -109,6 +109,13 @@ def reasoning_conversation(prompt: Prompt, state: QueryState, max_chars: int, ma
                                 tables=tables)
 
 
+def summariser_conversation(prompt: Prompt, state: QueryState, max_chars: int) -> Messages:
+    """The backup summariser's prompt for `state`: the text references within max_chars and every block of
+    evidence the stages wrote (the KG's rows, where its prompt shows them)."""
+    return render_with_evidence(prompt, state, query=state.query, query_time=state.query_time,
+                                references=prompt_evidence(state, max_chars)[0])
+
+
 def place_embeddings(conversation: Messages, vectors: np.ndarray, placeholder: str
                      ) -> tuple[Messages, np.ndarray]:
     """The conversation with each reference marker replaced by the placeholder token, and the rows of `vectors`
@@ -260,9 +267,7 @@ class ReasoningStage(Stage):
                         [s.interaction_id for s in states])
         prompt = ctx.prompt("summariser")
         settings = ctx.settings
-        conversations = [render_with_evidence(prompt, s, query=s.query, query_time=s.query_time,
-                                              references=prompt_evidence(s, settings.max_reference_chars)[0])
-                         for s in states]
+        conversations = [summariser_conversation(prompt, s, settings.max_reference_chars) for s in states]
         outputs = ctx.generate(conversations, owners=states, max_tokens=settings.summariser_max_tokens,
                                deadline=deadline, logprobs=True)
         answered: list[tuple[QueryState, Conversation]] = []

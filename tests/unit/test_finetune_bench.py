@@ -1,5 +1,5 @@
 """benchmarks/finetune.py's arithmetic: a table row against the base on the same questions, the over-refusal count,
-and the fold files every question lands in once."""
+and the fold files every question lands in once; which fold models it trains, and what --no-train answers."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def test_a_fold_model_trains_on_the_other_folds_rows_its_recipe_keeps(tmp_path, 
     trained = []
     monkeypatch.setattr(bench, "train", lambda start, rows, out, settings, **_: trained.append((start, rows, out)))
     monkeypatch.setattr(bench, "merge", lambda start, adapter, merged: None)
-    args = argparse.Namespace(folds=2, reuse=False, max_steps=None)
+    args = argparse.Namespace(folds=2, reuse=False, no_train=False, max_steps=None)
     out, merged = bench.fold_model(tmp_path, "sft-2ep-sentence-noraft", 0, args, tmp_path / "base", {"sentence": {}})
     assert out == tmp_path / "sft-2ep-sentence-noraft" / "fold0" and merged == out / "merged"
     start, kept, _ = trained[0]
@@ -89,7 +89,50 @@ def test_a_fold_model_trains_on_the_other_folds_rows_its_recipe_keeps(tmp_path, 
         bench.fold_model(tmp_path, "sft-2ep-sentence-dpo", 0, args, tmp_path / "base", {"sentence": {}})
     (tmp_path / "sft-2ep-sentence" / "fold1" / "merged").mkdir(parents=True)
     (tmp_path / "sft-2ep-sentence" / "fold1" / "merged" / "config.json").write_text("{}")
-    reused = argparse.Namespace(folds=2, reuse=True, max_steps=None)
+    reused = argparse.Namespace(folds=2, reuse=True, no_train=False, max_steps=None)
     assert bench.fold_model(tmp_path, "sft-2ep-sentence", 1, reused, tmp_path / "base", {}) == (
         tmp_path / "sft-2ep-sentence" / "fold1", tmp_path / "sft-2ep-sentence" / "fold1" / "merged")
     assert len(trained) == 1  # --reuse found the model folder: nothing trained again
+
+
+def test_no_train_answers_the_fold_models_on_disk_and_prints_how_to_train_the_others(tmp_path, monkeypatch, capsys):
+    import benchmarks.finetune as bench
+    from training.llm_training import MANIFEST
+
+    answered = []
+
+    def fake_answer_set(data, folder, **kwargs):
+        answered.append((folder, kwargs.get("sets")))
+        return 0.0
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("--no-train built data or trained")
+
+    monkeypatch.setattr(bench, "answer_set", fake_answer_set)
+    monkeypatch.setattr(bench, "contains_copy", lambda folder, data, out: folder)
+    monkeypatch.setattr(bench, "labelled", lambda folders: ({"q": CORRECT}, 1))
+    monkeypatch.setattr(bench, "gated", lambda folders: "too few labels")
+    monkeypatch.setattr(bench, "resolve_model_folder", lambda config: tmp_path / "base-model")
+    for name in ("build", "write", "train", "merge"):
+        monkeypatch.setattr(bench, name, refuse)
+    base = tmp_path / "base"
+    for name in bench.SETS:
+        (base / name).mkdir(parents=True)
+        (base / name / "predictions.jsonl").write_text("")
+    runs = tmp_path / "runs"
+    for fold in range(2):
+        merged = bench.model_folder(runs, "sft", fold)
+        merged.mkdir(parents=True)
+        (merged / "config.json").write_text("{}")
+        (merged.parent / MANIFEST).write_text(json.dumps(
+            {"seconds": 10.0, "tokens_per_epoch": 100, "epochs": 1.0, "device": "cpu"}))
+
+    argv = ["--runs", str(runs), "--base", str(base), "--no-train", "--variant", "sft", "--variant", "sft-noraft"]
+    assert bench.main(argv) == 0
+    out = capsys.readouterr().out
+    # sft's fold models answer their folds, each with its own merged folder; sft-noraft has none and gets the command
+    assert sorted(str(sets) for _, sets in answered) == [
+        str((f"llm.hf.model={bench.model_folder(runs, 'sft', fold)}",)) for fold in range(2) for _ in bench.SETS]
+    assert "| sft, pooled |" in out and "sft-noraft, pooled" not in out
+    assert (f"sft-noraft: no fold models in {runs}, and --no-train trains none" in out
+            and f"python -m benchmarks.finetune --runs {runs} --base {base} --variant sft-noraft" in out)

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from evaluation.record import Record
 from evaluation.verdicts import CORRECT, MISS, WRONG
 from models.config import ConfigError
 from models.prompting import PromptLibrary
-from models.stages.reasoning import prompt_evidence, reasoning_conversation
+from models.stages.reasoning import prompt_evidence, reasoning_conversation, summariser_conversation
 from training import judged_data
 from training.examples import answer_block
 from training.judged_data import build, fold_of, write
@@ -37,7 +38,6 @@ def recorded(query: str, texts: list[str], prompt: str = "reasoning") -> tuple[d
 
 
 def _record(query: str, refs: list[dict]):
-    from evaluation.record import Record
     return Record({"interaction_id": "x", "query": query, "query_time": "03/01/2024, 10:00:00 PT",
                    "trace": {"references": refs}})
 
@@ -49,11 +49,12 @@ def line(iid: str, query: str, gold: str, prediction: str, verdict: str, texts: 
             "alt_answers": [], "prediction": prediction, "verdict": verdict, "trace": trace}
 
 
-def run_folder(path: Path, lines: list[dict]) -> Path:
+def run_folder(path: Path, lines: list[dict], prompts: dict[str, str] | None = None) -> Path:
     path.mkdir(parents=True)
     (path / "predictions.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
     (path / "manifest.json").write_text(json.dumps(
-        {"answers": {"config": {"reasoning": {"max_reference_chars": CHARS}, "prompts": {}}}}), encoding="utf-8")
+        {"answers": {"config": {"reasoning": {"max_reference_chars": CHARS}, "prompts": prompts or {}}}}),
+        encoding="utf-8")
     return path
 
 
@@ -130,6 +131,32 @@ def test_a_conversation_the_prompts_do_not_reproduce_gets_no_raft_variant(tmp_pa
     built, _ = build([run_folder(tmp_path / "run", [edited])], folds=1, held_out=tmp_path / "none.jsonl")
     assert [r["kind"] for r in built.sft] == ["extraction"]
     assert built.skipped == {"raft: re-rendering does not reproduce the recorded conversation": 1}
+
+
+def test_the_kg_summariser_s_conversation_is_reproduced_and_its_row_holding_the_gold_removed(tmp_path):
+    # the CPU default's summariser shows the KG stage's rows (configs/cpu.yaml): the data builder renders it as the
+    # stage does, rows included, or every such conversation would get no RAFT variant
+    overrides = {"summariser": "prompts/variants/summariser_kg.yaml"}
+    refs = [{"page": "page 0", "url": "", "updated": "", "kind": "chunk", "score": 1.0, "relevance": None,
+             "text": PAGES["weather"]}]
+    kg = ["italy capital: Rome", "france capital: Paris"]
+    trace = {"references": refs, "kg_results": kg}
+    state = judged_data.state_of(Record({"interaction_id": "kg", "query": "what is the capital of italy?",
+                                         "query_time": "03/01/2024, 10:00:00 PT", "trace": trace}), refs)
+    messages = summariser_conversation(PromptLibrary(overrides).get("summariser"), state, CHARS)
+    assert "italy capital: Rome" in messages[1]["content"]
+    recorded_line = {"interaction_id": "kg", "query": "what is the capital of italy?",
+                     "query_time": "03/01/2024, 10:00:00 PT", "answer": "rome", "alt_answers": [],
+                     "prediction": "Milan", "verdict": WRONG,
+                     "trace": dict(trace, prompts=[{"stage": "reasoning", "prompt": "summariser",
+                                                    "messages": list(messages), "replies": ["Milan"]}])}
+    built, _ = build([run_folder(tmp_path / "run", [recorded_line], overrides)], folds=1, raft=True,
+                     held_out=tmp_path / "none.jsonl")
+    assert not built.skipped
+    rows = {r["kind"]: r for r in built.sft}
+    assert rows["extraction"]["prompt"] == list(messages)
+    removed = rows["raft-removed"]["prompt"][1]["content"]
+    assert "italy capital: Rome" not in removed and "france capital: Paris" in removed
 
 
 def test_folds_are_by_question_and_the_manifest_counts_them(folder, tmp_path):
