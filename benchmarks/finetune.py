@@ -34,11 +34,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any, TypeVar
 
 from evaluation.gate_sets import PERSON, SETS, answer_set
 from evaluation.metrics import paired_difference
@@ -50,6 +54,8 @@ from training.judged_data import PAIRS_FILE, SFT_FILE, build, fold_of, read_rows
 from training.llm_training import ADAPTER, TrainSettings, merge, train
 from training.llm_training import MANIFEST as TRAINING_MANIFEST
 from utils.cli import command
+
+T = TypeVar("T")
 
 DEFAULT_VARIANT = "sft-2ep-sentence-both"
 BASELINE_RIGHT = 36  # the organisers' rag_llama_baseline.py on gate_dev with the same, correctly served, weights
@@ -205,11 +211,19 @@ def fold_model(root: Path, name: str, fold: int, args: argparse.Namespace, model
     if not ((args.reuse or args.no_train) and (merged / "config.json").is_file()):
         data = data_folder(root, variant.targets) / (SFT_FILE if settings.method == "sft" else PAIRS_FILE)
         rows = [r for r in read_rows(data, set(range(args.folds)) - {fold}) if variant.keeps(r)]
-        train(start, rows, out, settings, resume=args.reuse, data_manifest={
+        in_fresh_process(train, start, rows, out, settings, resume=args.reuse, data_manifest={
             "path": str(data), "manifest": manifests[variant.targets], "excluded_fold": fold, "raft": variant.raft})
         if settings.lora_rank:
-            merge(start, out / ADAPTER, merged)
+            in_fresh_process(merge, start, out / ADAPTER, merged)
     return out, merged
+
+
+def in_fresh_process(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`function(*args, **kwargs)` in a spawned interpreter. Training here would start torch's OpenMP threads in
+    this process, and the model process each answered set forks from it (evaluation/worker.py) then hangs in its
+    first parallel region, until every batch's time limit."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(function, *args, **kwargs).result()
 
 
 @command

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -16,6 +17,7 @@ from evaluation import manifest
 from evaluation.choices import Answering, ConfigChoice, JudgeChoice, RunFolder
 from evaluation.rejudge_command import rejudge
 from evaluation.run_command import run
+from evaluation.runner import load_predictions
 from models.config import REPO_ROOT
 from models.llm.weights import weights_of
 from utils.trees import differences
@@ -53,7 +55,17 @@ def answer_set(data: Path, out: Path, judge: str = PERSON, answer: bool = True, 
     `answer`. Every answer is kept, judged or not. `record_prompts`: the records keep every conversation (what
     `tools/train_llm.py data` builds training data from)."""
     folder = RunFolder(data, ungated(*sets), out, judge=JudgeChoice(judge), max_unjudged=10 ** 9)
-    return quiet_run(folder, replace(ANSWERING, record_prompts=record_prompts) if answer else None)
+    seconds = quiet_run(folder, replace(ANSWERING, record_prompts=record_prompts) if answer else None)
+    late = past_their_limit(out)
+    if late:  # the run logs only errors: say it here, as these answers are declines the model did not choose
+        print(f"warning: {late} of {data}'s questions were in batches stopped at their time limit and count as "
+              f"\"i don't know\" ({out})", file=sys.stderr)
+    return seconds
+
+
+def past_their_limit(out: Path) -> int:
+    """How many of a run folder's questions were in a batch stopped at its time limit."""
+    return sum(bool(record.get("timed_out")) for record in load_predictions(out / "predictions.jsonl").values())
 
 
 def check_weights(config: ConfigChoice, out: Path) -> None:

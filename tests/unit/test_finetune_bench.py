@@ -4,6 +4,7 @@ and the fold files every question lands in once; which fold models it trains, an
 from __future__ import annotations
 
 import json
+import os
 
 from benchmarks.finetune import fold_file, row
 from evaluation.verdicts import CORRECT, MISS, UNJUDGED, WRONG
@@ -78,6 +79,7 @@ def test_a_fold_model_trains_on_the_other_folds_rows_its_recipe_keeps(tmp_path, 
     trained = []
     monkeypatch.setattr(bench, "train", lambda start, rows, out, settings, **_: trained.append((start, rows, out)))
     monkeypatch.setattr(bench, "merge", lambda start, adapter, merged: None)
+    monkeypatch.setattr(bench, "in_fresh_process", lambda function, *args, **kwargs: function(*args, **kwargs))
     args = argparse.Namespace(folds=2, reuse=False, no_train=False, max_steps=None)
     out, merged = bench.fold_model(tmp_path, "sft-2ep-sentence-noraft", 0, args, tmp_path / "base", {"sentence": {}})
     assert out == tmp_path / "sft-2ep-sentence-noraft" / "fold0" and merged == out / "merged"
@@ -136,3 +138,27 @@ def test_no_train_answers_the_fold_models_on_disk_and_prints_how_to_train_the_ot
     assert "| sft, pooled |" in out and "sft-noraft, pooled" not in out
     assert (f"sft-noraft: no fold models in {runs}, and --no-train trains none" in out
             and f"python -m benchmarks.finetune --runs {runs} --base {base} --variant sft-noraft" in out)
+
+
+CHANGED_IN_THIS_PROCESS = {"value": "as imported"}
+
+
+def read_changed() -> tuple[int, str]:
+    return os.getpid(), CHANGED_IN_THIS_PROCESS["value"]
+
+
+def fail() -> None:
+    raise ValueError("raised in the child")
+
+
+def test_training_runs_in_a_fresh_interpreter_not_a_fork_of_this_one(monkeypatch):
+    # a fork would inherit this process's torch threads (and this change); a spawned interpreter imports afresh
+    import pytest
+
+    from benchmarks.finetune import in_fresh_process
+
+    monkeypatch.setitem(CHANGED_IN_THIS_PROCESS, "value", "changed here")
+    pid, value = in_fresh_process(read_changed)
+    assert pid != os.getpid() and value == "as imported"
+    with pytest.raises(ValueError, match="raised in the child"):
+        in_fresh_process(fail)

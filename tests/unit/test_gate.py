@@ -342,6 +342,23 @@ def test_the_ceiling_counts_the_most_a_ranking_could_answer_with_its_interval_ab
     assert lines[1].startswith("ceiling: s.noise: AUROC 0.50;")
 
 
+def test_answers_a_batch_time_limit_stopped_are_counted_aloud(tmp_path, monkeypatch, capsys):
+    """A benchmark's run logs only errors: questions whose batch was stopped at its limit are declines the model did
+    not choose (a hung model process gives nothing else), and answer_set says how many."""
+    from evaluation import gate_sets
+
+    def fake_run(folder, answering):
+        lines = [{"interaction_id": f"q{i}", "prediction": "i don't know", "timed_out": i < 2} for i in range(3)]
+        (tmp_path / "predictions.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        return 1.0
+
+    monkeypatch.setattr(gate_sets, "quiet_run", fake_run)
+    assert gate_sets.answer_set(tmp_path / "set.jsonl", tmp_path) == 1.0
+    assert gate_sets.past_their_limit(tmp_path) == 2
+    assert (f"warning: 2 of {tmp_path / 'set.jsonl'}'s questions were in batches stopped at their time limit"
+            in capsys.readouterr().err)
+
+
 def test_a_kept_gate_run_of_other_weights_is_not_reused(tmp_path):
     """benchmarks/gate.py --reuse judges kept runs again: of other weights (here the converter's older folder format),
     it stops and says to answer them again."""
