@@ -255,10 +255,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     with tempfile.TemporaryDirectory(prefix="finetune-bench-") as scratch:
         root = args.runs or Path(scratch)
-        untrained_recipes = [] if not args.no_train else [
+        not_on_disk = [] if not args.no_train else [
             name for name in recipes
             if not all((model_folder(root, name, fold) / "config.json").is_file() for fold in range(args.folds))]
-        recipes = [name for name in recipes if name not in untrained_recipes]
+        recipes = [name for name in recipes if name not in not_on_disk]
         base_root = args.base or root / "base"
         base = {name: base_root / name for name in SETS}
         for name, data in SETS.items():
@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(lines))
         print(f"targets: right on gate_dev at least {BASELINE_RIGHT} (the organisers' RAG baseline, same weights); "
               "pooled wrong at most half the base's; right no fewer than the base's")
-        for name in untrained_recipes:
+        for name in not_on_disk:
             where = args.runs or Path("runs/finetune")
             print(f"{name}: no fold models in {where}, and --no-train trains none. To train its {args.folds} "
                   f"(LoRA, on these cores or with --train-only on a GPU machine) and answer them:\n"

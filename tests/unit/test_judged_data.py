@@ -12,7 +12,7 @@ from evaluation.record import Record
 from evaluation.verdicts import CORRECT, MISS, WRONG
 from models.config import ConfigError
 from models.prompting import PromptLibrary
-from models.stages.reasoning import prompt_evidence, reasoning_conversation, summariser_conversation
+from models.stages.reasoning import reasoning_conversation, summariser_conversation
 from training import judged_data
 from training.examples import answer_block
 from training.judged_data import build, fold_of, write
@@ -31,8 +31,7 @@ def recorded(query: str, texts: list[str], prompt: str = "reasoning") -> tuple[d
     state = judged_data.state_of(_record(query, refs), refs)
     library = PromptLibrary()
     messages = (reasoning_conversation(library.get("reasoning"), state, CHARS) if prompt == "reasoning" else
-                library.get("summariser").render(query=query, query_time=state.query_time,
-                                                 references=prompt_evidence(state, CHARS)[0]))
+                summariser_conversation(library.get("summariser"), state, CHARS))
     return {"references": refs, "prompts": [{"stage": "reasoning", "prompt": prompt, "messages": list(messages),
                                              "replies": ["..."]}]}, refs
 
