@@ -119,10 +119,10 @@ def cpu_config(tmp_path):
     """configs/cpu.yaml with pages processed in this process and cached under the test's tmp_path, and only
     references and reasoning on: task 1, so no KG (tests of the other stages turn theirs on). The answer gate is
     off: it reads log-probabilities the scripted LLM does not give (tests/unit/test_gate.py turns one on). The
-    reasoning prompt is on, at its default length: cpu.yaml turns it off for SmolLM2, which never fills its answer
-    block, but a larger model answers through it, and the scripted replies are written for it. For the same reason
-    the KG stage, where a test turns it on, has the LLM name the entities (`kg.method`'s default), not cpu.yaml's
-    question spans."""
+    reasoning prompt is on, at its default length: cpu.yaml turns it off for SmolLM2, which all but never fills its
+    answer block, but a larger model answers through it, and the scripted replies are written for it. For the same
+    reason the KG stage, where a test turns it on, has the LLM name the entities (`kg.method`'s default), not
+    cpu.yaml's question spans."""
     config = load_config(REPO_ROOT / "configs" / "cpu.yaml")
     gate_settings(config).gate = None
     config.reasoning.max_tokens = SystemConfig().reasoning.max_tokens

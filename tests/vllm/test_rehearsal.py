@@ -23,7 +23,7 @@ def rehearse(*args: str, script: list[str] | None = None) -> subprocess.Complete
                           capture_output=True, text=True, timeout=900, env={**os.environ})
 
 
-# The T4 config with its reasoning prompt off, as configs/cpu.yaml answers with SmolLM2, which never writes that
+# The T4 config with its reasoning prompt off, as configs/cpu.yaml answers with SmolLM2, which all but never writes that
 # prompt's answer block: on two CPU cores its 384 tokens for eight questions take a batch's whole limit, and whether
 # the backup summariser then answers or is cut by the deadline turns on seconds. The structured prompt meets the
 # real engine in test_serve.py (the single-GPU config).
