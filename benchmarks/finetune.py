@@ -195,6 +195,32 @@ def model_folder(root: Path, name: str, fold: int) -> Path:
     return root / name / f"fold{fold}" / ("merged" if VARIANTS[name].settings.lora_rank else "model")
 
 
+def training_rows(root: Path, name: str, folds: int, fold: int) -> tuple[Path, list[dict]]:
+    """(the data file, its rows) recipe `name`'s model for `fold` trains on: the other folds' rows the recipe
+    keeps."""
+    variant = VARIANTS[name]
+    data = data_folder(root, variant.targets) / (SFT_FILE if variant.settings.method == "sft" else PAIRS_FILE)
+    return data, [r for r in read_rows(data, set(range(folds)) - {fold}) if variant.keeps(r)]
+
+
+def untrainable(root: Path, recipes: list[str], args: argparse.Namespace) -> str | None:
+    """Why a recipe to be trained here has no training row for one of its fold models, else None. Checked before
+    anything trains, so that no recipe stops the run after the ones before it trained: a recipe of the reasoning
+    prompt's conversations has none where the answer path turns that prompt off (configs/cpu.yaml)."""
+    for name in recipes:
+        for fold in range(args.folds):
+            if args.reuse and (model_folder(root, name, fold) / "config.json").is_file():
+                continue
+            data, rows = training_rows(root, name, args.folds, fold)
+            if not rows:
+                held = sorted({r["prompt_name"] for r in read_rows(data)})
+                return (f"--variant {name} trains on the {' and '.join(VARIANTS[name].prompts)} prompt's "
+                        f"conversations, and {data} has none it keeps outside fold {fold} (the base's runs recorded "
+                        f"the {' and '.join(held) or 'no'} prompt's); choose a recipe that trains on those, such as "
+                        f"--variant {DEFAULT_VARIANT}")
+    return None
+
+
 def fold_model(root: Path, name: str, fold: int, args: argparse.Namespace, model: Path,
                manifests: dict[str, dict]) -> tuple[Path, Path]:
     """(the run folder, the model folder) of recipe `name` trained on every fold but `fold`; trained and merged
@@ -209,8 +235,7 @@ def fold_model(root: Path, name: str, fold: int, args: argparse.Namespace, model
         if not (start / "config.json").is_file():
             raise SystemExit(f"error: {name} starts from {start}: run --variant {variant.after} first")
     if not ((args.reuse or args.no_train) and (merged / "config.json").is_file()):
-        data = data_folder(root, variant.targets) / (SFT_FILE if settings.method == "sft" else PAIRS_FILE)
-        rows = [r for r in read_rows(data, set(range(args.folds)) - {fold}) if variant.keeps(r)]
+        data, rows = training_rows(root, name, args.folds, fold)
         in_fresh_process(train, start, rows, out, settings, resume=args.reuse, data_manifest={
             "path": str(data), "manifest": manifests[variant.targets], "excluded_fold": fold, "raft": variant.raft})
         if settings.lora_rank:
@@ -272,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"data ({form} targets): {manifests[form]['files'][SFT_FILE]['rows']} examples of "
                   f"{manifests[form]['questions']} questions {manifests[form]['kinds']}; skipped "
                   f"{manifests[form]['skipped'] or 'none'}")
+        if not args.no_train and (why := untrainable(root, recipes, args)) is not None:
+            print(f"error: {why}", file=sys.stderr)
+            return 2
         model = resolve_model_folder(HFConfig())  # what --serve-llm serves with llm.hf.model null
         if args.train_only:
             for name in recipes:

@@ -24,6 +24,7 @@ from typing import Any
 
 from loguru import logger
 
+from utils.errors import ConfigError
 from utils.hardware import bf16_supported
 from utils.model_folders import portable_folder, weights_hash
 
@@ -103,7 +104,8 @@ def train(model_dir: Path, rows: list[dict[str, Any]], out: Path, settings: Trai
         tokenizer.pad_token = tokenizer.eos_token
     kept, dropped, tokens = fitting_rows(rows, tokenizer, settings.method, settings.max_length)
     if not kept:
-        raise ValueError(f"no training row fits max_length {settings.max_length} ({dropped} dropped)")
+        raise ConfigError(f"no training row fits max_length {settings.max_length} ({dropped} dropped): "
+                          + ("give training rows" if not dropped else "raise --max-length"))
     if dropped:
         logger.warning("{} of {} rows are longer than {} tokens and are left out", dropped, len(rows),
                        settings.max_length)

@@ -97,6 +97,28 @@ def test_a_fold_model_trains_on_the_other_folds_rows_its_recipe_keeps(tmp_path, 
     assert len(trained) == 1  # --reuse found the model folder: nothing trained again
 
 
+def test_a_recipe_with_no_row_to_train_on_is_refused_before_anything_trains(tmp_path):
+    # on the shipped path the reasoning prompt is off: the base's runs record the summariser's conversations only
+    import argparse
+
+    import benchmarks.finetune as bench
+
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = [{"interaction_id": f"q{i}", "fold": i % 2, "kind": "own", "prompt_name": "summariser", "prompt": [],
+             "completion": []} for i in range(4)]
+    (data / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = argparse.Namespace(folds=2, reuse=False)
+    why = bench.untrainable(tmp_path, ["sft-both-prompts", "sft-noraft"], args)
+    assert why is not None and why.startswith("--variant sft-noraft trains on the reasoning prompt's conversations")
+    assert "recorded the summariser prompt's" in why and f"--variant {bench.DEFAULT_VARIANT}" in why
+    assert bench.untrainable(tmp_path, ["sft-both-prompts"], args) is None
+    for fold in range(2):  # fold models already trained are not trained again, so they need no rows
+        (bench.model_folder(tmp_path, "sft-noraft", fold) / "config.json").parent.mkdir(parents=True)
+        (bench.model_folder(tmp_path, "sft-noraft", fold) / "config.json").write_text("{}")
+    assert bench.untrainable(tmp_path, ["sft-noraft"], argparse.Namespace(folds=2, reuse=True)) is None
+
+
 def test_no_train_answers_the_fold_models_on_disk_and_prints_how_to_train_the_others(tmp_path, monkeypatch, capsys):
     import benchmarks.finetune as bench
     from training.llm_training import MANIFEST

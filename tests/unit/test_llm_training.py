@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 from models.config import HFConfig
 from models.llm.hf import resolve_model_folder
 from training.llm_training import ADAPTER, MANIFEST, TrainSettings, fitting_rows, merge, train
+from utils.errors import ConfigError
 from utils.model_folders import weights_hash
 
 SETTINGS = TrainSettings(lora_rank=4, lora_alpha=8, max_steps=4, batch_size=2, save_steps=2, bf16=False,
@@ -124,7 +125,7 @@ def test_rows_longer_than_max_length_are_dropped_not_cut(tiny):
     long = row("word " * 300, "rome")
     kept, dropped, _ = fitting_rows([ROWS[0], long], tokenizer, "sft", 256)
     assert dropped == 1 and kept == [{"prompt": ROWS[0]["prompt"], "completion": ROWS[0]["completion"]}]
-    with pytest.raises(ValueError, match="no training row fits"):
+    with pytest.raises(ConfigError, match=r"no training row fits max_length \d+ \(1 dropped\): raise --max-length"):
         train(tiny, [long], tiny.parent / "never", SETTINGS)
 
 
