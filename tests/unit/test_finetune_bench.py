@@ -114,7 +114,7 @@ def test_a_recipe_with_no_row_to_train_on_is_refused_before_anything_trains(tmp_
     assert "recorded the summariser prompt's" in why and f"--variant {bench.DEFAULT_VARIANT}" in why
     assert bench.untrainable(tmp_path, ["sft-both-prompts"], args) is None
     for fold in range(2):  # fold models already trained are not trained again, so they need no rows
-        (bench.model_folder(tmp_path, "sft-noraft", fold) / "config.json").parent.mkdir(parents=True)
+        bench.model_folder(tmp_path, "sft-noraft", fold).mkdir(parents=True)
         (bench.model_folder(tmp_path, "sft-noraft", fold) / "config.json").write_text("{}")
     assert bench.untrainable(tmp_path, ["sft-noraft"], argparse.Namespace(folds=2, reuse=True)) is None
 
