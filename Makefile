@@ -36,7 +36,7 @@ VVENV := .venv-vllm
 VPY := $(VVENV)/bin/python
 VSTAMP := $(VVENV)/.installed
 
-.PHONY: setup eval test bench gate sample check browser ray test-ray quantize-venv test-quantize vllm-venv test-vllm docs lint
+.PHONY: setup eval test bench gate judge sample check browser ray test-ray quantize-venv test-quantize vllm-venv test-vllm docs lint
 
 # The project itself installs editable last (pyproject.toml: the packages and the crag-* console scripts), built with
 # the venv's setuptools (torch requires it) rather than one fetched for an isolated build.
@@ -166,6 +166,12 @@ bench: $(STAMP) $(RAY_STAMP) $(QSTAMP) $(VSTAMP)
 
 gate: $(STAMP) $(VSTAMP)
 	$(PY) -m benchmarks.gate --runs runs/gate --out data/gates/cpu.json
+
+# make judge: refit the default judge (data/judge/facts.json) on the development half of the labelled set of real
+# answers (tools/fit_judge.py --set, default the set beside the repository) and of data/judge's sets, then judge the
+# held-back half once (--lockbox) for its figures and the correction's counts. Never write rules against that half.
+judge: $(STAMP)
+	$(PY) tools/fit_judge.py --lockbox
 
 # Submission checks with the embedded CPU default (tools/check_submission.py without --cpu checks the GPU config).
 check: $(STAMP)

@@ -11,24 +11,29 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from evaluation.correction import Calibration
 from evaluation.data import DataError, alternative_answers
-from evaluation.judge import UNCERTAIN, Judge, judge_records
-from evaluation.verdicts import CORRECT, MISS, UNJUDGED, VERDICTS, WRONG
-from models.config import REPO_ROOT
+from evaluation.judge import UNCERTAIN, Judge, build_judge, judge_records
+from evaluation.verdicts import CORRECT, FACTS, MISS, UNJUDGED, VERDICTS, WRONG
+from evaluation.verdicts import PERSON as PERSON_SPEC
+from models.config import REPO_ROOT, ConfigError
 from utils.durable_io import jsonl_lines
 
 CALIBRATION_SET = REPO_ROOT / "data" / "judge" / "calibration.jsonl"
 GATE_SET = REPO_ROOT / "data" / "judge" / "gate_verdicts.jsonl"  # written by tools/join_verdicts.py
 SETS = (CALIBRATION_SET, GATE_SET)
+# Real models' answers to real CRAG questions with two annotators' verdicts, kept beside the repository where a
+# maintainer has it (CC BY-NC: never shipped); `calibrate` reads it when it is there.
+REAL_SET = REPO_ROOT.parent / "shared" / "judge_real" / "answers.jsonl"
 GATE_VERDICTS = REPO_ROOT / "data" / "gate_dev" / "verdicts.jsonl"
 GOLD_SOURCES = (REPO_ROOT / "data" / "gate_dev.jsonl", REPO_ROOT / "benchmarks" / "kg_reach" / "questions.jsonl")
 HUMAN = {"correct": CORRECT, "incorrect": WRONG, "miss": MISS}
-PARTS = ("held back", "all")
 
 
 def _question(query: str) -> str:
@@ -93,18 +98,42 @@ def join_verdicts(verdicts: Path = GATE_VERDICTS, sources: Sequence[Path] = GOLD
 
 
 def load_set(path: Path = CALIBRATION_SET) -> list[dict[str, Any]]:
-    """The triples with their human verdict; a DataError naming the line of one that is not usable."""
+    """The rows with their person verdict, without those whose annotators disagree (`human: null`: `disagreed`
+    counts them); a DataError naming the line of one that is not usable."""
     rows = []
-    for number, line in enumerate(jsonl_lines(path.read_text(encoding="utf-8")), start=1):
+    for number, line in enumerate(_lines(path), start=1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
+            if row["human"] is None:
+                continue
             rows.append({**row, "human": HUMAN[row["human"]], "alt_answers": row.get("alt_answers") or []})
+            if not all(isinstance(row[key], str) for key in ("query", "answer", "prediction")):
+                raise TypeError("query, answer and prediction must be strings")
         except (json.JSONDecodeError, KeyError, TypeError) as err:
             raise DataError(f"{path}:{number}: not a calibration row ({err}); each line needs query, answer, "
-                             f"prediction and human ({', '.join(HUMAN)})") from None
+                             f"prediction and human ({', '.join(HUMAN)}, or null where annotators disagree)") from None
     return rows
+
+
+def disagreed(path: Path) -> int:
+    """How many rows of `path` have no agreed verdict (`human: null`)."""
+    return sum(1 for line in _lines(path) if line.strip() and json.loads(line).get("human") is None)
+
+
+def annotator_agreement(path: Path) -> float | None:
+    """The share of rows on which the two annotators (human_1, human_2) agree, None where a set has one verdict."""
+    pairs = [(row.get("human_1"), row.get("human_2")) for row in map(json.loads, filter(str.strip, _lines(path)))]
+    pairs = [(a, b) for a, b in pairs if a and b]
+    return sum(a == b for a, b in pairs) / len(pairs) if pairs else None
+
+
+def gold_form(row: dict[str, Any]) -> str:
+    """"sentence" where the gold answer has more than LONG_GOLD words, else "short"."""
+    from evaluation.keyfact import LONG_GOLD
+
+    return "sentence" if len(str(row["answer"]).split()) > LONG_GOLD else "short"
 
 
 def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -121,12 +150,38 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     kappa = float(cohen_kappa_score(people, judged)) if len(set(people) | set(judged)) > 1 else math.nan
     return {"n": len(rows), "agreement": sum(p == j for p, j in zip(people, judged)) / len(rows) if rows else None,
             "recall_correct": recall(CORRECT), "recall_incorrect": recall(WRONG),
-            "kappa": None if math.isnan(kappa) else kappa}
+            "kappa": None if math.isnan(kappa) else kappa,
+            "always_incorrect": sum(p == WRONG for p in people) / len(rows) if rows else None}
+
+
+def confusion(rows: Sequence[dict[str, Any]], verdicts: Sequence[str], judged: Sequence[bool]) -> dict[str, int]:
+    """The counts that correct a score (evaluation/correction.py): the person's verdict against the judge's, on the
+    rows the judge decided (`judged`), not the exact rules."""
+    counts = {"correct_correct": 0, "correct_wrong": 0, "wrong_correct": 0, "wrong_wrong": 0}
+    for row, verdict, own in zip(rows, verdicts, judged):
+        if own and row["human"] in (CORRECT, WRONG) and verdict in (CORRECT, WRONG):
+            counts[f"{row['human']}_{verdict}"] += 1
+    return counts
+
+
+def sentence_share(rows: Sequence[dict[str, Any]]) -> float:
+    """The share of rows whose gold answer is a sentence (`gold_form`)."""
+    return sum(gold_form(r) == "sentence" for r in rows) / len(rows) if rows else 0.0
 
 
 def by_part(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """`figures` of the held-back part (`held_back`) and of all the judged rows."""
     return {"held back": figures([r for r in rows if held_back(str(r["query"]))]), "all": figures(rows)}
+
+
+def by_group(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """`figures` by the gold's form (short or sentence) and, where rows name one, by model."""
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        groups[f"gold {gold_form(row)}"].append(row)
+        if row.get("model"):
+            groups[f"model {row['model']}"].append(row)
+    return {name: figures(group) for name, group in sorted(groups.items())}
 
 
 def calibrate(judge: Judge | None, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -179,17 +234,84 @@ def _percent(value: float | None) -> str:
 
 
 def format_figures(table: list[tuple[str, dict[str, dict[str, Any]]]], judge_name: str) -> str:
-    """One line per set and part: n, agreement, the two recalls and kappa ("-" where undefined)."""
+    """One line per set and part (or group): n, agreement, the base rate ("always incorrect" agrees this often), the
+    two recalls and kappa ("-" where undefined). The first column is as wide as its longest name."""
+    width = max([len("set"), *(len(name) for name, _ in table)]) + 2
+    part_width = max([len("part"), *(len(part) for _, parts in table for part in parts)]) + 2
     lines = [f"judge {judge_name} against the person (recall: the share of the person's \"correct\" the judge calls "
-             "correct, and of the person's \"incorrect\" it calls wrong):",
-             f"  {'set':<22}{'part':<11}{'n':>4}{'agreement':>11}{'recall correct':>16}{'recall incorrect':>18}"
-             f"{'kappa':>7}"]
+             "correct, and of the person's \"incorrect\" it calls wrong; base: how often always \"incorrect\" "
+             "would agree):",
+             f"  {'set':<{width}}{'part':<{part_width}}{'n':>5}{'agreement':>11}{'base':>6}{'recall correct':>16}"
+             f"{'recall incorrect':>18}{'kappa':>7}"]
     for name, parts in table:
-        for part in PARTS:
-            f = parts[part]
+        for part, f in parts.items():
             kappa = "-" if f["kappa"] is None else f"{f['kappa']:.2f}"
-            lines.append(f"  {name:<22}{part:<11}{f['n']:>4}{_percent(f['agreement']):>11}"
-                         f"{_percent(f['recall_correct']):>16}{_percent(f['recall_incorrect']):>18}{kappa:>7}")
-    lines.append("held back: the questions whose SHA-256 is even (evaluation/calibration.py held_back); rules are "
-                 "tuned on the others")
+            lines.append(f"  {name:<{width}}{part:<{part_width}}{f['n']:>5}{_percent(f['agreement']):>11}"
+                         f"{_percent(f.get('always_incorrect')):>6}{_percent(f['recall_correct']):>16}"
+                         f"{_percent(f['recall_incorrect']):>18}{kappa:>7}")
+    lines.append("held back: the questions whose SHA-256 is even (evaluation/calibration.py held_back); the facts "
+                 "judge is fit and its rules written on the others")
     return "\n".join(lines)
+
+
+# judged_by values whose verdicts need no correction (or cannot have one)
+EXACT = ("rules", PERSON_SPEC.rstrip(":"), "none")
+SENTENCE_DRIFT = 0.25  # a run's share of sentence golds this far from the calibration set's gets a warning
+
+
+def judged_by_judge(records: list[dict[str, Any]]) -> list[bool]:
+    """Whether each judged record's verdict is the judge's own reading (not the exact rules', a person's or none)."""
+    return [str(r.get("judged_by") or "rules") not in EXACT for r in records]
+
+
+def check_calibration(option: str | None) -> None:
+    """A ConfigError naming --calibration where it names no readable set of person verdicts."""
+    if option in (None, "none"):
+        return
+    path = Path(str(option))
+    if not path.is_file():
+        raise ConfigError(f"--calibration {option}: no such file; give person verdicts (.jsonl with query, answer, "
+                          "prediction and human, as data/judge/calibration.jsonl), or none")
+    try:
+        load_set(path)
+    except DataError as err:
+        raise ConfigError(f"--calibration {err}") from None
+
+
+def calibration_for(spec: str, model_name: str | None, option: str | None) -> tuple[Calibration | None, str]:
+    """(the calibration that corrects judge `spec`'s score, the line that names it or says why there is none):
+    --calibration FILE judged by that judge, else the facts judge's own counts (data/judge/facts.json), else none."""
+    if option == "none":
+        return None, "score not corrected for the judge's errors (--calibration none)"
+    if option:
+        rows = load_set(Path(option))
+        judge_records(rows, build_judge(spec, model_name))
+        counts = confusion(rows, [r["verdict"] for r in rows], judged_by_judge(rows))
+        name = f"{Path(option).name} ({sum(counts.values())} person verdicts on answers the judge decided)"
+        return Calibration(name, counts, sentence_share(rows), tuple(sorted({str(r["model"]) for r in rows
+                                                                             if r.get("model")}))), name
+    if spec == FACTS:
+        from evaluation.facts_judge import MODEL_FILE, load_model
+
+        data = load_model()["calibration"]
+        name = (f"the facts judge's own: {sum(data['counts'].values())} person verdicts on real models' answers it "
+                f"was not fit on ({data['from']}; {MODEL_FILE.name})")
+        return Calibration.of(data, name), name
+    return None, (f"score not corrected for judge {spec}'s errors: no calibration set for it (--calibration FILE, "
+                  "person verdicts on answers it was not fit on)")
+
+
+def drift_warnings(records: list[dict[str, Any]], calibration: Calibration, model: str | None) -> list[str]:
+    """Lines saying where a run's answers differ in kind from the calibration set's: its share of sentence golds,
+    or a model none of whose name the set's models share."""
+    warnings = []
+    share = sentence_share(records)
+    if calibration.sentence_share is not None and abs(share - calibration.sentence_share) > SENTENCE_DRIFT:
+        warnings.append(f"warning: {share:.0%} of this run's gold answers are sentences against "
+                        f"{calibration.sentence_share:.0%} of the calibration set's: the judge may err otherwise here, "
+                        "and the correction assumes it does not")
+    families = {word for name in calibration.models for word in re.findall(r"[a-z]+", name.lower())} - {"instruct"}
+    if model and families and not families & set(re.findall(r"[a-z]+", model.lower())):
+        warnings.append(f"warning: this run's model ({model}) is of no family the calibration set's answers come from "
+                        f"({', '.join(calibration.models)}): the correction assumes the judge errs on it as on those")
+    return warnings

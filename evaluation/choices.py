@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from evaluation.data import QUESTION_TYPES, Selection, parse_choices
-from evaluation.verdicts import CONTAINS
+from evaluation.verdicts import FACTS
 from models.config import DOMAINS, DYNAMISM, REPO_ROOT, ConfigError, SystemConfig, add_config_arguments, config_path
 from models.loading import load_config
 from models.prompting import PROMPT_DIR, PromptLibrary, load_prompt
@@ -57,26 +57,34 @@ class Filters:
 
 @dataclass(frozen=True)
 class JudgeChoice:
-    """--judge (contains, rules, local, person:FILE, a server's base URL, or several joined by +) and --judge-model
-    (a URL judge's model). The default, contains, reads sentence answers by rules, with no model."""
+    """--judge (facts, contains, rules, local, person:FILE, a server's base URL, or several joined by +),
+    --judge-model (a URL judge's model) and --calibration (the person verdicts that correct the judge's score). The
+    default, facts, reads sentence answers for their key fact by rules and a fitted classifier, with no model."""
 
-    spec: str = CONTAINS
+    spec: str = FACTS
     model: str | None = None
+    calibration: str | None = None
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
         group = parser.add_argument_group("judge")
-        group.add_argument("--judge", default=CONTAINS, help="contains (the default: an exact match, else the gold "
+        group.add_argument("--judge", default=FACTS, help="facts (the default: an exact match, else the gold "
+                           "answer's key fact read by rules, numbers by value, dates, names with their codes, lists "
+                           "by items, weighed by a classifier fit on person verdicts; no model), contains (the gold "
                            "answer in the prediction as whole words, not negated, hedged or listed among other "
-                           "candidates; no model), rules (exact match only), local (the embedded SmolLM2), "
+                           "candidates), rules (exact match only), local (the embedded SmolLM2), "
                            "person:FILE (a person's verdicts, as data/judge/calibration.jsonl), an "
                            "OpenAI-compatible base URL such as http://127.0.0.1:8001/v1, or several joined by + and "
-                           "asked in turn (person:FILE+contains: the person's verdict where they saw the answer)")
+                           "asked in turn (person:FILE+facts: the person's verdict where they saw the answer)")
         group.add_argument("--judge-model", default=None, help="model name for a URL judge")
+        group.add_argument("--calibration", default=None, metavar="FILE|none",
+                           help="person verdicts (.jsonl, as data/judge/calibration.jsonl) on answers the judge was "
+                           "not fit on, to correct the score for the judge's errors on them; default: the facts "
+                           "judge's own (data/judge/facts.json), none for other judges; none: no correction")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> JudgeChoice:
-        return cls(args.judge, args.judge_model)
+        return cls(args.judge, args.judge_model, getattr(args, "calibration", None))
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from evaluation.containment import contains_gold
 from evaluation.record import Record
-from evaluation.verdicts import CONTAINS, CORRECT, MISS, PERSON, UNJUDGED, WRONG, Item, Judge
+from evaluation.verdicts import CONTAINS, CORRECT, FACTS, MISS, PERSON, UNJUDGED, WRONG, Item, Judge
 from models.config import ConfigError, HFConfig, OpenAIConfig
 from models.llm.backend import LLM, GenParams, Probed, Sample, TopLogprobs
 from models.prompting import Prompt, PromptLibrary
@@ -346,6 +346,7 @@ class ChainJudge(Judge):
 JUDGES: Registry[Judge] = Registry("judge", Judge)
 JUDGES.register(CONTAINS)(ContainsJudge)
 JUDGES.register_lazy("person", "evaluation.person_judge:PersonJudge")
+JUDGES.register_lazy(FACTS, "evaluation.facts_judge:FactsJudge")
 JUDGES.register("llm")(LLMJudge)
 JUDGES.register("chain")(ChainJudge)
 CHAIN = "+"
@@ -405,16 +406,18 @@ def _judge(records: list[dict[str, Any]], llm_judge: Judge | None) -> None:
             "rules-fallback") else llm_judge.kind_of(key)
         record.update({f"{prefix}verdict": verdicts[key], f"{prefix}judged_by": judged_by,
                        f"{prefix}judge_reason": reason})
-        if judged_by == "llm" and key in llm_judge.p_correct:
+        if judged_by in ("llm", FACTS) and key in llm_judge.p_correct:
             p = llm_judge.p_correct[key]
             record[f"{prefix}judge_confidence"] = round(p if verdicts[key] == CORRECT else 1 - p, 4)
 
 
 def contains_note(judged_by: dict[str, int]) -> str | None:
-    """What a report says of the containment judge's verdicts, so no one reads them as an LLM judge's."""
-    count = judged_by.get(CONTAINS)
-    return (f"judged by contains: {count} answers the rules leave open, read by the containment rules (no model, "
-            "no LLM judge; their agreement with a person: local_evaluation.py calibrate)") if count else None
+    """What a report says of the offline judges' verdicts, so no one reads them as an LLM judge's."""
+    notes = [f"judged by {name}: {judged_by[name]} answers the rules leave open, read by {what} (no model server, "
+             "no LLM judge; their agreement with a person: local_evaluation.py calibrate)"
+             for name, what in ((FACTS, "the key-fact rules and their fitted classifier"),
+                                (CONTAINS, "the containment rules")) if judged_by.get(name)]
+    return "; ".join(notes) or None
 
 
 def _chained(spec: str) -> bool:
@@ -434,23 +437,28 @@ def check_judge(spec: str, model_name: str | None) -> None:
         return
     if spec in ("rules", CONTAINS, "local"):
         return
+    if spec == FACTS:
+        from evaluation.facts_judge import Classifier, load_model
+
+        Classifier(load_model())
+        return
     if spec.startswith(PERSON):
         from evaluation.person_judge import person_judge
 
         person_judge(spec)
         return
     if not spec.startswith(("http://", "https://")):
-        raise ConfigError(f"--judge {spec!r}: use contains, rules, local, person:FILE, or an http(s) base URL")
+        raise ConfigError(f"--judge {spec!r}: use facts, contains, rules, local, person:FILE, or an http(s) base URL")
     if not model_name:
         raise ConfigError(f"--judge {spec}: name the served model with --judge-model")
 
 
 def build_judge(spec: str, model_name: str | None) -> Judge | None:
-    """The judge named by --judge (contains, rules, local, person:FILE, a server's base URL, or several joined by
-    +); None for the exact rules only."""
+    """The judge named by --judge (facts, contains, rules, local, person:FILE, a server's base URL, or several
+    joined by +); None for the exact rules only."""
     check_judge(spec, model_name)
     if spec == "rules":
         return None
-    kind = ("chain" if _chained(spec) else CONTAINS
-            if spec == CONTAINS else "person" if spec.startswith(PERSON) else "llm")
+    kind = ("chain" if _chained(spec) else spec if spec in (CONTAINS, FACTS)
+            else "person" if spec.startswith(PERSON) else "llm")
     return JUDGES.get(kind).from_spec(spec, model_name)

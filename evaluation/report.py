@@ -141,9 +141,29 @@ def _idk_lines(reasons: dict[str, int], show: int = 5) -> list[str]:
 
 
 def judge_confidence(confidence: dict[str, Any]) -> str:
-    return (f"LLM verdicts with the judge's log-probabilities: {confidence['verdicts']}, of which "
+    return (f"verdicts with the judge's own probability: {confidence['verdicts']}, of which "
             f"{confidence['uncertain']} uncertain (P(verdict) < {confidence['below']}; their records' "
             "judge_confidence says which): read those before trusting a difference they could make")
+
+
+def corrected_lines(summary: dict[str, Any]) -> list[str]:
+    """The judged score beside the score corrected for the judge's errors, the calibration that corrected it (or
+    why none did) and any warning that the run's answers differ from the calibration set's."""
+    lines = []
+    if fixed := summary.get("corrected"):
+        judged = summary["overall"]
+        ci = fixed["ci95"]
+        bounds = f"[{ci['score'][0]:+.2f}, {ci['score'][1]:+.2f}]" if ci else f"n<{MIN_FOR_INTERVAL}"
+        lines.append(f"score judged {judged['score']:+.3f} {interval(judged)}; corrected for the judge's errors "
+                     f"{fixed['score']:+.3f} {bounds} (accuracy {fixed['accuracy']:.3f}, hallucination "
+                     f"{fixed['hallucination']:.3f}; {fixed['judged']} of {fixed['total']} verdicts the judge's own, "
+                     "the rest exact; the interval counts the run's questions and the calibration set's size)")
+        cal = fixed["calibration"]
+        lines.append(f"calibration: {cal['name']}: sensitivity {cal['sensitivity']:.2f}, specificity "
+                     f"{cal['specificity']:.2f}")
+    elif note := summary.get("calibration_note"):
+        lines.append(note)
+    return [*lines, *summary.get("calibration_warnings", ())]
 
 
 def format_table(summary: dict[str, Any]) -> str:
@@ -172,6 +192,7 @@ def format_table(summary: dict[str, Any]) -> str:
     if theirs:
         lines.append("org.: the organisers' rules (gold answer only, their \"i don't know\" and \"invalid\" rules; "
                      "unjudged where they would ask their LLM judge and ours gave no verdict)")
+    lines.extend(corrected_lines(summary))
     if confidence := summary.get("judge_confidence"):
         lines.append(judge_confidence(confidence))
     if note := contains_note(summary["judged_by"]):
@@ -213,6 +234,8 @@ def format_markdown(summary: dict[str, Any], title: str) -> str:
         lines += [f"Predictions: {unjudged_range(summary['overall'])}.", ""]
     lines += [f"Intervals: bootstrap 95% (percentile, {RESAMPLES} resamples, fixed seed); none under "
               f"{MIN_FOR_INTERVAL} questions.", ""]
+    if corrected := corrected_lines(summary):
+        lines += ["## Corrected for the judge's errors", "", *(f"{line}." for line in corrected), ""]
     for section, rows in _sections(summary):
         lines += [f"## {section.replace('by_', 'By ').replace('_', ' ')}", "", *table(rows, section[3:]), ""]
     lines += ["## Judged by", "", ", ".join(f"{k}: {v}" for k, v in summary["judged_by"].items()), ""]

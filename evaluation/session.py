@@ -16,13 +16,16 @@ from tqdm import tqdm
 
 from evaluation import manifest
 from evaluation.attribution import attribute_records, page_texts
-from evaluation.choices import Answering, RunFolder, check_answering, check_prompts
+from evaluation.calibration import calibration_for, check_calibration, drift_warnings, judged_by_judge
+from evaluation.choices import Answering, JudgeChoice, RunFolder, check_answering, check_prompts
+from evaluation.correction import corrected
 from evaluation.data import ReadStats, Selection, check_data_file, parse_shard
 from evaluation.judge import build_judge, check_judge, judge_records
 from evaluation.report import format_table, score_records, write_report
 from evaluation.runner import EvaluationError, save_judgements
-from evaluation.verdicts import CONTAINS, UNJUDGED
+from evaluation.verdicts import CONTAINS, FACTS, UNJUDGED
 from models.config import SystemConfig
+from models.llm.profile import load_profile
 from models.prompting import PromptLibrary
 from utils.cli import check_out
 from utils.durable_io import held
@@ -64,6 +67,7 @@ def prepare(command: str, folder: RunFolder, answering: Answering, resources: co
     selection = folder.filters.selection(shard, answering.limit)
     judge_spec, judge_model = folder.judge.spec, folder.judge.model
     check_judge(judge_spec, judge_model)
+    check_calibration(folder.judge.calibration)
     # A judge on a server is built and probed now, before any question is answered. The local judge (torch in this
     # process) waits until the run is over: loaded before the model's child process forks, it could leave the
     # child's OpenMP threads deadlocked.
@@ -97,6 +101,20 @@ def attribute_misses(records: list[dict], run_manifest: dict | None, data: Path,
     attribute_records(records, lambda ids: page_texts(data, ids, config.references))
 
 
+def correct_score(records: list[dict], judge: JudgeChoice, config: SystemConfig) -> dict[str, Any]:
+    """The report's "corrected" section (the score corrected for the judge's measured errors, evaluation/correction.py)
+    and "calibration_note" (which calibration corrected it, or why none did), with any warning that the run's answers
+    differ in kind from the calibration set's."""
+    calibration, note = calibration_for(judge.spec, judge.model, judge.calibration)
+    if calibration is None:
+        return {"calibration_note": note}
+    if (why := calibration.usable()) is not None:
+        return {"calibration_note": f"score not corrected: {why}"}
+    model = load_profile(config.llm.profile).name
+    return {"corrected": corrected([str(r.get("verdict")) for r in records], judged_by_judge(records), calibration),
+            "calibration_note": note, "calibration_warnings": drift_warnings(records, calibration, model)}
+
+
 def conclude(session: Session, records: list[dict], run_manifest: dict | None, source: Path) -> int:
     """Judge `records` (read from `source`), attribute the misses, save the verdicts with the answers, write the
     report and print its table; 1 when more answers stay unjudged than --max-unjudged allows, else 0."""
@@ -122,6 +140,7 @@ def conclude(session: Session, records: list[dict], run_manifest: dict | None, s
     save_judgements(predictions, records)  # each question's record now holds its verdicts too
     summary = score_records(records)
     summary["judge"] = judge_name
+    summary.update(correct_score(records, folder.judge, config))
     if run_manifest is not None:  # the judge of this report, and when it was written
         manifest.write(out_dir, manifest.finish(run_manifest | {"judge": session.judge_record
                                                                  | {"name": summary["judge"]}}))
@@ -133,10 +152,12 @@ def conclude(session: Session, records: list[dict], run_manifest: dict | None, s
     if judge_spec == "rules":
         print("judge: rules only (exact match); sentence answers need an LLM judge, and the organisers' column "
               "leaves them unjudged: --judge local or --judge URL")
-    elif judge_spec == CONTAINS:
-        print("judge: contains (rules, no model: sentence answers are correct where they give the gold answer, "
-              "judged by \"contains\"; its agreement with a person: local_evaluation.py calibrate); the organisers' "
-              "column leaves them unjudged: --judge URL for an LLM judge")
+    elif judge_spec in (CONTAINS, FACTS):
+        how = ("the gold answer's key fact read by rules and a classifier fit on person verdicts" if judge_spec == FACTS
+               else "correct where they give the gold answer")
+        print(f"judge: {judge_spec} (no model server: sentence answers are {how}, judged by \"{judge_spec}\"; its "
+              "agreement with a person: local_evaluation.py calibrate); the organisers' column leaves them unjudged: "
+              "--judge URL for an LLM judge")
     if judge_spec != "rules" and summary["judged_by"].get("llm") and "judge_confidence" not in summary:
         print(f"judge {judge_name}: its server gave no log-probabilities (transformers serve does not offer them), "
               "so the verdicts carry no confidence")

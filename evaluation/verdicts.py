@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 CORRECT, MISS, WRONG, UNJUDGED = "correct", "miss", "wrong", "unjudged"
 VERDICTS = (CORRECT, MISS, WRONG, UNJUDGED)
-CONTAINS = "contains"  # --judge contains (the default) and its verdicts' "judged_by": the containment rules
+CONTAINS = "contains"  # --judge contains and its verdicts' "judged_by": the containment rules
+FACTS = "facts"  # --judge facts (the default) and its verdicts' "judged_by": the key-fact rules and classifier
 PERSON = "person:"  # --judge person:FILE
 
 

@@ -167,18 +167,23 @@ def test_its_verdicts_are_judged_by_contains_and_the_organisers_column_stays_as_
     assert "judged by contains" not in format_table(score_records(bare))
 
 
-def test_contains_is_the_default_judge_of_every_command(tmp_path, capsys):
-    assert JudgeChoice().spec == "contains" and isinstance(build_judge("contains", None), ContainsJudge)
+def test_facts_is_the_default_judge_and_contains_stays_by_name(tmp_path, capsys):
+    assert JudgeChoice().spec == "facts" and isinstance(build_judge("contains", None), ContainsJudge)
     out = tmp_path / "run"
     out.mkdir()
     lines = [json.dumps({**r, "interaction_id": str(i), "batch_seconds": 1.0, "batch_size": 1})
              for i, r in enumerate(records())]
     write(out / "predictions.jsonl", "\n".join(lines) + "\n")
     assert local_evaluation.main(["rejudge", "--data", str(SAMPLE), "--out", str(out)]) == 0
-    assert "judge: contains (rules, no model" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "judge: facts (no model server" in printed and "corrected for the judge's errors" in printed
+    report = json.loads((out / "report.json").read_text())
+    assert report["judged_by"] == {"rules": 2, "facts": 3} and report["corrected"]["judged"] == 3
+    assert local_evaluation.main(["rejudge", "--data", str(SAMPLE), "--out", str(out), "--judge", "contains"]) == 0
+    assert "no calibration set for it (--calibration FILE" in capsys.readouterr().out
     report = json.loads((out / "report.json").read_text())
     assert report["judged_by"] == {"rules": 2, "contains": 3} and report["overall"]["accuracy"] == 0.4
-    assert report["organisers"]["overall"]["unjudged"] == 0.6
+    assert report["organisers"]["overall"]["unjudged"] == 0.6 and "corrected" not in report
     assert local_evaluation.main(["rejudge", "--data", str(SAMPLE), "--out", str(out), "--judge", "rules"]) == 0
     assert json.loads((out / "report.json").read_text())["overall"]["accuracy"] == 0.2
 
@@ -248,7 +253,7 @@ def rows_of(people, judged, queries=None):
 def test_figures_agreement_recalls_and_kappa():
     # agreement 3/4; the person's correct: 1 of 2 called correct; incorrect: 2 of 2; kappa (0.75 - 0.5) / 0.5
     f = figures(rows_of([CORRECT, CORRECT, WRONG, WRONG], [CORRECT, WRONG, WRONG, WRONG]))
-    assert f == {"n": 4, "agreement": 0.75, "recall_correct": 0.5, "recall_incorrect": 1.0,
+    assert f == {"n": 4, "agreement": 0.75, "recall_correct": 0.5, "recall_incorrect": 1.0, "always_incorrect": 0.5,
                  "kappa": pytest.approx(0.5)}
     # always "incorrect" on a set the person mostly calls incorrect: high agreement, no skill
     always = figures(rows_of([CORRECT] + [WRONG] * 6, [WRONG] * 7))
@@ -259,10 +264,12 @@ def test_figures_agreement_recalls_and_kappa():
 
 
 def figure_rows(out):
-    """{(set, part): (n, agreement, recall correct, recall incorrect, kappa)} from calibrate's figures table."""
+    """{(set, part): (n, agreement, recall correct, recall incorrect, kappa)} from calibrate's figures table (its base
+    rate column left out)."""
     found = {}
     for line in out.splitlines():
-        match = re.match(r"\s+(\S+(?: sets)?)\s+(held back|all)\s+(\d+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)$", line)
+        match = re.match(r"\s+(\S+(?: sets)?)\s+(held back|all)\s+(\d+)\s+(\S+)\s+\S+\s+(\S+)\s+(\S+)\s+(\S+)$",
+                         line)
         if match:
             found[(match.group(1), match.group(2))] = match.groups()[2:]
     return found
@@ -273,7 +280,8 @@ def percent(text):
 
 
 def test_calibrate_prints_the_figures_of_each_set_by_part(capsys):
-    assert local_evaluation.main(["calibrate", "--judge", "contains"]) == 0
+    assert local_evaluation.main(["calibrate", "--judge", "contains", "--set", str(CALIBRATION_SET), "--set",
+                                  str(GATE_SET)]) == 0
     out = capsys.readouterr().out
     assert "judge contains on 45 calibration triples of calibration.jsonl" in out
     assert "judge contains on 199 calibration triples of gate_verdicts.jsonl" in out

@@ -281,7 +281,7 @@ def test_cli_rejudges_without_loading_the_model(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--judge", "gpt"], "use contains, rules, local, person:FILE, or an http(s) base URL"),
+    (["--judge", "gpt"], "use facts, contains, rules, local, person:FILE, or an http(s) base URL"),
     (["--judge", "person:no/such.jsonl"], "no such file; give person:FILE"),
     (["--judge", "http://127.0.0.1:9/v1"], "--judge-model"),
     (["rejudge"], "does not exist; answer the questions first (run)"),

@@ -1,0 +1,185 @@
+"""Fitting the facts judge (evaluation/facts_judge.py) on person verdicts, and measuring it honestly.
+
+Only the rows the exact rules leave open (`judge_by_rules`) reach the classifier, so only those are fit on. The
+measurement is nested K-fold cross-validation by question: in each outer fold the regularisation C and the verdict
+threshold are chosen by an inner K-fold on the outer training part alone (the pair that maximises Cohen's kappa
+with the person of the pooled inner out-of-fold probabilities), the model is fit on that part, and it judges the outer
+test part; the outer predictions are pooled. K, the seed and the grids are fixed here. The shipped model is chosen and
+fit the same way on all the rows given. The rows a caller gives are its development part: the lockbox
+(`held_back` questions) is judged once, by `lockbox`, after the fit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from evaluation.calibration import by_group, confusion, figures, sentence_share
+from evaluation.judge import judge_by_rules
+from evaluation.keyfact import FEATURES, best_features
+from evaluation.verdicts import CORRECT, WRONG, Item
+from utils.grader_tokens import grader_cut
+
+FOLDS = 5
+SEED = 0
+C_GRID = (0.03, 0.1, 0.3, 1.0, 3.0)
+THRESHOLDS = tuple(round(t, 2) for t in np.arange(0.3, 0.71, 0.05))
+
+
+def item(row: dict[str, Any]) -> Item:
+    return Item(str(row["query"]), str(row["answer"]), tuple(str(a) for a in row.get("alt_answers") or ()),
+                str(row["prediction"]))
+
+
+def open_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows the exact rules leave to the classifier, whose person verdict is correct or wrong."""
+    return [r for r in rows if r["human"] in (CORRECT, WRONG) and judge_by_rules(item(r)) is None]
+
+
+def design(rows: Sequence[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(features, person says correct, question) of each row."""
+    matrix = [[f[name] for name in FEATURES] for f in (
+        best_features(r["query"], [r["answer"], *(r.get("alt_answers") or ())], grader_cut(r["prediction"]))
+        for r in rows)]
+    return (np.array(matrix, dtype=float).reshape(len(rows), len(FEATURES)),
+            np.array([r["human"] == CORRECT for r in rows]),
+            np.array([" ".join(str(r["query"]).lower().split()) for r in rows]))
+
+
+def _splits(y: np.ndarray, groups: np.ndarray, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    from sklearn.model_selection import StratifiedGroupKFold
+
+    folds = min(FOLDS, len(set(groups)))
+    return list(StratifiedGroupKFold(folds, shuffle=True, random_state=seed).split(np.zeros(len(y)), y, groups))
+
+
+def _fit(x: np.ndarray, y: np.ndarray, c: float) -> dict[str, Any]:
+    from sklearn.linear_model import LogisticRegression
+
+    mean, scale = x.mean(axis=0), x.std(axis=0)
+    scale[scale == 0] = 1.0  # a feature constant here weighs nothing
+    model = LogisticRegression(C=c, max_iter=5000).fit((x - mean) / scale, y)
+    return {"features": list(FEATURES), "mean": mean.tolist(), "scale": scale.tolist(),
+            "weights": model.coef_[0].tolist(), "bias": float(model.intercept_[0]), "C": c}
+
+
+def probabilities(model: dict[str, Any], x: np.ndarray) -> np.ndarray:
+    z = ((x - np.array(model["mean"])) / np.array(model["scale"])) @ np.array(model["weights"]) + model["bias"]
+    return 1 / (1 + np.exp(-z))
+
+
+def _kappa(y: np.ndarray, said: np.ndarray) -> float:
+    from sklearn.metrics import cohen_kappa_score
+
+    return float(cohen_kappa_score(y, said)) if len(set(y) | set(said)) > 1 else 0.0
+
+
+def choose(x: np.ndarray, y: np.ndarray, groups: np.ndarray, seed: int = SEED) -> tuple[float, float]:
+    """(C, threshold) with the best Cohen's kappa of inner out-of-fold probabilities (ties: the smaller C, then
+    the threshold nearest 0.5)."""
+    best: tuple[float, float, float, float] | None = None
+    splits = _splits(y, groups, seed + 1)
+    for c in C_GRID:
+        oof = np.zeros(len(y))
+        for train, test in splits:
+            oof[test] = probabilities(_fit(x[train], y[train], c), x[test])
+        for threshold in THRESHOLDS:
+            rank = (round(_kappa(y, oof >= threshold), 6), -c, -abs(threshold - 0.5), threshold)
+            if best is None or rank > best:
+                best = rank
+    assert best is not None
+    return -best[1], best[3]
+
+
+def fit(rows: Sequence[dict[str, Any]], seed: int = SEED) -> dict[str, Any]:
+    """The shipped model: C and threshold chosen by K-fold on `rows`' open rows, then fit on all of them."""
+    x, y, groups = design(open_rows(rows))
+    c, threshold = choose(x, y, groups, seed)
+    return {**_fit(x, y, c), "threshold": threshold}
+
+
+def out_of_fold(rows: Sequence[dict[str, Any]], seed: int = SEED) -> tuple[list[str], list[dict[str, Any]]]:
+    """Each row's verdict with the rows of its question held out (nested: C and threshold chosen inside each outer
+    fold), the exact rules' verdict where they decide; and each outer fold's choice and size."""
+    verdicts = [judge_by_rules(item(r)) for r in rows]
+    open_index = [i for i, r in enumerate(rows) if verdicts[i] is None and r["human"] in (CORRECT, WRONG)]
+    x, y, groups = design([rows[i] for i in open_index])
+    folds = []
+    for train, test in _splits(y, groups, seed):
+        c, threshold = choose(x[train], y[train], groups[train], seed)
+        said = probabilities(_fit(x[train], y[train], c), x[test]) >= threshold
+        for position, correct in zip(test, said):
+            verdicts[open_index[position]] = CORRECT if correct else WRONG
+        folds.append({"train": len(train), "test": len(test), "C": c, "threshold": threshold,
+                      "kappa_test": round(_kappa(y[test], said), 4)})
+    return [v or WRONG for v in verdicts], folds
+
+
+def data_hash(rows: Sequence[dict[str, Any]]) -> str:
+    """SHA-256 of the rows' (query, gold answers, prediction, verdict), in order, as canonical JSON."""
+    digest = hashlib.sha256()
+    for r in rows:
+        digest.update(json.dumps([r["query"], r["answer"], list(r.get("alt_answers") or ()), r["prediction"],
+                                  r["human"]], ensure_ascii=False).encode("utf-8") + b"\n")
+    return digest.hexdigest()
+
+
+def _contains(rows: Sequence[dict[str, Any]]) -> list[str]:
+    from evaluation.judge import judge_by_containment
+
+    return [judge_by_containment(item(r))[0] for r in rows]
+
+
+def _scored(rows: Sequence[dict[str, Any]], verdicts: Sequence[str]) -> dict[str, Any]:
+    """`figures` overall and by group, of `verdicts` against the person's."""
+    judged = [{**r, "verdict": v} for r, v in zip(rows, verdicts)]
+    return {"all": figures(judged), **by_group(judged)}
+
+
+def fit_file(development: dict[str, list[dict[str, Any]]], lockbox: list[dict[str, Any]] | None,
+             seed: int = SEED) -> dict[str, Any]:
+    """The judge file: the model fit on every set's development rows (`development`: set name -> rows), the
+    nested cross-validation's figures on them beside `contains`', the lockbox's figures where `lockbox` is given
+    (judged once by the fitted model), and the correction's counts from verdicts the model was not fit on (the
+    outer folds' and the lockbox's). No text of a row is kept."""
+    rows = [r for part in development.values() for r in part]
+    model = fit(rows, seed)
+    oof, folds = out_of_fold(rows, seed)
+    by_set, start = {}, 0
+    for name, part in development.items():
+        ours = oof[start:start + len(part)]
+        by_set[name] = {"facts": _scored(part, ours), "contains": _scored(part, _contains(part))}
+        start += len(part)
+    open_ = [judge_by_rules(item(r)) is None for r in rows]
+    counts = confusion(rows, oof, open_)
+    result: dict[str, Any] = {
+        **model, "judge": "facts",
+        "fit_on": {"sha256": data_hash(rows), "rows": len(rows), "open_rows": len(open_rows(rows)),
+                   "sets": {name: len(part) for name, part in development.items()}},
+        "protocol": {"folds": FOLDS, "seed": seed, "C_grid": list(C_GRID), "thresholds": list(THRESHOLDS),
+                     "split": "by question (StratifiedGroupKFold); C and threshold chosen inside each outer fold"},
+        "folds": {"choices": folds, "by_set": by_set}}
+    sources = ["out of fold"]
+    if lockbox is not None:
+        from evaluation.facts_judge import Classifier
+
+        classifier = Classifier(model)
+        verdicts = []
+        x, _, _ = design(lockbox)
+        for row, values in zip(lockbox, x):
+            rule = judge_by_rules(item(row))
+            p = classifier.p_correct(dict(zip(FEATURES, values)))
+            verdicts.append(rule or (CORRECT if p >= classifier.threshold else WRONG))
+        result["lockbox"] = {"sha256": data_hash(lockbox), "facts": _scored(lockbox, verdicts),
+                             "contains": _scored(lockbox, _contains(lockbox))}
+        for key, value in confusion(lockbox, verdicts, [judge_by_rules(item(r)) is None for r in lockbox]).items():
+            counts[key] += value
+        rows = [*rows, *lockbox]
+        sources.append("lockbox")
+    result["calibration"] = {"counts": counts, "from": " and ".join(sources), "sentence_share": sentence_share(rows),
+                             "models": sorted({str(r["model"]) for r in rows if r.get("model")})}
+    return result

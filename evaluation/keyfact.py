@@ -1,0 +1,297 @@
+"""What a prediction says against the gold answer's key fact, read by rules: the features the answer-equivalence
+judge (evaluation/facts_judge.py) weighs.
+
+CRAG's gold answers are often sentences ("eminem released the album "revival" in 2017, which included ...") and a
+real model answers in its own words ("Revival."). Containment looks for the whole gold in the prediction; these
+rules read the gold for its key fact instead: the words of the gold that the question does not already hold. Both
+texts are put in one form first (`evaluation.containment.canonical`: dates, number words, separators, currency,
+scale words), then:
+
+- numbers are compared by value: a prediction's number matches a gold number when it is that number rounded or
+  cut at the prediction's own precision ("$2.5 million" for 2,543,000; "10 trillion" for 9.552 trillion), never a
+  bound ("at least 3", "over five");
+- dates in day/month/year and month/day/year figures are read as dates (`_numeric_dates`);
+- names are read with their aliases and codes (countries, US states and languages from pycountry: "usa" and
+  "the united states", "az" and "arizona", "en" and "english");
+- a gold list is read by its items, and the prediction's own list for items the gold does not name;
+- a comparison ("which ..., a or b?") by the option the gold names and the one the prediction names first;
+- a yes/no by the first word, an "invalid question" by whether the prediction rejects the premise.
+
+Containment's verdict and the reason of its guards (negation, hedges, a wrong candidate in a list) are features
+too. No feature reads anything but the question, the gold answers and the prediction.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from functools import cache
+
+from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+from evaluation.containment import canonical, contains_gold
+from utils.answers import IDK, INVALID, normalize_text
+
+FEATURES = ("contains", "contains_guard", "sentence_gold", "gold_words", "key_recall", "key_all", "pred_precision",
+            "pred_extra", "pred_words", "short_precise", "num_gold", "num_match", "num_conflict", "num_bound",
+            "yesno_agree", "yesno_disagree", "cmp_gold", "cmp_other", "cmp_gold_first", "cmp_numbers", "list_gold",
+            "list_missing", "list_extra", "invalid_gold", "premise_rejected", "no_answer_cue", "idk_gold", "cut_short")
+
+_TOKEN = re.compile(r"[a-z0-9_]+(?:[.'][a-z0-9]+)*%?")
+_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w])")
+_BOUND = re.compile(r"\b(?:at least|over|more than|less than|fewer than|under|up to|at most|nearly over)\s+$")
+_NUMERIC_DATE = re.compile(r"(?<![\d/.])(\d{1,2})[/.](\d{1,2})[/.](\d{4})(?![\d/.])")
+_PREMISE = re.compile(r"^\W*(?:no\b|none\b|not\b|nobody\b|never\b|there (?:is|are|was|were|has been|have been) no\b"
+                      r"|\w+ (?:is|are|was|were|did|does|do|has|have) not\b|\w+ (?:isn't|aren't|wasn't|weren't|didn't"
+                      r"|doesn't|hasn't|haven't)\b|(?:this|the) (?:question|premise)\b|invalid\b|false premise)")
+_NO_ANSWER = re.compile(r"\b(?:not (?:specified|mentioned|provided|available|stated|given|found|known|clear)|no "
+                        r"(?:information|data|mention|record)|unknown|unable to|cannot (?:be )?(?:determine|find|"
+                        r"answer)|don't have|do not have|not able to)\b")
+_LIST_SPLIT = re.compile(r"\s*(?:,|;|\n|\band\b|&)\s*|\s*\n?\s*\d+[.)]\s+")
+_OPTIONS = re.compile(r"(?:^|[,:?]|\bbetween\b|\b(?:does|do|did|is|are|was|were|has|have|had|who|which)\b)\s*"
+                      r"(?P<a>[^,:?]{1,60}?)\s+(?:or|and)\s+(?P<b>[^,:?]{1,60}?)\s*(?:[,?.]|$|\b(?:have|has|had|"
+                      r"is|are|was|were|in|on|at)\b)")
+_LIST_LEAD = re.compile(r"^.*?\b(?:are|were|is|was|include|includes|included)\s+|^.*:\s*")
+_LIST_TAIL = re.compile(r"\s+(?:have|has|had|are|were|is|was|all|both|each|together)\b.*$")
+LIST_ITEM = 6  # words of a list item at most
+_MORE = re.compile(r"\b(?:more|most|higher|highest|larger|bigger|greater|longer|taller|heavier|expensive|richer"
+                   r"|older)\b")
+_LESS = re.compile(r"\b(?:less|fewer|lower|smaller|shorter|cheaper|lighter)\b")
+_STEM = 5  # content words match on their first letters: "released" is "release", "members" is "member"
+LONG_GOLD = 6  # a gold of more words than this is a sentence, not an answer
+SHORT = 4  # a prediction of at most this many content words, all of them the gold's, is the gold's key fact
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A canonical text with its content tokens (stemmed, aliases added) and its numbers."""
+
+    text: str
+    tokens: frozenset[str]
+    numbers: tuple[tuple[Decimal, Decimal, int], ...]  # (value, unit of its last written digit, position)
+
+
+def _stem(token: str) -> str:
+    return token if token[:1].isdigit() else token[:_STEM]
+
+
+@cache
+def _aliases() -> tuple[dict[str, str], dict[str, str]]:
+    """({name: key}, {code: key}) for countries, US states and languages, from pycountry: a name anywhere in a
+    text, a code only where it stands alone or after a comma (an alpha-2 code is often an English word)."""
+    import pycountry
+
+    names: dict[str, str] = {}
+    codes: dict[str, str] = {}
+    for country in pycountry.countries:
+        key = f"country_{country.alpha_2.lower()}"
+        for name in (country.name, getattr(country, "common_name", None), getattr(country, "official_name", None)):
+            if name:
+                names[normalize_text(name)] = key
+        codes[country.alpha_2.lower()] = codes[country.alpha_3.lower()] = key
+    for name in ("america", "the us", "the u.s", "u.s", "u.s.a", "usa"):
+        names[name] = "country_us"
+    for name in ("britain", "great britain", "the uk", "u.k"):
+        names[name] = "country_gb"
+    for state in pycountry.subdivisions.get(country_code="US") or ():
+        key = f"state_{state.code[3:].lower()}"
+        names[normalize_text(state.name)] = key
+        codes[state.code[3:].lower()] = key
+    for language in pycountry.languages:
+        if hasattr(language, "alpha_2"):
+            key = f"language_{language.alpha_2}"
+            names[normalize_text(language.name)] = key
+            codes[language.alpha_2] = codes[language.alpha_3] = key
+    return names, codes
+
+
+@cache
+def _alias_pattern() -> re.Pattern[str]:
+    names, _ = _aliases()
+    return re.compile(r"(?<![\w.])(?:" + "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+                      + r")(?![\w])")
+
+
+def _alias_keys(text: str) -> set[str]:
+    """The alias keys of the names in `text`, and of a code that is the whole text or follows its last comma."""
+    names, codes = _aliases()
+    keys = {names[match.group(0)] for match in _alias_pattern().finditer(text)}
+    for part in (text.strip(), text.rsplit(",", 1)[-1].strip()):
+        if part in codes:
+            keys.add(codes[part])
+    return keys
+
+
+def _numeric_dates(text: str) -> str:
+    """Day/month/year and month/day/year figures as ISO dates, both readings where both are dates, so that
+    `canonical` reads them as it reads "1941-08-14"."""
+    def iso(match: re.Match[str]) -> str:
+        first, second, year = int(match[1]), int(match[2]), match[3]
+        readings = [(m, d) for m, d in ((second, first), (first, second)) if 1 <= m <= 12 and 1 <= d <= 31]
+        return " ".join(f"{year}-{m:02d}-{d:02d}" for m, d in dict.fromkeys(readings)) or match.group(0)
+
+    return _NUMERIC_DATE.sub(iso, text)
+
+
+def read(text: str) -> Reading:
+    """`text` in canonical form, with its content tokens and numbers."""
+    text = canonical(_numeric_dates(text))
+    words = {_stem(t.strip("'")) for t in _TOKEN.findall(text) if t not in ENGLISH_STOP_WORDS}
+    numbers = []
+    for match in _NUMBER.finditer(text):
+        written = match.group(0)
+        try:
+            value = Decimal(written)
+        except InvalidOperation:
+            continue
+        decimals = len(written.split(".")[1]) if "." in written else 0
+        unit = Decimal(1).scaleb(-decimals)
+        if decimals == 0 and (zeros := len(written) - len(written.rstrip("0"))) and zeros < len(written.lstrip("-")):
+            unit = Decimal(1).scaleb(zeros)  # "10000000000000" from "10 trillion": written to its trillions
+        numbers.append((value, unit, match.start()))
+    return Reading(text, frozenset(words | _alias_keys(text)), tuple(numbers))
+
+
+def value_match(predicted: tuple[Decimal, Decimal, int], gold: Decimal) -> bool:
+    """Whether the predicted number is the gold number, or it rounded or cut at the prediction's precision."""
+    value, unit, _ = predicted
+    if value == gold:
+        return True
+    # A written zero may be a digit of its own: "10 trillion" for 9.6 trillion is rounded to its trillions.
+    for step in {unit, unit / 10} if unit > 1 else {unit}:
+        if abs(gold) >= step and value in (
+                (gold / step).quantize(Decimal(1), rounding=rounding) * step for rounding in ("ROUND_HALF_UP",
+                                                                                            "ROUND_DOWN")):
+            return True
+    return False
+
+
+def _options(query: str) -> tuple[str, str] | None:
+    """The two options of a comparison question ("which ..., a or b?"), canonical; None where it names none."""
+    text = canonical(query)
+    if " or " not in text and not text.startswith("between"):
+        return None
+    found = None
+    for match in _OPTIONS.finditer(text):
+        found = match
+    if found is None:
+        return None
+    strip = re.compile(r"^(?:the|a|an)\s+")
+    a, b = (strip.sub("", found[name].strip(" \"'")) for name in ("a", "b"))
+    return (a, b) if a and b and a != b else None
+
+
+def _position(text: str, option: str) -> int | None:
+    """Where `option` is first named in `text`: the whole option, else its last word (a surname, a team's name)."""
+    for needle in (option, option.split()[-1]):
+        match = re.search(rf"(?<!\w){re.escape(needle)}(?!\w)", text)
+        if match:
+            return match.start()
+    return None
+
+
+def _items(text: str) -> list[str]:
+    return [item.strip(" .\"'-*") for item in _LIST_SPLIT.split(text) if item and item.strip(" .\"'-*")]
+
+
+def _item_found(item: str, tokens: frozenset[str]) -> bool:
+    words = read(item).tokens
+    return bool(words) and (words <= tokens or any(w in tokens for w in words if len(w) >= _STEM))
+
+
+def features(query: str, gold: str, prediction: str) -> dict[str, float]:
+    """The FEATURES of one (question, gold, prediction) triple, each a number."""
+    q, g, p = read(query), read(gold), read(prediction)
+    key = g.tokens - q.tokens or g.tokens
+    novel = p.tokens - q.tokens
+    holds, why = contains_gold(prediction, [gold])
+    gold_numbers = [n for n in g.numbers if n[0] not in {m[0] for m in q.numbers}]
+    own = [n for n in p.numbers if n[0] not in {m[0] for m in q.numbers}]
+    matched = [n for n in own if any(value_match(n, gn[0]) for gn in gold_numbers)]
+    bound = any(_BOUND.search(p.text[:n[2]]) for n in matched)
+    first = re.match(r"\W*(\w+)", p.text)
+    first_gold = re.match(r"\W*(\w+)", g.text)
+    yes_no = first_gold.group(1) if first_gold and first_gold.group(1) in ("yes", "no") else None
+    said = first.group(1) if first else ""
+    result = {
+        "contains": float(holds), "contains_guard": float(not holds and bool(why) and "no gold answer" not in why
+                                                        and "only part" not in why),
+        "sentence_gold": float(len(g.text.split()) > LONG_GOLD), "gold_words": math.log1p(len(g.text.split())),
+        "key_recall": len(key & p.tokens) / len(key) if key else 0.0,
+        "key_all": float(bool(key) and key <= p.tokens),
+        "pred_precision": len(novel & g.tokens) / len(novel) if novel else 0.0,
+        "pred_extra": math.log1p(len(novel - g.tokens)), "pred_words": math.log1p(len(p.text.split())),
+        "short_precise": float(bool(novel) and len(novel) <= SHORT and novel <= g.tokens),
+        "num_gold": float(bool(gold_numbers)), "num_match": float(bool(matched) and not bound),
+        "num_conflict": float(bool(gold_numbers) and bool(own) and not matched), "num_bound": float(bound),
+        "yesno_agree": float(yes_no is not None and said == yes_no),
+        "yesno_disagree": float(yes_no is not None and said in ("yes", "no") and said != yes_no),
+        "invalid_gold": float(normalize_text(gold) == INVALID),
+        "premise_rejected": float(normalize_text(gold) == INVALID and bool(_PREMISE.match(p.text))),
+        "no_answer_cue": float(bool(_NO_ANSWER.search(p.text))), "idk_gold": float(normalize_text(gold) == IDK),
+        "cut_short": float(bool(re.search(r"(?:\n\s*\d+[.)]?\s*\w*|,|:)\s*$", prediction.strip())) or
+                           not prediction.strip().endswith((".", "!", ")", '"', "'")) and len(prediction) > 150),
+    }
+    result.update(_comparison(query, g, p))
+    result.update(_list(g, p, key))
+    return result
+
+
+def _comparison(query: str, g: Reading, p: Reading) -> dict[str, float]:
+    none = {"cmp_gold": 0.0, "cmp_other": 0.0, "cmp_gold_first": 0.0, "cmp_numbers": 0.0}
+    options = _options(query)
+    if options is None:
+        return none
+    at = {option: _position(g.text, option) for option in options}
+    named = [option for option in options if at[option] is not None]
+    if not named:
+        return none
+    ours = min(named, key=lambda option: at[option] or 0)
+    other = options[1] if ours == options[0] else options[0]
+    mine, theirs = _position(p.text, ours), _position(p.text, other)
+    return {"cmp_gold": float(mine is not None), "cmp_other": float(theirs is not None),
+            "cmp_gold_first": float(mine is not None and (theirs is None or mine < theirs)),
+            "cmp_numbers": _by_numbers(query, p, mine, theirs)}
+
+
+def _by_numbers(query: str, p: Reading, mine: int | None, theirs: int | None) -> float:
+    """+1 where the prediction gives each option a number and the numbers choose the gold's option by the question's
+    comparative ("more", "higher", "fewer"), -1 where they choose the other, 0 where it gives no such numbers."""
+    direction = 1 if _MORE.search(query) else -1 if _LESS.search(query) else 0
+    if not direction or mine is None or theirs is None:
+        return 0.0
+
+    def after(start: int, stop: int) -> Decimal | None:
+        found = [n[0] for n in p.numbers if start < n[2] and (n[2] < stop or stop <= start)]
+        return found[0] if found else None
+
+    ours, other = after(mine, theirs), after(theirs, mine)
+    if ours is None or other is None or ours == other:
+        return 0.0
+    return float(direction if ours > other else -direction)
+
+
+def _list(g: Reading, p: Reading, key: frozenset[str]) -> dict[str, float]:
+    items = _items(g.text)
+    if len(items) >= 2:  # a sentence's list: after its opening words, and up to the verb after its last item
+        items[0] = _LIST_LEAD.sub("", items[0], count=1)
+        items[-1] = _LIST_TAIL.sub("", items[-1], count=1)
+    items = [item for item in items if read(item).tokens & key]
+    if len(items) < 2 or any(len(item.split()) > LIST_ITEM for item in items):
+        return {"list_gold": 0.0, "list_missing": 0.0, "list_extra": 0.0}
+    found = sum(_item_found(item, p.tokens) for item in items)
+    theirs = [item for item in _items(p.text) if 1 <= len(item.split()) <= LIST_ITEM]
+    extra = sum(not _item_found(item, g.tokens) for item in theirs) if len(theirs) >= 2 else 0
+    return {"list_gold": 1.0, "list_missing": 1 - found / len(items), "list_extra": math.log1p(extra)}
+
+
+def best_features(query: str, golds: Sequence[str], prediction: str) -> dict[str, float]:
+    """The features against the gold answer or alternative the prediction comes closest to: containment first,
+    then a matched number, then the key fact's recall."""
+    candidates = [features(query, gold, prediction) for gold in golds if str(gold).strip()]
+    if not candidates:
+        return features(query, "", prediction)
+    return max(candidates, key=lambda f: (f["contains"], f["num_match"], f["key_recall"], f["pred_precision"]))

@@ -1,0 +1,193 @@
+"""The facts judge: its key-fact rules (evaluation/keyfact.py), its fitted file, the fit's protocol
+(evaluation/judge_fit.py) and the corrected score (evaluation/correction.py)."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+
+import numpy as np
+import pytest
+
+import tools.fit_judge as fit_tool
+from evaluation.calibration import REAL_SET, calibration_for, held_back, load_set
+from evaluation.correction import Calibration, corrected
+from evaluation.facts_judge import MODEL_FILE, FactsJudge, load_model
+from evaluation.judge import build_judge
+from evaluation.judge_fit import data_hash, item, judge_by_rules, out_of_fold
+from evaluation.keyfact import FEATURES, best_features, read, value_match
+from evaluation.metrics import intervals
+from evaluation.verdicts import CORRECT, WRONG, Item
+from models.config import ConfigError
+
+needs_real = pytest.mark.skipif(not REAL_SET.is_file(), reason="the labelled set of real answers is not beside the "
+                                                                  "repository")
+
+
+def number(text):
+    return read(text).numbers[0]
+
+
+@pytest.mark.parametrize("predicted, gold, same", [
+    ("$64.9 million", "64900000", True), ("almost 10 trillion", "9552000000000", True),
+    ("$68,789", "68789.63", True), ("2.55 billion", "2543205863.73", False), ("7.4", "7.5", False),
+    ("239,813,888", "240031094", False), ("six", "6", True), ("5 trillion", "4600000000000", True),
+])
+def test_numbers_match_by_value_rounded_or_cut_at_the_predictions_precision(predicted, gold, same):
+    assert value_match(number(predicted), Decimal(gold)) is same
+
+
+@pytest.mark.parametrize("query, gold, prediction, feature, value", [
+    ("how many titles has x won?", "x has won 24 titles", "24", "num_match", 1.0),
+    ("how many titles has x won?", "x has won 24 titles", "at least 24", "num_bound", 1.0),
+    ("how many titles has x won?", "x has won 24 titles", "He won 23.", "num_conflict", 1.0),
+    ("when was x born?", "1941-08-14", "14/8/1941", "key_all", 1.0),
+    ("which is heavier, rhinos or grizzly bears?", "rhinos weigh more", "Rhinos generally outweigh grizzly bears",
+     "cmp_gold_first", 1.0),
+    ("which won more, china or usa?", "china", "USA won 8 golds and China won 9.", "cmp_numbers", 1.0),
+    ("which won more, china or usa?", "china", "China won 8 golds and USA won 9.", "cmp_numbers", -1.0),
+    ("who were the members of x?", "the members were ann lee, bo diaz and cy young.", "Ann Lee", "list_missing",
+     2 / 3),
+    ("is x in y?", "yes, x is in y", "No, it is not.", "yesno_disagree", 1.0),
+])
+def test_the_rules_read_the_key_fact(query, gold, prediction, feature, value):
+    assert best_features(query, [gold], prediction)[feature] == pytest.approx(value)
+
+
+@pytest.mark.parametrize("gold, prediction, key", [
+    ("austin, tx", "Austin, Texas", "state_tx"), ("en", "English", "language_en"),
+    ("usa", "The United States.", "country_us"), ("the uk", "Britain", "country_gb"),
+])
+def test_names_and_their_codes_read_as_one_key(gold, prediction, key):
+    assert key in read(gold).tokens and key in read(prediction).tokens
+    assert "language_it" not in read("it is in rome").tokens  # a code inside a sentence is a word
+
+
+def test_features_read_nothing_but_the_question_gold_and_prediction():
+    values = best_features("who directed jaws?", ["steven spielberg", "spielberg"], "Spielberg.")
+    assert set(values) == set(FEATURES) and values["contains"] == 1.0
+
+
+def test_the_shipped_judge_file_holds_no_text_and_says_what_it_was_fit_on():
+    model = load_model()
+    assert model["features"] == list(FEATURES) and len(model["fit_on"]["sha256"]) == 64
+    assert {"folds", "protocol", "calibration", "threshold", "C"} <= set(model)
+    text = MODEL_FILE.read_text()
+    for row in load_set(REAL_SET) if REAL_SET.is_file() else []:
+        assert row["query"] not in text and (len(row["prediction"]) < 12 or row["prediction"] not in text)
+
+
+def test_the_judge_says_why_and_with_what_probability():
+    judge = build_judge("facts", None)
+    assert isinstance(judge, FactsJudge)
+    items = [Item("how many titles has x won?", "x has won 24 titles", (), "24."),
+             Item("how many titles has x won?", "x has won 24 titles", (), "He has won 31 titles.")]
+    assert judge.judge(items) == [CORRECT, WRONG]
+    key = judge.key(items[0])
+    assert judge.reasons[key].startswith("facts: P(correct)") and judge.p_correct[key] > 0.5
+
+
+def test_a_judge_file_of_other_features_is_refused(tmp_path):
+    stale = tmp_path / "facts.json"
+    stale.write_text(json.dumps({**load_model(), "features": ["contains"]}))
+    with pytest.raises(ConfigError, match="make judge"):
+        FactsJudge(load_model(stale))
+    with pytest.raises(ConfigError, match="not a fitted facts judge"):
+        load_model(tmp_path / "missing.json")
+
+
+# --- the corrected score ------------------------------------------------------------------------------------------
+
+def test_rogan_gladen_undoes_a_judges_known_errors():
+    calibration = Calibration("set", {"correct_correct": 80, "correct_wrong": 20, "wrong_correct": 10,
+                                      "wrong_wrong": 90})
+    # 100 judged answers of which 50 truly right: the judge calls 0.8 * 50 + 0.1 * 50 = 45 of them correct
+    verdicts = [CORRECT] * 45 + [WRONG] * 55 + ["miss"] * 20
+    result = corrected(verdicts, [True] * 100 + [False] * 20, calibration)
+    assert result["score"] == pytest.approx(0.0) and result["accuracy"] == pytest.approx(50 / 120)
+    low, high = result["ci95"]["score"]
+    assert low < 0 < high and result["judged"] == 100
+
+
+def test_exact_verdicts_are_not_corrected():
+    calibration = Calibration("set", {"correct_correct": 5, "correct_wrong": 5, "wrong_correct": 5,
+                                      "wrong_wrong": 95})
+    verdicts = [CORRECT] * 10 + [WRONG] * 10
+    assert corrected(verdicts, [False] * 20, calibration)["score"] == 0.0
+    with pytest.raises(ValueError, match="no better than chance"):
+        corrected(verdicts, [True] * 20, Calibration("chance", {"correct_correct": 5, "correct_wrong": 5,
+                                                                "wrong_correct": 5, "wrong_wrong": 5}))
+
+
+def test_a_smaller_calibration_set_gives_a_wider_interval():
+    verdicts, judged = [CORRECT] * 40 + [WRONG] * 60, [True] * 100
+
+    def width(scale):
+        counts = {"correct_correct": 8 * scale, "correct_wrong": 2 * scale, "wrong_correct": scale,
+                  "wrong_wrong": 9 * scale}
+        low, high = corrected(verdicts, judged, Calibration("s", counts))["ci95"]["score"]
+        return high - low
+
+    assert width(2) > width(50)
+
+
+def test_a_run_names_its_calibration_or_says_there_is_none(tmp_path):
+    calibration, note = calibration_for("facts", None, None)
+    assert calibration is not None and "facts judge's own" in note
+    assert calibration_for("contains", None, None)[0] is None
+    assert calibration_for("facts", None, "none")[0] is None
+    rows = tmp_path / "verdicts.jsonl"
+    rows.write_text("".join(json.dumps({"query": "how many?", "answer": "x has won 24 titles", "prediction": p,
+                                        "human": h}) + "\n" for p, h in (("24", "correct"), ("31", "incorrect"))))
+    given, note = calibration_for("contains", None, str(rows))
+    assert given is not None and given.counts["wrong_wrong"] == 1 and "verdicts.jsonl" in note
+
+
+# --- on the labelled set of real answers --------------------------------------------------------------------------
+
+@needs_real
+def test_the_corrected_interval_holds_the_persons_score_over_splits_by_question():
+    """200 splits of the development half by question: judge one part out of fold, calibrate on the other."""
+    rows = [r for r in load_set(REAL_SET) if not held_back(r["query"])]
+    verdicts, _ = out_of_fold(rows)
+    judged = [judge_by_rules(item(r)) is None for r in rows]
+    questions = sorted({r["query"] for r in rows})
+    rng = np.random.default_rng(1)
+    held, ratios = 0, []
+    for split in range(200):
+        chosen = set(rng.choice(questions, len(questions) // 2, replace=False))
+        a = [i for i, r in enumerate(rows) if r["query"] in chosen]
+        b = [i for i, r in enumerate(rows) if r["query"] not in chosen]
+        from evaluation.calibration import confusion
+
+        calibration = Calibration("b", confusion([rows[i] for i in b], [verdicts[i] for i in b],
+                                                 [judged[i] for i in b]))
+        result = corrected([verdicts[i] for i in a], [judged[i] for i in a], calibration, seed=split, resamples=500)
+        person = np.mean([1 if rows[i]["human"] == CORRECT else -1 for i in a])
+        low, high = result["ci95"]["score"]
+        held += low <= person <= high
+        plain = intervals([verdicts[i] for i in a])["score"]
+        ratios.append((high - low) / (plain[1] - plain[0]))
+    assert held / 200 >= 0.9
+    assert np.median(ratios) < 2.0  # half the set calibrates here: wider than with the whole
+
+
+@needs_real
+def test_fit_tool_writes_the_file_it_ships_from_the_same_data(tmp_path, capsys):
+    out = tmp_path / "facts.json"
+    assert fit_tool.main(["--set", str(REAL_SET), "--out", str(out)]) == 0
+    fitted, shipped = json.loads(out.read_text()), load_model()
+    assert fitted["fit_on"]["sha256"] == shipped["fit_on"]["sha256"]
+    assert fitted["weights"] == pytest.approx(shipped["weights"]) and fitted["threshold"] == shipped["threshold"]
+    printed = capsys.readouterr().out
+    assert "answers.jsonl (facts)" in printed and "answers.jsonl (contains)" in printed
+
+
+def test_fit_tool_names_a_missing_set(tmp_path, capsys):
+    assert fit_tool.main(["--set", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "f.json")]) == 2
+    assert "--set" in capsys.readouterr().err
+
+
+def test_data_hash_changes_with_a_verdict():
+    rows = [{"query": "q", "answer": "a", "prediction": "p", "human": CORRECT}]
+    assert data_hash(rows) != data_hash([{**rows[0], "human": WRONG}])
