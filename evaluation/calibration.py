@@ -279,8 +279,16 @@ def check_calibration(option: str | None) -> None:
 
 
 def calibration_for(spec: str, model_name: str | None, option: str | None) -> tuple[Calibration | None, str]:
-    """(the calibration that corrects judge `spec`'s score, the line that names it or says why there is none):
-    --calibration FILE judged by that judge, else the facts judge's own counts (data/judge/facts.json), else none."""
+    """(the calibration that corrects judge `spec`'s score, the line that names it), or (None, why there is none):
+    --calibration FILE judged by that judge, else the facts judge's own counts (data/judge/facts.json); none where
+    the one named cannot correct (`Calibration.usable`)."""
+    calibration, note = _calibration(spec, model_name, option)
+    if calibration is not None and (why := calibration.usable()) is not None:
+        return None, f"score not corrected: {why}"
+    return calibration, note
+
+
+def _calibration(spec: str, model_name: str | None, option: str | None) -> tuple[Calibration | None, str]:
     if option == "none":
         return None, "score not corrected for the judge's errors (--calibration none)"
     if option:

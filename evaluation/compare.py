@@ -52,6 +52,13 @@ def format_comparison(result: dict[str, Any], name_a: str, name_b: str, show: in
     lines = [f"A: {name_a}\nB: {name_b}",
              f"{result['questions']} questions judged in both: score A {result['score_a']:.3f}, "
              f"B {result['score_b']:.3f}, B - A {result['difference']:+.3f}, paired 95% CI {interval}{verdict}"]
+    if fixed := result.get("corrected"):
+        ci = fixed["ci95"]
+        bounds = f"[{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else f"n<{MIN_FOR_INTERVAL}"
+        lines.append(f"corrected for the judge's errors: A {fixed['score_a']:.3f}, B {fixed['score_b']:.3f}, B - A "
+                     f"{fixed['difference']:+.3f}, paired 95% CI {bounds} (calibration: {fixed['calibration']})")
+    elif result.get("calibration_note"):
+        lines.append(result["calibration_note"])
     if result["unjudged_left_out"]:
         lines.append(f"left out: {result['unjudged_left_out']} questions unjudged in A or B")
     if result["only_in_a"] or result["only_in_b"]:

@@ -12,6 +12,23 @@ from evaluation.runner import EvaluationError, load_predictions
 from utils.cli import check_out
 
 
+def corrected_comparison(a: list[dict], b: list[dict], judge: JudgeChoice) -> dict:
+    """The paired difference of the two runs' scores corrected for the judge's errors, over the questions both have
+    ("corrected"), or why there is none ("calibration_note")."""
+    from evaluation.calibration import calibration_for, judged_by_judge
+    from evaluation.correction import corrected_difference
+
+    calibration, note = calibration_for(judge.spec, judge.model, judge.calibration)
+    if calibration is None:
+        return {"calibration_note": note}
+    by_id = {r.get("interaction_id"): r for r in b}
+    pairs = [(r, by_id[r.get("interaction_id")]) for r in a if r.get("interaction_id") in by_id]
+    sides = [[pair[side] for pair in pairs] for side in (0, 1)]
+    return {"corrected": corrected_difference(*(([str(r.get("verdict")) for r in side], judged_by_judge(side))
+                                                for side in sides), calibration),
+            "calibration_note": note}
+
+
 def compare(a: Path, b: Path, filters: Filters = Filters(), judge: JudgeChoice = JudgeChoice(),
             out: Path | None = None, show: int = 10) -> int:
     """`compare A B`: run B against run A on the selected questions both answered (same data file)."""
@@ -39,6 +56,7 @@ def compare(a: Path, b: Path, filters: Filters = Filters(), judge: JudgeChoice =
     for records, _ in runs:
         judge_records(records, built)
     result = compare_records(runs[0][0], runs[1][0])
+    result.update(corrected_comparison(runs[0][0], runs[1][0], judge))
     print(format_comparison(result, str(a), str(b), show))
     written = write_comparison(result, out or b, str(a), str(b))
     print(f"comparison: {written[0]}; open {written[1]} in a browser to filter and read the flipped questions")

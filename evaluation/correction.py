@@ -17,7 +17,7 @@ binomially from its own count), so a small calibration set widens it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +80,48 @@ def _rogan_gladen(observed: np.ndarray, sensitivity: np.ndarray, specificity: np
     return np.clip((observed + specificity - 1) / youden, 0.0, 1.0)
 
 
+Estimator = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+
+
+def _estimator(verdicts: Sequence[str], judged: Sequence[bool]) -> Estimator:
+    """The corrected (accuracy, hallucination) of the questions in each row of an index array, given each row's
+    sensitivity and specificity."""
+    n = len(verdicts)
+    right = np.array([v == CORRECT for v in verdicts])
+    own = np.array(judged, dtype=bool) & np.array([v in (CORRECT, WRONG) for v in verdicts])
+    said_correct = right & own
+    exact_correct = right & ~np.array(judged, dtype=bool)
+    exact_wrong = np.array([v == WRONG for v in verdicts]) & ~np.array(judged, dtype=bool)
+
+    def estimate(take: np.ndarray, sensitivity: np.ndarray, specificity: np.ndarray) -> np.ndarray:
+        m = own[take].sum(axis=-1)
+        observed = np.where(m > 0, said_correct[take].sum(axis=-1) / np.maximum(m, 1), 0.0)
+        truly = _rogan_gladen(observed, sensitivity, specificity) * m
+        return np.stack([(exact_correct[take].sum(axis=-1) + truly) / n,
+                         (exact_wrong[take].sum(axis=-1) + m - truly) / n])
+
+    return estimate
+
+
+def _draws(calibration: Calibration, n: int, seed: int, resamples: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(question indices, sensitivities, specificities) of each bootstrap resample: the run's questions with
+    replacement, each rate binomially from its own count of the calibration set."""
+    rng = np.random.default_rng(seed)
+    take = rng.integers(0, n, size=(resamples, n))
+    sensitivity = rng.binomial(calibration.correct, calibration.sensitivity, resamples) / calibration.correct
+    specificity = rng.binomial(calibration.wrong, calibration.specificity, resamples) / calibration.wrong
+    return take, sensitivity, specificity
+
+
+def _point(estimate: Estimator, n: int, calibration: Calibration) -> np.ndarray:
+    return estimate(np.arange(n)[None, :], np.array([calibration.sensitivity]),
+                    np.array([calibration.specificity]))[:, 0]
+
+
+def _bounds(values: np.ndarray) -> list[float]:
+    return [float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))]
+
+
 def corrected(verdicts: Sequence[str], judged: Sequence[bool], calibration: Calibration, seed: int = 0,
               resamples: int = RESAMPLES) -> dict[str, Any]:
     """The corrected score, accuracy and hallucination rate of a run whose answers have `verdicts`, `judged` where
@@ -88,33 +130,33 @@ def corrected(verdicts: Sequence[str], judged: Sequence[bool], calibration: Cali
     if (why := calibration.usable()) is not None:
         raise ValueError(why)
     n = len(verdicts)
-    own = np.array(judged, dtype=bool)
-    said_correct = np.array([v == CORRECT for v in verdicts]) & own
-    exact_correct = np.array([v == CORRECT for v in verdicts]) & ~own
-    exact_wrong = np.array([v == WRONG for v in verdicts]) & ~own
-    own &= np.array([v in (CORRECT, WRONG) for v in verdicts])
-
-    def estimate(take: np.ndarray, sensitivity: np.ndarray, specificity: np.ndarray) -> np.ndarray:
-        """(accuracy, hallucination) of each row of question indices `take`, with each row's rates."""
-        m = own[take].sum(axis=-1)
-        observed = np.where(m > 0, said_correct[take].sum(axis=-1) / np.maximum(m, 1), 0.0)
-        right = _rogan_gladen(observed, sensitivity, specificity) * m
-        return np.stack([(exact_correct[take].sum(axis=-1) + right) / n,
-                         (exact_wrong[take].sum(axis=-1) + m - right) / n])
-
-    point = estimate(np.arange(n)[None, :], np.array([calibration.sensitivity]),
-                     np.array([calibration.specificity]))[:, 0]
-    result: dict[str, Any] = {"score": float(point[0] - point[1]), "accuracy": float(point[0]),
-                              "hallucination": float(point[1]), "judged": int(own.sum()), "total": n,
-                              "calibration": calibration.as_dict(), "ci95": None}
+    estimate = _estimator(verdicts, judged)
+    accuracy, hallucination = _point(estimate, n, calibration)
+    result: dict[str, Any] = {"score": float(accuracy - hallucination), "accuracy": float(accuracy),
+                              "hallucination": float(hallucination), "total": n, "ci95": None,
+                              "judged": int(sum(bool(j) and v in (CORRECT, WRONG) for v, j in zip(verdicts, judged))),
+                              "calibration": calibration.as_dict()}
     if n >= MIN_FOR_INTERVAL:
-        rng = np.random.default_rng(seed)
-        take = rng.integers(0, n, size=(resamples, n))
-        sensitivity = rng.binomial(calibration.correct, calibration.sensitivity, resamples) / calibration.correct
-        specificity = rng.binomial(calibration.wrong, calibration.specificity, resamples) / calibration.wrong
-        accuracy, hallucination = estimate(take, sensitivity, specificity)
-        bounds = {name: [float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))]
-                  for name, values in (("score", accuracy - hallucination), ("accuracy", accuracy),
-                                       ("hallucination", hallucination))}
-        result["ci95"] = bounds
+        drawn_accuracy, drawn_hallucination = estimate(*_draws(calibration, n, seed, resamples))
+        result["ci95"] = {"score": _bounds(drawn_accuracy - drawn_hallucination), "accuracy": _bounds(drawn_accuracy),
+                          "hallucination": _bounds(drawn_hallucination)}
+    return result
+
+
+def corrected_difference(a: tuple[Sequence[str], Sequence[bool]], b: tuple[Sequence[str], Sequence[bool]],
+                         calibration: Calibration, seed: int = 0, resamples: int = RESAMPLES) -> dict[str, Any]:
+    """Run B's corrected score minus run A's over the same questions (`a` and `b`: verdicts and judged flags, in the
+    same order), with a paired interval: each resample takes the same questions and the same error rates for both,
+    since one judge erred on both runs."""
+    if (why := calibration.usable()) is not None:
+        raise ValueError(why)
+    n = len(a[0])
+    first, second = _estimator(*a), _estimator(*b)
+    score_a, score_b = (float(np.subtract(*_point(e, n, calibration))) for e in (first, second))
+    result: dict[str, Any] = {"score_a": score_a, "score_b": score_b, "difference": score_b - score_a, "ci95": None,
+                              "calibration": calibration.name}
+    if n >= MIN_FOR_INTERVAL:
+        draws = _draws(calibration, n, seed, resamples)
+        drawn_a, drawn_b = first(*draws), second(*draws)
+        result["ci95"] = _bounds((drawn_b[0] - drawn_b[1]) - (drawn_a[0] - drawn_a[1]))
     return result

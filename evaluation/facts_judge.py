@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from evaluation.keyfact import FEATURES, best_features
+from evaluation.keyfact import FEATURES, best_features, decisive
 from evaluation.verdicts import CORRECT, FACTS, WRONG, Item, Judge
 from models.config import REPO_ROOT, ConfigError
 from utils.cache import content_key
@@ -82,8 +82,11 @@ class FactsJudge(Judge):
         return content_key(item.query, item.answer, *item.alt_answers, "\x00", grader_cut(item.prediction))
 
     def verdict(self, item: Item) -> tuple[str, float, str]:
-        """(verdict, P(correct), reason) of one item."""
-        values = best_features(item.query, [item.answer, *item.alt_answers], grader_cut(item.prediction))
+        """(verdict, P(correct), reason) of one item: a decisive rule's (P 1 or 0), else the classifier's."""
+        golds, prediction = [item.answer, *item.alt_answers], grader_cut(item.prediction)
+        if (ruled := decisive(item.query, golds, prediction)) is not None:
+            return ruled[0], float(ruled[0] == CORRECT), ruled[1]
+        values = best_features(item.query, golds, prediction)
         p = self.classifier.p_correct(values)
         return (CORRECT if p >= self.classifier.threshold else WRONG), p, self.classifier.reason(values)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluation.attribution import CLASSES, gold_answers, holds
-from evaluation.judge import contains_note
+from evaluation.judge import contains_note, corrected_lines
 from evaluation.metrics import MIN_FOR_INTERVAL
 from evaluation.record import Record, as_record, records_of
 from models.kg.kg_stage import KG_CALLS
@@ -270,6 +270,8 @@ def report_html(summary: dict[str, Any], lines: list[dict[str, Any]], title: str
              _card("unjudged", _pct(overall["unjudged"]),
                    f"score between {overall['score_range'][0]:+.3f} and {overall['score_range'][1]:+.3f}"
                    if overall["unjudged"] else "")]
+    if fixed := summary.get("corrected"):  # beside the judged score: the same run, the judge's errors taken out
+        cards.insert(1, _card("corrected score", f"{fixed['score']:+.3f}", _ci(fixed, "score", signed=True)))
     if theirs := summary.get("organisers"):
         cards.append(_card("organisers' score", f"{theirs['overall']['score']:+.3f}",
                            f"unjudged {_pct(theirs['overall']['unjudged'])}"))
@@ -289,6 +291,7 @@ def report_html(summary: dict[str, Any], lines: list[dict[str, Any]], title: str
             f'<p class="note">Score = accuracy - hallucination. Intervals: bootstrap 95%; none under '
             f"{MIN_FOR_INTERVAL} questions.{' ' + escape(_confidence_note(confidence)) if confidence else ''}"
             f"{' ' + escape(note[0].upper() + note[1:]) + '.' if (note := contains_note(summary['judged_by'])) else ''}"
+            f"{''.join(' ' + escape(line) + '.' for line in corrected_lines(summary))}"
             "</p>"
             "</section>",
             f'<section id="charts"><h2>Scores by group</h2><div class="charts">{charts}</div>'

@@ -26,13 +26,14 @@ from loguru import logger
 from tqdm import tqdm
 
 from evaluation.containment import contains_gold
+from evaluation.metrics import MIN_FOR_INTERVAL
 from evaluation.record import Record
 from evaluation.verdicts import CONTAINS, CORRECT, FACTS, MISS, PERSON, UNJUDGED, WRONG, Item, Judge
 from models.config import ConfigError, HFConfig, OpenAIConfig
 from models.llm.backend import LLM, GenParams, Probed, Sample, TopLogprobs
 from models.prompting import Prompt, PromptLibrary
 from models.registry import Registry
-from utils.answers import INVALID, contains_answer, is_idk, is_invalid, normalize_text
+from utils.answers import INVALID, contains_answer, is_idk, is_invalid, normalize_text, rejects_premise
 from utils.cache import JsonCache, cache_root, content_key
 from utils.grader_tokens import grader_cut
 from utils.llm_json import parse_llm_json
@@ -46,12 +47,15 @@ def judge_by_rules(item: Item) -> str | None:
 
     An "i don't know" variant is a miss (curly apostrophes included); an exact match of the answer or of an
     alternative answer is correct; "invalid question" is correct only when the gold answer is "invalid
-    question", and wrong otherwise.
+    question", and wrong otherwise; where the gold is "invalid question", an answer that opens by rejecting the
+    premise ("No.", "None of them ...", `rejects_premise`) is left to the judge, and any other is wrong.
     """
     prediction = grader_cut(item.prediction)
     if is_idk(prediction):
         return MISS
     golds = {normalize_text(g) for g in (item.answer, *item.alt_answers)}
+    if INVALID in golds and not is_invalid(prediction) and rejects_premise(prediction):
+        return None
     if INVALID in golds or is_invalid(prediction):
         return CORRECT if INVALID in golds and is_invalid(prediction) else WRONG
     return CORRECT if normalize_text(prediction) in golds else None
@@ -418,6 +422,28 @@ def contains_note(judged_by: dict[str, int]) -> str | None:
              for name, what in ((FACTS, "the key-fact rules and their fitted classifier"),
                                 (CONTAINS, "the containment rules")) if judged_by.get(name)]
     return "; ".join(notes) or None
+
+
+def corrected_lines(summary: dict[str, Any]) -> list[str]:
+    """The judged score beside the score corrected for the judge's errors, the calibration that corrected it (or
+    why none did) and any warning that the run's answers differ from the calibration set's."""
+    lines = []
+    if fixed := summary.get("corrected"):
+        judged = summary["overall"]
+        ci = fixed["ci95"]
+        bounds = f"[{ci['score'][0]:+.2f}, {ci['score'][1]:+.2f}]" if ci else f"n<{MIN_FOR_INTERVAL}"
+        plain = judged.get("ci95")
+        shown = f"[{plain['score'][0]:+.2f}, {plain['score'][1]:+.2f}]" if plain else f"n<{MIN_FOR_INTERVAL}"
+        lines.append(f"score judged {judged['score']:+.3f} {shown}; corrected for the judge's errors "
+                     f"{fixed['score']:+.3f} {bounds} (accuracy {fixed['accuracy']:.3f}, hallucination "
+                     f"{fixed['hallucination']:.3f}; {fixed['judged']} of {fixed['total']} verdicts the judge's own, "
+                     "the rest exact; the interval counts the run's questions and the calibration set's size)")
+        cal = fixed["calibration"]
+        lines.append(f"calibration: {cal['name']}: sensitivity {cal['sensitivity']:.2f}, specificity "
+                     f"{cal['specificity']:.2f}")
+    elif note := summary.get("calibration_note"):
+        lines.append(note)
+    return [*lines, *summary.get("calibration_warnings", ())]
 
 
 def _chained(spec: str) -> bool:

@@ -20,12 +20,13 @@ import numpy as np
 
 from evaluation.calibration import by_group, confusion, figures, sentence_share
 from evaluation.judge import judge_by_rules
-from evaluation.keyfact import FEATURES, best_features
+from evaluation.keyfact import FEATURES, best_features, decisive
 from evaluation.verdicts import CORRECT, WRONG, Item
 from utils.grader_tokens import grader_cut
 
 FOLDS = 5
 SEED = 0
+INNER_REPEATS = 3  # the inner K-fold, repeated with other seeds: a choice less at the mercy of one split
 C_GRID = (0.03, 0.1, 0.3, 1.0, 3.0)
 THRESHOLDS = tuple(round(t, 2) for t in np.arange(0.3, 0.71, 0.05))
 
@@ -35,9 +36,18 @@ def item(row: dict[str, Any]) -> Item:
                 str(row["prediction"]))
 
 
+def ruled(row: dict[str, Any]) -> str | None:
+    """The verdict of the exact rules or of the judge's decisive rules, None where the classifier decides."""
+    said = judge_by_rules(item(row))
+    if said is None and (certain := decisive(row["query"], [row["answer"], *(row.get("alt_answers") or ())],
+                                             grader_cut(row["prediction"]))) is not None:
+        said = certain[0]
+    return said
+
+
 def open_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rows the exact rules leave to the classifier, whose person verdict is correct or wrong."""
-    return [r for r in rows if r["human"] in (CORRECT, WRONG) and judge_by_rules(item(r)) is None]
+    """The rows left to the classifier, whose person verdict is correct or wrong."""
+    return [r for r in rows if r["human"] in (CORRECT, WRONG) and ruled(r) is None]
 
 
 def design(rows: Sequence[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -82,13 +92,17 @@ def choose(x: np.ndarray, y: np.ndarray, groups: np.ndarray, seed: int = SEED) -
     """(C, threshold) with the best Cohen's kappa of inner out-of-fold probabilities (ties: the smaller C, then
     the threshold nearest 0.5)."""
     best: tuple[float, float, float, float] | None = None
-    splits = _splits(y, groups, seed + 1)
+    repeats = [_splits(y, groups, seed + 1 + repeat) for repeat in range(INNER_REPEATS)]
     for c in C_GRID:
-        oof = np.zeros(len(y))
-        for train, test in splits:
-            oof[test] = probabilities(_fit(x[train], y[train], c), x[test])
+        pooled = []
+        for splits in repeats:
+            oof = np.zeros(len(y))
+            for train, test in splits:
+                oof[test] = probabilities(_fit(x[train], y[train], c), x[test])
+            pooled.append(oof)
         for threshold in THRESHOLDS:
-            rank = (round(_kappa(y, oof >= threshold), 6), -c, -abs(threshold - 0.5), threshold)
+            kappa = np.mean([_kappa(y, oof >= threshold) for oof in pooled])
+            rank = (round(float(kappa), 6), -c, -abs(threshold - 0.5), threshold)
             if best is None or rank > best:
                 best = rank
     assert best is not None
@@ -105,7 +119,7 @@ def fit(rows: Sequence[dict[str, Any]], seed: int = SEED) -> dict[str, Any]:
 def out_of_fold(rows: Sequence[dict[str, Any]], seed: int = SEED) -> tuple[list[str], list[dict[str, Any]]]:
     """Each row's verdict with the rows of its question held out (nested: C and threshold chosen inside each outer
     fold), the exact rules' verdict where they decide; and each outer fold's choice and size."""
-    verdicts = [judge_by_rules(item(r)) for r in rows]
+    verdicts = [ruled(r) for r in rows]
     open_index = [i for i, r in enumerate(rows) if verdicts[i] is None and r["human"] in (CORRECT, WRONG)]
     x, y, groups = design([rows[i] for i in open_index])
     folds = []
@@ -161,19 +175,15 @@ def fit_file(development: dict[str, list[dict[str, Any]]], lockbox: list[dict[st
         "fit_on": {"sha256": data_hash(rows), "rows": len(rows), "open_rows": len(open_rows(rows)),
                    "sets": {name: len(part) for name, part in development.items()}},
         "protocol": {"folds": FOLDS, "seed": seed, "C_grid": list(C_GRID), "thresholds": list(THRESHOLDS),
+                     "inner_repeats": INNER_REPEATS,
                      "split": "by question (StratifiedGroupKFold); C and threshold chosen inside each outer fold"},
         "folds": {"choices": folds, "by_set": by_set}}
     sources = ["out of fold"]
     if lockbox is not None:
-        from evaluation.facts_judge import Classifier
+        from evaluation.facts_judge import FactsJudge
 
-        classifier = Classifier(model)
-        verdicts = []
-        x, _, _ = design(lockbox)
-        for row, values in zip(lockbox, x):
-            rule = judge_by_rules(item(row))
-            p = classifier.p_correct(dict(zip(FEATURES, values)))
-            verdicts.append(rule or (CORRECT if p >= classifier.threshold else WRONG))
+        judge = FactsJudge(model)
+        verdicts = [judge_by_rules(item(r)) or judge.verdict(item(r))[0] for r in lockbox]
         result["lockbox"] = {"sha256": data_hash(lockbox), "facts": _scored(lockbox, verdicts),
                              "contains": _scored(lockbox, _contains(lockbox))}
         for key, value in confusion(lockbox, verdicts, [judge_by_rules(item(r)) is None for r in lockbox]).items():

@@ -33,20 +33,19 @@ from functools import cache
 from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
 from evaluation.containment import canonical, contains_gold
-from utils.answers import IDK, INVALID, normalize_text
+from evaluation.verdicts import CORRECT, WRONG
+from utils.answers import IDK, INVALID, normalize_text, rejects_premise
 
 FEATURES = ("contains", "contains_guard", "sentence_gold", "gold_words", "key_recall", "key_all", "pred_precision",
             "pred_extra", "pred_words", "short_precise", "num_gold", "num_match", "num_conflict", "num_bound",
-            "yesno_agree", "yesno_disagree", "cmp_gold", "cmp_other", "cmp_gold_first", "cmp_numbers", "list_gold",
-            "list_missing", "list_extra", "invalid_gold", "premise_rejected", "no_answer_cue", "idk_gold", "cut_short")
+            "yesno_agree", "yesno_disagree", "date_match", "date_year_only", "cmp_gold", "cmp_other",
+            "cmp_gold_first", "cmp_numbers", "list_gold", "list_missing", "list_extra", "invalid_gold",
+            "premise_rejected", "no_answer_cue", "idk_gold", "cut_short")
 
 _TOKEN = re.compile(r"[a-z0-9_]+(?:[.'][a-z0-9]+)*%?")
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w])")
 _BOUND = re.compile(r"\b(?:at least|over|more than|less than|fewer than|under|up to|at most|nearly over)\s+$")
 _NUMERIC_DATE = re.compile(r"(?<![\d/.])(\d{1,2})[/.](\d{1,2})[/.](\d{4})(?![\d/.])")
-_PREMISE = re.compile(r"^\W*(?:no\b|none\b|not\b|nobody\b|never\b|there (?:is|are|was|were|has been|have been) no\b"
-                      r"|\w+ (?:is|are|was|were|did|does|do|has|have) not\b|\w+ (?:isn't|aren't|wasn't|weren't|didn't"
-                      r"|doesn't|hasn't|haven't)\b|(?:this|the) (?:question|premise)\b|invalid\b|false premise)")
 _NO_ANSWER = re.compile(r"\b(?:not (?:specified|mentioned|provided|available|stated|given|found|known|clear)|no "
                         r"(?:information|data|mention|record)|unknown|unable to|cannot (?:be )?(?:determine|find|"
                         r"answer)|don't have|do not have|not able to)\b")
@@ -60,7 +59,11 @@ LIST_ITEM = 6  # words of a list item at most
 _MORE = re.compile(r"\b(?:more|most|higher|highest|larger|bigger|greater|longer|taller|heavier|expensive|richer"
                    r"|older)\b")
 _LESS = re.compile(r"\b(?:less|fewer|lower|smaller|shorter|cheaper|lighter)\b")
+_UNIT_WORDS = frozenset({"m", "km", "cm", "kg", "ft", "mi", "years", "year", "old", "times", "points", "percent",
+                         "usd", "dollars", "million", "billion"})
+_FULL_DATE = re.compile(r"\d{4}_\d\d_\d\d")  # a full date as `canonical` writes it
 _STEM = 5  # content words match on their first letters: "released" is "release", "members" is "member"
+ROUNDING = Decimal("0.05")  # a rounded number is at most this far from the gold, relatively
 LONG_GOLD = 6  # a gold of more words than this is a sentence, not an answer
 SHORT = 4  # a prediction of at most this many content words, all of them the gold's, is the gold's key fact
 
@@ -71,7 +74,7 @@ class Reading:
 
     text: str
     tokens: frozenset[str]
-    numbers: tuple[tuple[Decimal, Decimal, int], ...]  # (value, unit of its last written digit, position)
+    numbers: tuple[tuple[Decimal, Decimal, int, str], ...]  # (value, unit of its last written digit, position, text)
 
 
 def _stem(token: str) -> str:
@@ -79,19 +82,23 @@ def _stem(token: str) -> str:
 
 
 @cache
-def _aliases() -> tuple[dict[str, str], dict[str, str]]:
-    """({name: key}, {code: key}) for countries, US states and languages, from pycountry: a name anywhere in a
-    text, a code only where it stands alone or after a comma (an alpha-2 code is often an English word)."""
+def _aliases() -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """({name: key}, {code: key} for a code that is the whole text, {code: key} for one after a comma) for
+    countries, US states and languages, from pycountry. A name counts anywhere in a text, a code only alone or after
+    a comma (an alpha-2 code is often an English word). Alone, a two-letter code is a language before a country
+    ("en"); after a comma, a US state before a country ("tucson, az")."""
     import pycountry
 
     names: dict[str, str] = {}
-    codes: dict[str, str] = {}
+    states: dict[str, str] = {}
+    countries: dict[str, str] = {}
+    languages: dict[str, str] = {}
     for country in pycountry.countries:
         key = f"country_{country.alpha_2.lower()}"
         for name in (country.name, getattr(country, "common_name", None), getattr(country, "official_name", None)):
             if name:
                 names[normalize_text(name)] = key
-        codes[country.alpha_2.lower()] = codes[country.alpha_3.lower()] = key
+        countries[country.alpha_2.lower()] = countries[country.alpha_3.lower()] = key
     for name in ("america", "the us", "the u.s", "u.s", "u.s.a", "usa"):
         names[name] = "country_us"
     for name in ("britain", "great britain", "the uk", "u.k"):
@@ -99,30 +106,35 @@ def _aliases() -> tuple[dict[str, str], dict[str, str]]:
     for state in pycountry.subdivisions.get(country_code="US") or ():
         key = f"state_{state.code[3:].lower()}"
         names[normalize_text(state.name)] = key
-        codes[state.code[3:].lower()] = key
+        states[state.code[3:].lower()] = key
     for language in pycountry.languages:
         if hasattr(language, "alpha_2"):
             key = f"language_{language.alpha_2}"
             names[normalize_text(language.name)] = key
-            codes[language.alpha_2] = codes[language.alpha_3] = key
-    return names, codes
+            languages[language.alpha_2] = languages[language.alpha_3] = key
+    three = {code: key for code, key in countries.items() if len(code) == 3}
+    return names, {**states, **countries, **languages, **three}, {**languages, **countries, **states}
 
 
 @cache
 def _alias_pattern() -> re.Pattern[str]:
-    names, _ = _aliases()
+    names, _, _ = _aliases()
     return re.compile(r"(?<![\w.])(?:" + "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
                       + r")(?![\w])")
 
 
-def _alias_keys(text: str) -> set[str]:
-    """The alias keys of the names in `text`, and of a code that is the whole text or follows its last comma."""
-    names, codes = _aliases()
-    keys = {names[match.group(0)] for match in _alias_pattern().finditer(text)}
-    for part in (text.strip(), text.rsplit(",", 1)[-1].strip()):
-        if part in codes:
-            keys.add(codes[part])
-    return keys
+def _alias_keys(text: str) -> tuple[set[str], set[str]]:
+    """(the alias keys of the names in `text` and of a code that is the whole text or follows its last comma, the
+    words they are written in: a name and its code read as one key, not as that key beside other words)."""
+    names, alone, after_comma = _aliases()
+    found = [match.group(0) for match in _alias_pattern().finditer(text)]
+    keys = {names[name] for name in found}
+    whole, last = text.strip(), text.rsplit(",", 1)[-1].strip() if "," in text else None
+    for part, table in ((whole, alone), (last, after_comma)):
+        if part in table:
+            keys.add(table[part])
+            found.append(part)
+    return keys, {_stem(word) for name in found for word in _TOKEN.findall(name)}
 
 
 def _numeric_dates(text: str) -> str:
@@ -151,15 +163,19 @@ def read(text: str) -> Reading:
         unit = Decimal(1).scaleb(-decimals)
         if decimals == 0 and (zeros := len(written) - len(written.rstrip("0"))) and zeros < len(written.lstrip("-")):
             unit = Decimal(1).scaleb(zeros)  # "10000000000000" from "10 trillion": written to its trillions
-        numbers.append((value, unit, match.start()))
-    return Reading(text, frozenset(words | _alias_keys(text)), tuple(numbers))
+        numbers.append((value, unit, match.start(), written))
+    keys, written = _alias_keys(text)
+    return Reading(text, frozenset(words - written | keys), tuple(numbers))
 
 
-def value_match(predicted: tuple[Decimal, Decimal, int], gold: Decimal) -> bool:
-    """Whether the predicted number is the gold number, or it rounded or cut at the prediction's precision."""
-    value, unit, _ = predicted
+def value_match(predicted: tuple[Decimal, Decimal, int, str], gold: Decimal) -> bool:
+    """Whether the predicted number is the gold number, or it rounded or cut at the prediction's precision and
+    within ROUNDING of it ("about 200 million" is 160 million rounded to one digit, and not a plain rounding)."""
+    value, unit = predicted[:2]
     if value == gold:
         return True
+    if gold == 0 or abs(value - gold) > ROUNDING * abs(gold):
+        return False
     # A written zero may be a digit of its own: "10 trillion" for 9.6 trillion is rounded to its trillions.
     for step in {unit, unit / 10} if unit > 1 else {unit}:
         if abs(gold) >= step and value in (
@@ -198,8 +214,11 @@ def _items(text: str) -> list[str]:
 
 
 def _item_found(item: str, tokens: frozenset[str]) -> bool:
+    """Whether a list item is named: all its words, one long word of it, or its last word (a surname)."""
     words = read(item).tokens
-    return bool(words) and (words <= tokens or any(w in tokens for w in words if len(w) >= _STEM))
+    last = [_stem(w) for w in _TOKEN.findall(canonical(item)) if w not in ENGLISH_STOP_WORDS][-1:]
+    return bool(words) and (words <= tokens or any(w in tokens for w in words if len(w) >= _STEM)
+                            or bool(last) and last[0] in tokens)
 
 
 def features(query: str, gold: str, prediction: str) -> dict[str, float]:
@@ -212,6 +231,10 @@ def features(query: str, gold: str, prediction: str) -> dict[str, float]:
     own = [n for n in p.numbers if n[0] not in {m[0] for m in q.numbers}]
     matched = [n for n in own if any(value_match(n, gn[0]) for gn in gold_numbers)]
     bound = any(_BOUND.search(p.text[:n[2]]) for n in matched)
+    # a number given by value is the gold's word, however it is written
+    found = key & p.tokens | {gn[3] for gn in gold_numbers if any(value_match(n, gn[0]) for n in own)} & key
+    given = novel & g.tokens | {n[3] for n in matched} & novel
+    dates = {t for t in g.tokens if _FULL_DATE.fullmatch(t)}
     first = re.match(r"\W*(\w+)", p.text)
     first_gold = re.match(r"\W*(\w+)", g.text)
     yes_no = first_gold.group(1) if first_gold and first_gold.group(1) in ("yes", "no") else None
@@ -220,17 +243,19 @@ def features(query: str, gold: str, prediction: str) -> dict[str, float]:
         "contains": float(holds), "contains_guard": float(not holds and bool(why) and "no gold answer" not in why
                                                         and "only part" not in why),
         "sentence_gold": float(len(g.text.split()) > LONG_GOLD), "gold_words": math.log1p(len(g.text.split())),
-        "key_recall": len(key & p.tokens) / len(key) if key else 0.0,
-        "key_all": float(bool(key) and key <= p.tokens),
-        "pred_precision": len(novel & g.tokens) / len(novel) if novel else 0.0,
-        "pred_extra": math.log1p(len(novel - g.tokens)), "pred_words": math.log1p(len(p.text.split())),
-        "short_precise": float(bool(novel) and len(novel) <= SHORT and novel <= g.tokens),
+        "key_recall": len(found) / len(key) if key else 0.0,
+        "key_all": float(bool(key) and found == key),
+        "pred_precision": len(given) / len(novel) if novel else 0.0,
+        "pred_extra": math.log1p(len(novel - given)), "pred_words": math.log1p(len(p.text.split())),
+        "short_precise": float(bool(novel) and len(novel) <= SHORT and novel == given),
+        "date_match": float(bool(dates & p.tokens)),
+        "date_year_only": float(bool(dates) and not dates & p.tokens and any(d[:4] in p.tokens for d in dates)),
         "num_gold": float(bool(gold_numbers)), "num_match": float(bool(matched) and not bound),
         "num_conflict": float(bool(gold_numbers) and bool(own) and not matched), "num_bound": float(bound),
         "yesno_agree": float(yes_no is not None and said == yes_no),
         "yesno_disagree": float(yes_no is not None and said in ("yes", "no") and said != yes_no),
         "invalid_gold": float(normalize_text(gold) == INVALID),
-        "premise_rejected": float(normalize_text(gold) == INVALID and bool(_PREMISE.match(p.text))),
+        "premise_rejected": float(normalize_text(gold) == INVALID and rejects_premise(prediction)),
         "no_answer_cue": float(bool(_NO_ANSWER.search(p.text))), "idk_gold": float(normalize_text(gold) == IDK),
         "cut_short": float(bool(re.search(r"(?:\n\s*\d+[.)]?\s*\w*|,|:)\s*$", prediction.strip())) or
                            not prediction.strip().endswith((".", "!", ")", '"', "'")) and len(prediction) > 150),
@@ -286,6 +311,44 @@ def _list(g: Reading, p: Reading, key: frozenset[str]) -> dict[str, float]:
     theirs = [item for item in _items(p.text) if 1 <= len(item.split()) <= LIST_ITEM]
     extra = sum(not _item_found(item, g.tokens) for item in theirs) if len(theirs) >= 2 else 0
     return {"list_gold": 1.0, "list_missing": 1 - found / len(items), "list_extra": math.log1p(extra)}
+
+
+# CRAG's win/loss answers: a gold "w", "l" or "d" and the words that give it
+_RESULTS = {"w": ("won", "win", "wins", "winning", "victory", "victorious", "beat"),
+            "l": ("lost", "loss", "lose", "loses", "losing", "defeat", "defeated"),
+            "d": ("draw", "drew", "drawn", "tie", "tied")}
+
+
+def _numeric(gold: Reading) -> bool:
+    """Whether a gold answer is a number and nothing else (a unit or currency aside): "38", "$160 million", "330 m"."""
+    words = [t for t in _TOKEN.findall(gold.text) if t not in ENGLISH_STOP_WORDS]
+    return bool(gold.numbers) and len(words) <= 3 and all(t.rstrip("%").replace(".", "").isdigit() or t in _UNIT_WORDS
+                                                          for t in words) and not _FULL_DATE.search(gold.text)
+
+
+def decisive(query: str, golds: Sequence[str], prediction: str) -> tuple[str, str] | None:
+    """(verdict, reason) where the gold's form leaves the reading certain, else None: a gold "yes" or "no" against
+    the prediction's first word, a gold win/loss code ("w", "l", "d") against the word that opens the prediction, a
+    gold "invalid question" against a prediction that rejects the premise, a gold that is a number against a
+    prediction whose own numbers are none of it by value (or only a bound of it)."""
+    first = re.match(r"\W*(\w+)", normalize_text(prediction))
+    said = first.group(1) if first else ""
+    numeric = [g for g in map(read, golds) if _numeric(g)]
+    if numeric and len(numeric) == len([g for g in golds if str(g).strip()]):
+        asked = {n[0] for n in read(query).numbers}
+        p = read(prediction)
+        own = [n for n in p.numbers if n[0] not in asked]
+        hits = [n for n in own if any(value_match(n, gn[0]) for g in numeric for gn in g.numbers)]
+        if own and not [n for n in hits if not _BOUND.search(p.text[:n[2]])]:
+            return WRONG, "the gold is a number and the prediction's numbers are not it" + (" (a bound)" * bool(hits))
+    for gold in map(normalize_text, golds):
+        if gold in ("yes", "no") and said in ("yes", "no"):
+            return (CORRECT if said == gold else WRONG), f"a gold {gold!r} against the first word {said!r}"
+        if gold in _RESULTS and any(said in words for words in _RESULTS.values()):
+            return (CORRECT if said in _RESULTS[gold] else WRONG), f"a gold result {gold!r} against {said!r}"
+        if gold == INVALID and rejects_premise(prediction):
+            return CORRECT, "the prediction rejects the premise of an invalid question"
+    return None
 
 
 def best_features(query: str, golds: Sequence[str], prediction: str) -> dict[str, float]:

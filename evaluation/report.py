@@ -11,7 +11,7 @@ from typing import Any
 from evaluation.attribution import CLASSES, attribution_table
 from evaluation.gate_command import format_gate, gate_summary
 from evaluation.html_report import report_html, write_html
-from evaluation.judge import UNCERTAIN, contains_note
+from evaluation.judge import UNCERTAIN, contains_note, corrected_lines
 from evaluation.metrics import MIN_FOR_INTERVAL, RESAMPLES, Scores, intervals, latency
 from evaluation.record import Record, records_of
 from evaluation.verdicts import MISS
@@ -144,26 +144,6 @@ def judge_confidence(confidence: dict[str, Any]) -> str:
     return (f"verdicts with the judge's own probability: {confidence['verdicts']}, of which "
             f"{confidence['uncertain']} uncertain (P(verdict) < {confidence['below']}; their records' "
             "judge_confidence says which): read those before trusting a difference they could make")
-
-
-def corrected_lines(summary: dict[str, Any]) -> list[str]:
-    """The judged score beside the score corrected for the judge's errors, the calibration that corrected it (or
-    why none did) and any warning that the run's answers differ from the calibration set's."""
-    lines = []
-    if fixed := summary.get("corrected"):
-        judged = summary["overall"]
-        ci = fixed["ci95"]
-        bounds = f"[{ci['score'][0]:+.2f}, {ci['score'][1]:+.2f}]" if ci else f"n<{MIN_FOR_INTERVAL}"
-        lines.append(f"score judged {judged['score']:+.3f} {interval(judged)}; corrected for the judge's errors "
-                     f"{fixed['score']:+.3f} {bounds} (accuracy {fixed['accuracy']:.3f}, hallucination "
-                     f"{fixed['hallucination']:.3f}; {fixed['judged']} of {fixed['total']} verdicts the judge's own, "
-                     "the rest exact; the interval counts the run's questions and the calibration set's size)")
-        cal = fixed["calibration"]
-        lines.append(f"calibration: {cal['name']}: sensitivity {cal['sensitivity']:.2f}, specificity "
-                     f"{cal['specificity']:.2f}")
-    elif note := summary.get("calibration_note"):
-        lines.append(note)
-    return [*lines, *summary.get("calibration_warnings", ())]
 
 
 def format_table(summary: dict[str, Any]) -> str:

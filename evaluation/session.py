@@ -108,8 +108,6 @@ def correct_score(records: list[dict], judge: JudgeChoice, config: SystemConfig)
     calibration, note = calibration_for(judge.spec, judge.model, judge.calibration)
     if calibration is None:
         return {"calibration_note": note}
-    if (why := calibration.usable()) is not None:
-        return {"calibration_note": f"score not corrected: {why}"}
     model = load_profile(config.llm.profile).name
     return {"corrected": corrected([str(r.get("verdict")) for r in records], judged_by_judge(records), calibration),
             "calibration_note": note, "calibration_warnings": drift_warnings(records, calibration, model)}

@@ -38,6 +38,18 @@ def is_invalid(text: str) -> bool:
     return normalize_text(text).startswith(INVALID)
 
 
+# An answer that opens by denying what the question takes for granted: "No.", "None of ...", "There is no ...",
+# "X did not ...", "The premise ...".
+_REJECTS = re.compile(r"^\W*(?:no\b|none\b|not\b|nobody\b|never\b|there (?:is|are|was|were|has been|have been) no\b"
+                      r"|\w+ (?:is|are|was|were|did|does|do|has|have) not\b|\w+ (?:isn't|aren't|wasn't|weren't|didn't"
+                      r"|doesn't|hasn't|haven't)\b|(?:this|the) (?:question|premise)\b|invalid\b|false premise)")
+
+
+def rejects_premise(text: str) -> bool:
+    """Whether `text` opens by rejecting the question's premise (`_REJECTS`) rather than answering it."""
+    return bool(_REJECTS.match(normalize_text(text)))
+
+
 def whole_words(needle: str) -> re.Pattern[str]:
     """`needle` as whole words; a number whole too, so "23" is not in "123", "2.3", "23.5" or "1,230"."""
     before = r"(?<!\w)" + (r"(?<!\d[.,])" if needle[:1].isdigit() else "")

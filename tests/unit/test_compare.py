@@ -87,3 +87,17 @@ def test_compare_takes_the_selection_flags(tmp_path, capsys):
     assert "the selection keeps no question" in capsys.readouterr().err
     assert local_evaluation.main(["compare", *folders, "--domain", "fiance"]) == 2
     assert "did you mean 'finance'" in capsys.readouterr().err
+
+
+def test_compare_gives_the_difference_corrected_for_the_judges_errors(tmp_path, capsys):
+    """Sentence answers the facts judge reads: the corrected difference beside the judged one, paired."""
+    examples = run_folder(tmp_path / "a", ["i don't know"] * 13)
+    run_folder(tmp_path / "b", [f"I believe it is {e['answer']}, as far as I know." for e in examples])
+    assert local_evaluation.main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    assert "corrected for the judge's errors: A 0.000, B" in out and "facts judge's own" in out
+    saved = json.loads((tmp_path / "b" / "compare.json").read_text())
+    fixed = saved["corrected"]
+    assert fixed["score_a"] == 0.0 and fixed["ci95"][0] <= fixed["difference"] <= fixed["ci95"][1]
+    assert local_evaluation.main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--judge", "contains"]) == 0
+    assert "no calibration set for it" in capsys.readouterr().out

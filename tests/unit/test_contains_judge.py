@@ -127,7 +127,8 @@ def test_an_alternative_answer_counts_and_a_guard_reason_beats_no_match():
     ("Paris", "paris", CORRECT, "rules"),
     ("I don't know", "paris", MISS, "rules"),
     ("invalid question", "paris", WRONG, "rules"),
-    ("The premise is false: paris is no city of his", "invalid question", WRONG, "rules"),
+    ("The premise is false: paris is no city of his", "invalid question", WRONG,
+     "contains: no gold answer in the prediction"),  # a rejected premise: the rules leave it to the judge
     ("It is Paris, of course", "paris", CORRECT, "contains: 'paris' in the prediction"),
     ("It is Lyon", "paris", WRONG, "contains: no gold answer in the prediction"),
 ])

@@ -15,7 +15,7 @@ from evaluation.correction import Calibration, corrected
 from evaluation.facts_judge import MODEL_FILE, FactsJudge, load_model
 from evaluation.judge import build_judge
 from evaluation.judge_fit import data_hash, item, judge_by_rules, out_of_fold
-from evaluation.keyfact import FEATURES, best_features, read, value_match
+from evaluation.keyfact import FEATURES, best_features, decisive, read, value_match
 from evaluation.metrics import intervals
 from evaluation.verdicts import CORRECT, WRONG, Item
 from models.config import ConfigError
@@ -31,7 +31,8 @@ def number(text):
 @pytest.mark.parametrize("predicted, gold, same", [
     ("$64.9 million", "64900000", True), ("almost 10 trillion", "9552000000000", True),
     ("$68,789", "68789.63", True), ("2.55 billion", "2543205863.73", False), ("7.4", "7.5", False),
-    ("239,813,888", "240031094", False), ("six", "6", True), ("5 trillion", "4600000000000", True),
+    ("239,813,888", "240031094", False), ("six", "6", True), ("5 trillion", "4600000000000", False),
+    ("about $200 million", "160000000", False), ("300 meters", "330", False),
 ])
 def test_numbers_match_by_value_rounded_or_cut_at_the_predictions_precision(predicted, gold, same):
     assert value_match(number(predicted), Decimal(gold)) is same
@@ -42,6 +43,9 @@ def test_numbers_match_by_value_rounded_or_cut_at_the_predictions_precision(pred
     ("how many titles has x won?", "x has won 24 titles", "at least 24", "num_bound", 1.0),
     ("how many titles has x won?", "x has won 24 titles", "He won 23.", "num_conflict", 1.0),
     ("when was x born?", "1941-08-14", "14/8/1941", "key_all", 1.0),
+    ("where is x?", "tucson, az", "Tucson, Arizona", "key_all", 1.0),
+    ("what language is x in?", "en", "English", "key_all", 1.0),
+    ("which country made x?", "usa", "The United States.", "key_all", 1.0),
     ("which is heavier, rhinos or grizzly bears?", "rhinos weigh more", "Rhinos generally outweigh grizzly bears",
      "cmp_gold_first", 1.0),
     ("which won more, china or usa?", "china", "USA won 8 golds and China won 9.", "cmp_numbers", 1.0),
@@ -55,12 +59,29 @@ def test_the_rules_read_the_key_fact(query, gold, prediction, feature, value):
 
 
 @pytest.mark.parametrize("gold, prediction, key", [
-    ("austin, tx", "Austin, Texas", "state_tx"), ("en", "English", "language_en"),
+    ("tucson, az", "Tucson, Arizona", "state_az"), ("en", "English", "language_en"),
+    ("az", "Azerbaijani", "language_az"),
     ("usa", "The United States.", "country_us"), ("the uk", "Britain", "country_gb"),
 ])
 def test_names_and_their_codes_read_as_one_key(gold, prediction, key):
     assert key in read(gold).tokens and key in read(prediction).tokens
     assert "language_it" not in read("it is in rome").tokens  # a code inside a sentence is a word
+
+
+@pytest.mark.parametrize("query, golds, prediction, verdict", [
+    ("is x in y?", ["yes"], "Yes, it is, since 1990.", CORRECT),
+    ("is x in y?", ["no"], "Yes.", WRONG),
+    ("how did x do in its last match?", ["l"], "Lost 2-1.", CORRECT),
+    ("how did x do in its last match?", ["w"], "Lost 2-1.", WRONG),
+    ("which five states passed x?", ["invalid question"], "None of them did.", CORRECT),
+    ("what was the budget of inception?", ["$160 million"], "about $200 million", WRONG),
+    ("how many titles has x won?", ["24"], "At least 24.", WRONG),
+    ("how many titles has x won in 2020?", ["24"], "In 2020 he won 24 of them.", None),
+    ("what is the capital of france?", ["paris"], "Paris.", None),
+])
+def test_decisive_rules_settle_what_the_golds_form_leaves_certain(query, golds, prediction, verdict):
+    found = decisive(query, golds, prediction)
+    assert (found and found[0]) == verdict
 
 
 def test_features_read_nothing_but_the_question_gold_and_prediction():
@@ -137,10 +158,14 @@ def test_a_run_names_its_calibration_or_says_there_is_none(tmp_path):
     assert calibration_for("contains", None, None)[0] is None
     assert calibration_for("facts", None, "none")[0] is None
     rows = tmp_path / "verdicts.jsonl"
-    rows.write_text("".join(json.dumps({"query": "how many?", "answer": "x has won 24 titles", "prediction": p,
-                                        "human": h}) + "\n" for p, h in (("24", "correct"), ("31", "incorrect"))))
+    rows.write_text("".join(json.dumps({"query": "how many?", "answer": "24", "prediction": p, "human": h}) + "\n"
+                            for p, h in (("He won 24.", "correct"), ("31 titles", "incorrect"), ("24 titles", "correct"),
+                                         ("It was 30.", "incorrect"))))
     given, note = calibration_for("contains", None, str(rows))
-    assert given is not None and given.counts["wrong_wrong"] == 1 and "verdicts.jsonl" in note
+    assert given is not None and given.counts == {"correct_correct": 2, "correct_wrong": 0, "wrong_correct": 0,
+                                                  "wrong_wrong": 2} and "verdicts.jsonl" in note
+    rows.write_text(rows.read_text().replace('"incorrect"', '"correct"'))  # the judge now looks no better than chance
+    assert calibration_for("contains", None, str(rows))[1].startswith("score not corrected:")
 
 
 # --- on the labelled set of real answers --------------------------------------------------------------------------

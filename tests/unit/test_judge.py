@@ -196,8 +196,8 @@ def test_a_verdicts_file_that_cannot_be_read_is_one_line(tmp_path, capsys, text,
     ("I am not sure", "paris", (), MISS, None),
     ("Paris", " PARIS ", (), CORRECT, CORRECT),
     ("Paris, France", "paris", ("paris, france",), CORRECT, None),  # alternative answers are ours only
-    ("invalid", "invalid question", (), WRONG, CORRECT),  # "invalid" in both is enough for them
-    ("the premise is invalid", "invalid question", (), WRONG, CORRECT),
+    ("invalid", "invalid question", (), None, CORRECT),  # "invalid" in both is enough for them
+    ("the premise is invalid", "invalid question", (), None, CORRECT),  # ours: a rejected premise, for the judge
     ("invalid question", "paris", (), WRONG, WRONG),
     ("paris", "invalid question", (), WRONG, WRONG),
     ("It is Paris", "paris", (), None, None),
@@ -224,9 +224,9 @@ def test_the_organisers_column_asks_the_llm_with_the_gold_answer_only():
                                                                  else "true"))
     judge_records(records, judge)
     assert [(r["verdict"], r["organisers_verdict"], r["organisers_judged_by"]) for r in records] == [
-        (CORRECT, CORRECT, "llm"), (CORRECT, CORRECT, "llm"), (WRONG, CORRECT, "rules")]
+        (CORRECT, CORRECT, "llm"), (CORRECT, CORRECT, "llm"), (CORRECT, CORRECT, "rules")]
     asked = [conv[1]["content"] for conversations, _ in llm.calls for conv in conversations]
-    assert len(asked) == 2 and all("- paris, france" not in text for text in asked)  # one question, asked once
+    assert len(asked) == 3 and all("- paris, france" not in text for text in asked)  # one question, asked once
 
 
 def test_the_report_shows_both_columns_and_the_cut_answers(tmp_path):
