@@ -6,13 +6,14 @@
 # deadline: the worst batch time against its limit, quiet and with every core busy; ray_eval: questions per second of a
 # local run and a --ray run; quantize: GPTQ and round-to-nearest W4A16 of SmolLM2, time and held-out perplexity;
 # hf_cuda: the hf backend's deadline clock with an 8B-shaped model on a CUDA GPU, skipped without one; engine_cpu: vLLM's
-# CPU build against the hf backend, prompt-reading and generation rates on these cores; gate: the answer
+# CPU build against the hf backend, prompt-reading and generation rates on these cores; judge: the facts judge's time
+# per answer against containment's, and its corrected score's interval against the person's score; gate: the answer
 # gate's cross-validated score against no gate, always "i don't know" and an oracle; finetune: the fine-tuning table on
 # the gate's runs, against the organisers' baseline: the untrained base's rows, and the default recipe's rows where
 # runs/finetune holds its fold models; it trains nothing and prints the one command that trains them).
 # make gate: refit the answer gate configs/overlays/vllm-cpu.yaml ships (data/gates/cpu.json) on the served
 # SmolLM2's answers to data/gate_dev.jsonl and the KG questions of benchmarks/kg_reach, judged by the rules, a person's
-# verdicts where they saw the answer (data/gate_dev/verdicts.jsonl) and the containment judge elsewhere; run it again
+# verdicts where they saw the answer (data/gate_dev/verdicts.jsonl) and the facts judge elsewhere; run it again
 # whenever the reasoning prompts, settings or the model profile (configs/models/default.yaml) change.
 # make ray: Ray into .venv (requirements-ray.txt) for `local_evaluation.py --ray`; make test-ray: its tests.
 # make quantize-venv: .venv-quantize (llm-compressor; its pins clash with .venv's) for tools/quantize.py gptq/rtn/eval;
@@ -160,6 +161,7 @@ bench: $(STAMP) $(RAY_STAMP) $(QSTAMP) $(VSTAMP)
 	$(QPY) -m benchmarks.gptq_vs_rtn
 	$(PY) -m benchmarks.hf_cuda
 	$(PY) -m benchmarks.engine_cpu
+	$(PY) -m benchmarks.judge
 	rm -rf runs/bench-gate
 	$(PY) -m benchmarks.gate --runs runs/bench-gate --record-prompts --damaged
 	$(PY) -m benchmarks.finetune --base runs/bench-gate --runs runs/finetune --no-train

@@ -7,12 +7,13 @@ data/gate_dev.jsonl (handwritten pages: the answer present, absent, conflicting,
 benchmarks/kg_reach/questions.jsonl (KG questions without pages). The rules judge each answer first; what they
 leave open (an answer in a sentence) takes a person's verdict where the person judged this very answer
 (data/gate_dev/verdicts.jsonl, on SmolLM2's answers to both sets), and the containment judge's elsewhere
-(`--judge person:FILE+contains`); the containment judge's agreement with the person on the answers both judged is
-printed. `gate fit` on both runs gives the gate and its cross-validated figures over the answered
+(`--judge person:FILE+facts`, the default judge); the facts and containment judges' agreement with the person on the
+answers both judged is printed, and how many verdicts changed from the labels before the facts judge
+(`person:FILE+contains`). `gate fit` on both runs gives the gate and its cross-validated figures over the answered
 questions: the CRAG score with no gate, with the gate, always "i don't know" and an oracle that answers only the
 right ones, the coverage, and the paired intervals of gate minus no gate and of gate minus always abstaining. The
-shipped gate is fit on those labels. A second `gate:` line fits the same runs judged by the containment judge alone
-(`--judge contains`).
+shipped gate is fit on those labels. Two more `gate:` lines fit the same runs on the old labels and on the
+containment judge's alone (`--judge contains`).
 
 Target: the gate above both no gate and always abstaining, answering at least one question. It reports and never
 gates (exit 0); a run that fails is an error (exit 1).
@@ -39,10 +40,12 @@ import tempfile
 from pathlib import Path
 
 from evaluation.gate_sets import PERSON, SETS, answer_set, check_weights, ungated
+from evaluation.verdicts import CONTAINS, FACTS
 from models.config import REPO_ROOT
 from utils.cli import command
 
-LABELS = f"{PERSON}+contains"  # the rules, a person where they saw the answer, the containment judge elsewhere
+LABELS = f"{PERSON}+{FACTS}"  # the rules, a person where they saw the answer, the default judge elsewhere
+OLD_LABELS = f"{PERSON}+{CONTAINS}"  # the labels the gate was fit on before the facts judge, printed beside
 
 
 def _ci(found: dict) -> str:
@@ -111,9 +114,22 @@ def ceiling(labelled, questions: int) -> list[str]:
     return lines
 
 
-def agreement(labelled: list[Path], contained: list[Path]) -> str:
-    """The containment judge's agreement with the person on the answers the person judged (their verdicts in the
-    `labelled` runs, the containment judge's in the `contained` copies)."""
+def changed(before: list[Path], after: list[Path]) -> str:
+    """How many verdicts differ between the runs judged one way (`before`) and the same runs judged another."""
+    from evaluation.gate_command import run_records
+
+    moved, total = 0, 0
+    for old, new in zip(before, after):
+        by_id = {r["interaction_id"]: r["verdict"] for r in run_records(old)[0]}
+        for record in run_records(new)[0]:
+            total += 1
+            moved += by_id.get(record["interaction_id"]) != record["verdict"]
+    return f"labels: {moved} of {total} verdicts changed from the old labels (person+contains) to person+facts"
+
+
+def agreement(labelled: list[Path], contained: list[Path], judge: str = CONTAINS) -> str:
+    """Judge `judge`'s agreement with the person on the answers the person judged (their verdicts in the
+    `labelled` runs, the judge's in the `contained` copies)."""
     from evaluation.gate_command import run_records
 
     pairs = []
@@ -123,9 +139,10 @@ def agreement(labelled: list[Path], contained: list[Path]) -> str:
                   if r.get("judged_by") == "person"]
     same = sum(person == judge for person, judge in pairs)
     wrongly_right = sum(person != "correct" and judge == "correct" for person, judge in pairs)
-    return (f"labels: the containment judge agrees with the person on {same} of {len(pairs)} answers both judged "
+    name = "containment" if judge == CONTAINS else judge
+    return (f"labels: the {name} judge agrees with the person on {same} of {len(pairs)} answers both judged "
             f"({wrongly_right} it calls right that the person did not)" if pairs else
-            "labels: the person judged none of these answers; the containment judge labelled every sentence")
+            f"labels: the person judged none of these answers; the {name} judge labelled every sentence")
 
 
 @command
@@ -175,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         questions = sum(len(load_predictions(folder / "predictions.jsonl")) for folder in folders)
         print(summary_line(Gate.load(out).figures, questions) + " (labels: the rules, a person where they saw the "
-              "answer, the containment judge elsewhere)")
+              "answer, the facts judge elsewhere)")
         print(printed)
         if args.ceiling:
             from evaluation.gate_command import run_records
@@ -183,12 +200,21 @@ def main(argv: list[str] | None = None) -> int:
 
             labelled = label_records([r for folder in folders for r in run_records(folder)[0]])
             print("\n".join(ceiling(labelled, questions)))
-        contains = [Path(scratch) / f"contains-{folder.name}" for folder in folders]
-        for data, folder, copy in zip(SETS.values(), folders, contains):
-            shutil.copytree(folder, copy)
-            answer_set(data, copy, judge="contains", answer=False)
-        print(agreement(folders, contains))
-        print(fit_line(contains, Path(scratch) / "gate-contains.json", questions, "labels: the containment judge"))
+        copies = {}
+        for judge in (FACTS, CONTAINS, OLD_LABELS):
+            copies[judge] = [Path(scratch) / f"{judge.rsplit('+', 1)[-1]}-{'old-' * (judge == OLD_LABELS)}{f.name}"
+                             for f in folders]
+            for data, folder, copy in zip(SETS.values(), folders, copies[judge]):
+                shutil.copytree(folder, copy)
+                answer_set(data, copy, judge=judge, answer=False)
+        for judge in (FACTS, CONTAINS):
+            print(agreement(folders, copies[judge], judge))
+        print(changed(copies[OLD_LABELS], folders))
+        print(fit_line(copies[OLD_LABELS], Path(scratch) / "gate-old.json", questions,
+                       "labels: the rules, a person where they saw the answer, the containment judge elsewhere, as "
+                       "before the facts judge"))
+        print(fit_line(copies[CONTAINS], Path(scratch) / "gate-contains.json", questions,
+                       "labels: the containment judge"))
         if args.damaged:
             model = damaged_folder(root / "damaged-model")
             damaged = [root / f"damaged-{name}" for name in SETS]

@@ -183,7 +183,7 @@ def fit_file(development: dict[str, list[dict[str, Any]]], lockbox: list[dict[st
         from evaluation.facts_judge import FactsJudge
 
         judge = FactsJudge(model)
-        verdicts = [judge_by_rules(item(r)) or judge.verdict(item(r))[0] for r in lockbox]
+        verdicts = [judged(judge, r) for r in lockbox]
         result["lockbox"] = {"sha256": data_hash(lockbox), "facts": _scored(lockbox, verdicts),
                              "contains": _scored(lockbox, _contains(lockbox))}
         for key, value in confusion(lockbox, verdicts, [judge_by_rules(item(r)) is None for r in lockbox]).items():
@@ -193,3 +193,31 @@ def fit_file(development: dict[str, list[dict[str, Any]]], lockbox: list[dict[st
     result["calibration"] = {"counts": counts, "from": " and ".join(sources), "sentence_share": sentence_share(rows),
                              "models": sorted({str(r["model"]) for r in rows if r.get("model")})}
     return result
+
+
+def unseen_verdicts(rows: Sequence[dict[str, Any]], development: dict[str, list[dict[str, Any]]],
+                    model: dict[str, Any]) -> list[str]:
+    """A verdict of the facts judge for each of `rows` that no judge fit on its question gave: out of fold where
+    the row is one of `development`'s (all of it cross-validated together, as `fit_file` does), else the fitted
+    `model`'s (a lockbox row, which it was not fit on)."""
+    from evaluation.facts_judge import FactsJudge
+
+    pooled = [r for part in development.values() for r in part]
+    oof, _ = out_of_fold(pooled)
+    by_row = {id(r): v for r, v in zip(pooled, oof)}
+    judge = FactsJudge(model)
+    return [by_row[id(r)] if id(r) in by_row else judged(judge, r) for r in rows]
+
+
+def judged(judge: Any, row: dict[str, Any]) -> str:
+    """The verdict `judge_records` gives a row with the facts judge: the exact rules', else the judge's."""
+    return judge_by_rules(item(row)) or judge.verdict(item(row))[0]
+
+
+def development_sets(real: Sequence[dict[str, Any]], name: str) -> dict[str, list[dict[str, Any]]]:
+    """The rows the facts judge is developed and fit on: those of the labelled set of real answers (`real`, named
+    `name`) and of data/judge's sets whose question is not held back."""
+    from evaluation.calibration import SETS, held_back, load_set
+
+    return {name: [r for r in real if not held_back(r["query"])],
+            **{path.name: [r for r in load_set(path) if not held_back(r["query"])] for path in SETS}}

@@ -45,7 +45,7 @@ FEATURES = ("contains", "contains_guard", "sentence_gold", "gold_words", "key_re
 _TOKEN = re.compile(r"[a-z0-9_]+(?:[.'][a-z0-9]+)*%?")
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w])")
 _BOUND = re.compile(r"\b(?:at least|over|more than|less than|fewer than|under|up to|at most|nearly over)\s+$")
-_NUMERIC_DATE = re.compile(r"(?<![\d/.])(\d{1,2})[/.](\d{1,2})[/.](\d{4})(?![\d/.])")
+_NUMERIC_DATE = re.compile(r"(?<![\d/.])(\d{1,2})[/.](\d{1,2})[/.](\d{4})(?![\d/]|\.\d)")
 _NO_ANSWER = re.compile(r"\b(?:not (?:specified|mentioned|provided|available|stated|given|found|known|clear)|no "
                         r"(?:information|data|mention|record)|unknown|unable to|cannot (?:be )?(?:determine|find|"
                         r"answer)|don't have|do not have|not able to)\b")
@@ -63,6 +63,7 @@ _UNIT_WORDS = frozenset({"m", "km", "cm", "kg", "ft", "mi", "years", "year", "ol
                          "usd", "dollars", "million", "billion"})
 _FULL_DATE = re.compile(r"\d{4}_\d\d_\d\d")  # a full date as `canonical` writes it
 _STEM = 5  # content words match on their first letters: "released" is "release", "members" is "member"
+ROUND_FIGURE = 1000  # from here up, trailing zeros may be a rounding ("$65,000"); under it, "30" is thirty
 ROUNDING = Decimal("0.05")  # a rounded number is at most this far from the gold, relatively
 LONG_GOLD = 6  # a gold of more words than this is a sentence, not an answer
 SHORT = 4  # a prediction of at most this many content words, all of them the gold's, is the gold's key fact
@@ -161,7 +162,8 @@ def read(text: str) -> Reading:
             continue
         decimals = len(written.split(".")[1]) if "." in written else 0
         unit = Decimal(1).scaleb(-decimals)
-        if decimals == 0 and (zeros := len(written) - len(written.rstrip("0"))) and zeros < len(written.lstrip("-")):
+        zeros = len(written) - len(written.rstrip("0"))
+        if decimals == 0 and zeros and zeros < len(written.lstrip("-")) and abs(value) >= ROUND_FIGURE:
             unit = Decimal(1).scaleb(zeros)  # "10000000000000" from "10 trillion": written to its trillions
         numbers.append((value, unit, match.start(), written))
     keys, written = _alias_keys(text)
@@ -326,11 +328,18 @@ def _numeric(gold: Reading) -> bool:
                                                           for t in words) and not _FULL_DATE.search(gold.text)
 
 
+def _is_date(gold: Reading) -> bool:
+    """Whether a gold answer is a full date and nothing else ("1965-02-17", "march 31, 1889")."""
+    words = gold.text.split()
+    return bool(words) and bool(_FULL_DATE.fullmatch(words[0])) and len(words) <= 3
+
+
 def decisive(query: str, golds: Sequence[str], prediction: str) -> tuple[str, str] | None:
     """(verdict, reason) where the gold's form leaves the reading certain, else None: a gold "yes" or "no" against
     the prediction's first word, a gold win/loss code ("w", "l", "d") against the word that opens the prediction, a
     gold "invalid question" against a prediction that rejects the premise, a gold that is a number against a
-    prediction whose own numbers are none of it by value (or only a bound of it)."""
+    prediction whose own numbers are none of it by value (or only a bound of it), a gold that is a date against a
+    prediction that gives no full date, or only others."""
     first = re.match(r"\W*(\w+)", normalize_text(prediction))
     said = first.group(1) if first else ""
     numeric = [g for g in map(read, golds) if _numeric(g)]
@@ -341,6 +350,11 @@ def decisive(query: str, golds: Sequence[str], prediction: str) -> tuple[str, st
         hits = [n for n in own if any(value_match(n, gn[0]) for g in numeric for gn in g.numbers)]
         if own and not [n for n in hits if not _BOUND.search(p.text[:n[2]])]:
             return WRONG, "the gold is a number and the prediction's numbers are not it" + (" (a bound)" * bool(hits))
+    dates = [set(_FULL_DATE.findall(g.text)) for g in map(read, golds) if _is_date(g)]
+    if dates and len(dates) == len([g for g in golds if str(g).strip()]):
+        given = set(_FULL_DATE.findall(read(prediction).text))
+        if not given & set().union(*dates):
+            return WRONG, "the gold is a date and the prediction gives " + ("another" if given else "no full date")
     for gold in map(normalize_text, golds):
         if gold in ("yes", "no") and said in ("yes", "no"):
             return (CORRECT if said == gold else WRONG), f"a gold {gold!r} against the first word {said!r}"

@@ -14,9 +14,9 @@ import json
 import sys
 from pathlib import Path
 
-from evaluation.calibration import REAL_SET, SETS, format_figures, held_back, load_set
+from evaluation.calibration import REAL_SET, format_figures, held_back, load_set
 from evaluation.facts_judge import MODEL_FILE
-from evaluation.judge_fit import fit_file
+from evaluation.judge_fit import development_sets, fit_file
 from models.config import ConfigError
 from utils.cli import check_out_file, command
 from utils.durable_io import write_atomic
@@ -35,8 +35,7 @@ def main(argv: list[str] | None = None) -> int:
                           "answer, prediction and human)")
     check_out_file(args.out)
     real = load_set(args.set)
-    development = {args.set.name: [r for r in real if not held_back(r["query"])],
-                   **{path.name: [r for r in load_set(path) if not held_back(r["query"])] for path in SETS}}
+    development = development_sets(real, args.set.name)
     lockbox = [r for r in real if held_back(r["query"])] if args.lockbox else None
     result = fit_file(development, lockbox)
     write_atomic(args.out, json.dumps(result, indent=1) + "\n")

@@ -393,6 +393,11 @@ def test_the_containment_judge_s_agreement_with_the_person_is_counted_on_the_ans
                                   ("c", "correct", "rules"), ("d", "wrong", "contains")])
     assert agreement([labelled], [contained]) == ("labels: the containment judge agrees with the person on 1 of 2 "
                                                   "answers both judged (1 it calls right that the person did not)")
+    assert agreement([labelled], [contained], "facts").startswith("labels: the facts judge agrees")
+    from benchmarks.gate import changed
+
+    assert changed([labelled], [contained]) == ("labels: 1 of 4 verdicts changed from the old labels "
+                                                "(person+contains) to person+facts")
 
 
 def test_the_damaged_model_is_the_profile_s_weights_read_at_rope_base_10000(tmp_path):
