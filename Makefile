@@ -6,7 +6,7 @@
 # deadline: the worst batch time against its limit, quiet and with every core busy; ray_eval: questions per second of a
 # local run and a --ray run; quantize: GPTQ and round-to-nearest W4A16 of SmolLM2, time and held-out perplexity;
 # hf_cuda: the hf backend's deadline clock with an 8B-shaped model on a CUDA GPU, skipped without one; engine_cpu: vLLM's
-# CPU build against the hf backend, prompt-reading and generation rates on these cores; judge: the facts judge's time
+# CPU build against the hf backend, prompt-reading and generation rates on these cores; judging: the facts judge's time
 # per answer against containment's, and its corrected score's interval against the person's score; gate: the answer
 # gate's cross-validated score against no gate, always "i don't know" and an oracle; finetune: the fine-tuning table on
 # the gate's runs, against the organisers' baseline: the untrained base's rows, and the default recipe's rows where
@@ -161,7 +161,7 @@ bench: $(STAMP) $(RAY_STAMP) $(QSTAMP) $(VSTAMP)
 	$(QPY) -m benchmarks.gptq_vs_rtn
 	$(PY) -m benchmarks.hf_cuda
 	$(PY) -m benchmarks.engine_cpu
-	$(PY) -m benchmarks.judge
+	$(PY) -m benchmarks.judging
 	rm -rf runs/bench-gate
 	$(PY) -m benchmarks.gate --runs runs/bench-gate --record-prompts --damaged
 	$(PY) -m benchmarks.finetune --base runs/bench-gate --runs runs/finetune --no-train

@@ -9,7 +9,7 @@ records into training data, split into folds by a hash of interaction_id. For ea
 other folds only answers that fold's questions: every question is answered by a model that never trained on it.
 
 Both the base's and the tuned model's answers are then labelled the same way, by the rules first and the
-containment judge (`--judge contains`) for sentence answers. Printed, per fold and pooled: answered, right, wrong,
+default judge (`--judge facts`, JUDGE) for sentence answers. Printed, per fold and pooled: answered, right, wrong,
 the CRAG score, the paired interval of tuned minus base, the over-refusal (the share of the base's right answers
 the tuned model declines), right answers on gate_dev against the organisers' RAG baseline's 36 (measured outside
 this repository with the same weights, served with their RoPE base), and training time and tokens/s. Untrained
@@ -47,13 +47,15 @@ from typing import Any, TypeVar
 from evaluation.gate_sets import PERSON, SETS, answer_set
 from evaluation.metrics import paired_difference
 from evaluation.runner import load_predictions
-from evaluation.verdicts import CORRECT, MISS, UNJUDGED, WRONG
+from evaluation.verdicts import CORRECT, FACTS, MISS, UNJUDGED, WRONG
 from models.config import HFConfig
 from models.llm.hf import resolve_model_folder
 from training.judged_data import PAIRS_FILE, SFT_FILE, build, fold_of, read_rows, write
 from training.llm_training import ADAPTER, TrainSettings, merge, train
 from training.llm_training import MANIFEST as TRAINING_MANIFEST
 from utils.cli import command
+
+JUDGE = FACTS  # labels the base's and the tuned models' answers alike: the default judge
 
 T = TypeVar("T")
 
@@ -171,12 +173,12 @@ def gated_rows(label: str, base_gated: dict[str, str] | str, tuned_gated: dict[s
             row(f"{label}, gated, against always i don't know", {i: MISS for i in base_gated}, tuned_gated)]
 
 
-def contains_copy(folder: Path, data: Path, out: Path) -> Path:
-    """A copy of a run folder judged again by the rules and the containment judge."""
+def judged_copy(folder: Path, data: Path, out: Path) -> Path:
+    """A copy of a run folder judged again by the rules and the default judge (JUDGE)."""
     if out.exists():
         shutil.rmtree(out)
     shutil.copytree(folder, out)
-    answer_set(data, out, judge="contains", answer=False)
+    answer_set(data, out, judge=JUDGE, answer=False)
     return out
 
 
@@ -307,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
                     out, merged = fold_model(root, name, fold, args, model, manifests)
                     print(f"{name}, fold {fold}: {merged}")
             return 0
-        labels = {name: contains_copy(base[name], SETS[name], root / "base-contains" / name) for name in SETS}
+        labels = {name: judged_copy(base[name], SETS[name], root / f"base-{JUDGE}" / name) for name in SETS}
         base_verdicts, base_dev = labelled(labels)
         lines = [HEADER, row("base (untrained)", base_verdicts, base_verdicts, base_dev)]
         base_gated = gated(list(labels.values()))
@@ -319,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             folders = {name: root / "untrained" / setting.replace("=", "_").replace("/", "_") / name for name in SETS}
             for name, data in SETS.items():
                 if not (args.reuse and (folders[name] / "predictions.jsonl").is_file()):
-                    answer_set(data, folders[name], judge="contains", sets=(setting,))
+                    answer_set(data, folders[name], judge=JUDGE, sets=(setting,))
             verdicts, dev = labelled(folders)
             lines.append(row(f"untrained, {setting}", base_verdicts, verdicts, dev))
             lines += gated_rows(f"untrained, {setting}", base_gated, gated(list(folders.values())))
@@ -337,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
                     folders[set_name] = out / set_name
                     if not (args.reuse and (folders[set_name] / "predictions.jsonl").is_file()):
                         subset = fold_file(data, fold, args.folds, root / "sets" / f"{set_name}-fold{fold}.jsonl")
-                        answer_set(subset, folders[set_name], judge="contains", sets=(f"llm.hf.model={merged}",))
+                        answer_set(subset, folders[set_name], judge=JUDGE, sets=(f"llm.hf.model={merged}",))
                 verdicts, dev = labelled(folders)
                 pooled.update(verdicts)
                 pooled_dev += dev

@@ -46,7 +46,7 @@ from evaluation.llm_server import llm_for_run
 from evaluation.metrics import POINTS, paired_difference
 from evaluation.report import score_records
 from evaluation.run_command import kg_for_run
-from evaluation.verdicts import CORRECT, MISS, UNJUDGED, WRONG
+from evaluation.verdicts import CORRECT, FACTS, MISS, UNJUDGED, WRONG
 from models.config import REPO_ROOT, ConfigError, SystemConfig, add_config_arguments
 from models.loading import config_from_args, load_config
 from models.prompting import PromptLibrary
@@ -311,8 +311,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--data", type=Path, default=REPO_ROOT / "data" / "crag_sample.jsonl")
     add_config_arguments(parser)
     parser.add_argument("--limit", type=int, default=None)
-    parser.add_argument("--judge", default="contains", help="contains (the default: rules that read sentence answers, "
-                        "no model), rules (exact match only), local, or an OpenAI-compatible base URL")
+    parser.add_argument("--judge", default=FACTS, help="facts (the default judge of every command: the gold answer's "
+                        "key fact read by rules and a fitted classifier, no model), contains (containment rules), "
+                        "rules (exact match only), local, or an OpenAI-compatible base URL")
     parser.add_argument("--judge-model", default=None)
     parser.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
                         help="one more variant: the first prompt file with this setting over the config (repeatable)")

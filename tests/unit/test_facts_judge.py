@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import pytest
 
-import benchmarks.judge as judge_bench
+import benchmarks.judging as judge_bench
 import tools.fit_judge as fit_tool
 from evaluation.calibration import REAL_SET, calibration_for, confusion, load_set
 from evaluation.correction import Calibration, corrected
@@ -209,3 +209,60 @@ def test_fit_tool_names_a_missing_set(tmp_path, capsys):
 def test_data_hash_changes_with_a_verdict():
     rows = [{"query": "q", "answer": "a", "prediction": "p", "human": CORRECT}]
     assert data_hash(rows) != data_hash([{**rows[0], "human": WRONG}])
+
+
+# --- the corrected score in a run's report ------------------------------------------------------------------------
+
+def rejudged_folder(tmp_path):
+    from tests.unit.test_contains_judge import records
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "predictions.jsonl").write_text("".join(
+        json.dumps({**r, "interaction_id": str(i), "batch_seconds": 1.0, "batch_size": 1}) + "\n"
+        for i, r in enumerate(records() * 3)))
+    return out
+
+
+def test_rejudge_reports_the_corrected_score_beside_the_judged_one(tmp_path, capsys):
+    import local_evaluation
+    from tests.conftest import SAMPLE
+
+    out = rejudged_folder(tmp_path)
+    assert local_evaluation.main(["rejudge", "--data", str(SAMPLE), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "score judged" in printed and "calibration: the facts judge's own" in printed
+    report = json.loads((out / "report.json").read_text())
+    fixed = report["corrected"]
+    assert fixed["judged"] == report["judged_by"]["facts"] and fixed["ci95"]["score"][0] <= fixed["score"]
+    assert "Corrected for the judge's errors" in (out / "report.md").read_text()
+    assert "corrected score" in (out / "report.html").read_text()
+    assert local_evaluation.main(["rejudge", "--data", str(SAMPLE), "--out", str(out), "--calibration", "none"]) == 0
+    assert "(--calibration none)" in capsys.readouterr().out
+    assert "corrected" not in json.loads((out / "report.json").read_text())
+
+
+def test_a_calibration_file_that_is_not_one_is_a_one_line_error_before_any_work(tmp_path, capsys):
+    import local_evaluation
+    from tests.conftest import SAMPLE
+
+    out = rejudged_folder(tmp_path)
+    for bad, message in ((tmp_path / "none.jsonl", "no such file"), (tmp_path / "bad.jsonl", "not a calibration row")):
+        if bad.name == "bad.jsonl":
+            bad.write_text('{"query": "q"}\n')
+        assert local_evaluation.main(["rejudge", "--data", str(SAMPLE), "--out", str(out), "--calibration",
+                                      str(bad)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--calibration" in err and message in err
+    assert not (out / "report.json").exists()
+
+
+def test_a_run_unlike_the_calibration_set_gets_a_warning():
+    from evaluation.calibration import drift_warnings
+
+    calibration = Calibration("set", {"correct_correct": 9, "correct_wrong": 1, "wrong_correct": 1,
+                                      "wrong_wrong": 9}, sentence_share=0.9, models=("Llama-3.1-8B-Instruct",))
+    records = [{"answer": "paris"}] * 10
+    warnings = drift_warnings(records, calibration, "smollm2")
+    assert len(warnings) == 2 and "sentences" in warnings[0] and "smollm2" in warnings[1]
+    assert drift_warnings([{"answer": "a whole sentence of gold that goes on"}] * 10, calibration, "llama3-8b") == []

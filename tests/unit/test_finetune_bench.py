@@ -133,7 +133,7 @@ def test_no_train_answers_the_fold_models_on_disk_and_prints_how_to_train_the_ot
         raise AssertionError("--no-train built data or trained")
 
     monkeypatch.setattr(bench, "answer_set", fake_answer_set)
-    monkeypatch.setattr(bench, "contains_copy", lambda folder, data, out: folder)
+    monkeypatch.setattr(bench, "judged_copy", lambda folder, data, out: folder)
     monkeypatch.setattr(bench, "labelled", lambda folders: ({"q": CORRECT}, 1))
     monkeypatch.setattr(bench, "gated", lambda folders: "too few labels")
     monkeypatch.setattr(bench, "resolve_model_folder", lambda config: tmp_path / "base-model")

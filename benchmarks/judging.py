@@ -12,7 +12,7 @@
   golds) applied to data/judge/gate_verdicts.jsonl (SmolLM2's answers, short golds), over SPLITS random halves of
   its questions.
 
-    python -m benchmarks.judge
+    python -m benchmarks.judging
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from evaluation.correction import Calibration, corrected
 from evaluation.facts_judge import FactsJudge, load_model
 from evaluation.judge import judge_by_containment
 from evaluation.judge_fit import development_sets, item, judge_by_rules, unseen_verdicts
-from evaluation.metrics import intervals
+from evaluation.metrics import Scores, intervals
 from evaluation.verdicts import CORRECT
 from utils.cli import command
 
@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     share, width = coverage(gate, gate_verdicts, lambda run, rest: whole, seed=2)
     fixed = corrected(gate_verdicts, [judge_by_rules(item(r)) is None for r in gate], whole)
     print(f"across kinds: calibrated on all {sum(whole.counts.values())} judged answers of the labelled set, applied "
-          f"to {GATE_SET.name} ({len(gate)} answers, person's score {person_score(gate):+.3f}): corrected "
+          f"to {GATE_SET.name} ({len(gate)} answers, person's score {person_score(gate):+.3f}, judged "
+          f"{Scores.of(gate_verdicts).score:+.3f}): corrected "
           f"{fixed['score']:+.3f} [{fixed['ci95']['score'][0]:+.3f}, {fixed['ci95']['score'][1]:+.3f}]; over "
           f"{SPLITS} halves of its questions the interval holds the person's score in {share:.1%} (median width "
           f"{width:.2f} x the uncorrected)")
