@@ -23,10 +23,9 @@ def corrected_comparison(a: list[dict], b: list[dict], judge: JudgeChoice) -> di
         return {"calibration_note": note}
     by_id = {r.get("interaction_id"): r for r in b}
     pairs = [(r, by_id[r.get("interaction_id")]) for r in a if r.get("interaction_id") in by_id]
-    sides = [[pair[side] for pair in pairs] for side in (0, 1)]
-    return {"corrected": corrected_difference(*(([str(r.get("verdict")) for r in side], judged_by_judge(side))
-                                                for side in sides), calibration),
-            "calibration_note": note}
+    first, second = (([str(r.get("verdict")) for r in side], judged_by_judge(side))
+                     for side in ([pair[0] for pair in pairs], [pair[1] for pair in pairs]))
+    return {"corrected": corrected_difference(first, second, calibration), "calibration_note": note}
 
 
 def compare(a: Path, b: Path, filters: Filters = Filters(), judge: JudgeChoice = JudgeChoice(),

@@ -166,8 +166,8 @@ def read(text: str) -> Reading:
         if decimals == 0 and zeros and zeros < len(written.lstrip("-")) and abs(value) >= ROUND_FIGURE:
             unit = Decimal(1).scaleb(zeros)  # "10000000000000" from "10 trillion": written to its trillions
         numbers.append((value, unit, match.start(), written))
-    keys, written = _alias_keys(text)
-    return Reading(text, frozenset(words - written | keys), tuple(numbers))
+    keys, named = _alias_keys(text)
+    return Reading(text, frozenset(words - named | keys), tuple(numbers))
 
 
 def value_match(predicted: tuple[Decimal, Decimal, int, str], gold: Decimal) -> bool:
