@@ -8,8 +8,8 @@ texts are put in one form first (`evaluation.containment.canonical`: dates, numb
 scale words), then:
 
 - numbers are compared by value: a prediction's number matches a gold number when it is that number rounded or
-  cut at the prediction's own precision ("$2.5 million" for 2,543,000; "10 trillion" for 9.552 trillion), never a
-  bound ("at least 3", "over five");
+  cut at the prediction's own precision and within 5% of it ("$2.5 million" for 2,543,000; "10 trillion" for 9.552
+  trillion; not "about 200 million" for 160 million), never a bound ("at least 3", "over five");
 - dates in day/month/year and month/day/year figures are read as dates (`_numeric_dates`);
 - names are read with their aliases and codes (countries, US states and languages from pycountry: "usa" and
   "the united states", "az" and "arizona", "en" and "english");
@@ -18,7 +18,9 @@ scale words), then:
 - a yes/no by the first word, an "invalid question" by whether the prediction rejects the premise.
 
 Containment's verdict and the reason of its guards (negation, hedges, a wrong candidate in a list) are features
-too. No feature reads anything but the question, the gold answers and the prediction.
+too. No feature reads anything but the question, the gold answers and the prediction. Where the gold's form leaves
+the reading certain (`decisive`: a yes/no, a win/loss code, an invalid question, a number, a date), rules give the
+verdict and the classifier is not asked.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ FEATURES = ("contains", "contains_guard", "sentence_gold", "gold_words", "key_re
 
 _TOKEN = re.compile(r"[a-z0-9_]+(?:[.'][a-z0-9]+)*%?")
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w])")
-_BOUND = re.compile(r"\b(?:at least|over|more than|less than|fewer than|under|up to|at most|nearly over)\s+$")
+_BOUND = re.compile(r"\b(?:at least|over|more than|less than|fewer than|under|up to|at most)\s+$")
 _NUMERIC_DATE = re.compile(r"(?<![\d/.])(\d{1,2})[/.](\d{1,2})[/.](\d{4})(?![\d/]|\.\d)")
 _NO_ANSWER = re.compile(r"\b(?:not (?:specified|mentioned|provided|available|stated|given|found|known|clear)|no "
                         r"(?:information|data|mention|record)|unknown|unable to|cannot (?:be )?(?:determine|find|"
