@@ -19,7 +19,7 @@ from sklearn.model_selection import StratifiedGroupKFold, cross_val_predict, cro
 from evaluation.judge import judge_by_rules
 from evaluation.metrics import paired_difference
 from evaluation.record import records_of
-from evaluation.verdicts import CONTAINS, CORRECT, MISS, WRONG, Item
+from evaluation.verdicts import CONTAINS, CORRECT, FACTS, MISS, WRONG, Item
 from models.gate.answer_gate import Gate, columns_for, raw_row
 from utils.errors import HarnessError
 
@@ -44,12 +44,13 @@ class Labelled:
 
 
 # Judges whose "wrong" is a reading of the answer, not only the absence of an exact match.
-LABELLERS = {"llm": "the LLM judge", "person": "a person", CONTAINS: "the containment judge"}
+LABELLERS = {"llm": "the LLM judge", "person": "a person", FACTS: "the facts judge", CONTAINS: "the containment judge"}
 
 
 def label_records(lines: list[dict[str, Any]], rules_wrong_is_wrong: bool = False) -> Labelled:
-    """The labelled records among judged ones. Labels come from an LLM judge, a person (`--judge person:FILE`) or
-    the containment judge (`--judge contains`, which reads a sentence for the gold answer), or
+    """The labelled records among judged ones. Labels come from an LLM judge, a person (`--judge person:FILE`), the
+    facts judge (`--judge facts`, the default) or the containment judge (`--judge contains`), which read a sentence
+    for the gold answer, or
     from what our rules decide (an exact or alternative match, the "invalid question" rules); an answer marked
     wrong only because it matched no gold answer exactly (`--judge rules`, or the rules' fallback when the LLM
     judge failed) is left out unless `rules_wrong_is_wrong` (data with short gold answers, where no match is a
