@@ -21,7 +21,6 @@ from evaluation.correction import Calibration
 from evaluation.data import DataError, alternative_answers
 from evaluation.judge import UNCERTAIN, Judge, build_judge, judge_records
 from evaluation.verdicts import CORRECT, FACTS, MISS, UNJUDGED, VERDICTS, WRONG
-from evaluation.verdicts import PERSON as PERSON_SPEC
 from models.config import REPO_ROOT, ConfigError
 from utils.durable_io import jsonl_lines
 
@@ -108,9 +107,9 @@ def load_set(path: Path = CALIBRATION_SET) -> list[dict[str, Any]]:
             row = json.loads(line)
             if row["human"] is None:
                 continue
-            rows.append({**row, "human": HUMAN[row["human"]], "alt_answers": row.get("alt_answers") or []})
             if not all(isinstance(row[key], str) for key in ("query", "answer", "prediction")):
                 raise TypeError("query, answer and prediction must be strings")
+            rows.append({**row, "human": HUMAN[row["human"]], "alt_answers": row.get("alt_answers") or []})
         except (json.JSONDecodeError, KeyError, TypeError) as err:
             raise DataError(f"{path}:{number}: not a calibration row ({err}); each line needs query, answer, "
                              f"prediction and human ({', '.join(HUMAN)}, or null where annotators disagree)") from None
@@ -254,8 +253,7 @@ def format_figures(table: list[tuple[str, dict[str, dict[str, Any]]]], judge_nam
     return "\n".join(lines)
 
 
-# judged_by values whose verdicts need no correction (or cannot have one)
-EXACT = ("rules", PERSON_SPEC.rstrip(":"), "none")
+EXACT = ("rules", "person", "none")  # judged_by values whose verdicts need no correction (or cannot have one)
 SENTENCE_DRIFT = 0.25  # a run's share of sentence golds this far from the calibration set's gets a warning
 
 

@@ -1,5 +1,6 @@
-"""--judge facts (the default): the key-fact rules of evaluation/keyfact.py weighed by a small answer-equivalence
-classifier fit on person verdicts, with no model server.
+"""--judge facts (the default): the key-fact rules of evaluation/keyfact.py, with no model server. Where the gold's
+form leaves the reading certain, a decisive rule gives the verdict (`keyfact.decisive`); elsewhere a small
+answer-equivalence classifier fit on person verdicts weighs the rules' features.
 
 The classifier is a logistic regression over the rules' features, its weights in a readable JSON file
 (data/judge/facts.json) written by `tools/fit_judge.py` (evaluation/judge_fit.py), beside the hash of the data it
@@ -10,10 +11,11 @@ was fit on, its folds' figures and the confusion counts that correct a run's sco
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from evaluation.keyfact import FEATURES, best_features, decisive
 from evaluation.verdicts import CORRECT, FACTS, WRONG, Item, Judge
@@ -34,13 +36,11 @@ class Classifier:
                               "(evaluation/keyfact.py FEATURES); refit it: make judge")
         self.model = model
         self.mean, self.scale = model["mean"], model["scale"]
-        self.weights, self.bias = model["weights"], float(model["bias"])
+        self.weights = model["weights"]
         self.threshold = float(model["threshold"])
 
     def p_correct(self, values: dict[str, float]) -> float:
-        z = self.bias + sum(w * (values[name] - m) / s
-                            for name, w, m, s in zip(FEATURES, self.weights, self.mean, self.scale))
-        return 1 / (1 + math.exp(-z))
+        return float(probabilities(self.model, np.array([[values[name] for name in FEATURES]]))[0])
 
     def reason(self, values: dict[str, float]) -> str:
         """The three features that moved P(correct) most from the average answer's."""
@@ -48,6 +48,12 @@ class Classifier:
                         for name, w, m, s in zip(FEATURES, self.weights, self.mean, self.scale)),
                        key=lambda pull: -abs(pull[0]))
         return ", ".join(f"{name} {'+' if pull > 0 else '-'}" for pull, name in pulls[:3])
+
+
+def probabilities(model: dict[str, Any], x: np.ndarray) -> np.ndarray:
+    """P(correct) of each row of features `x` (columns in FEATURES' order) under a fitted `model`."""
+    z = ((x - np.array(model["mean"])) / np.array(model["scale"])) @ np.array(model["weights"]) + model["bias"]
+    return 1 / (1 + np.exp(-z))
 
 
 def load_model(path: Path = MODEL_FILE) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""Judging predictions: rules first, then a judge for what the rules cannot decide (an LLM judge, a person's
-verdicts, `PersonJudge` in evaluation/person_judge.py, or the containment rules, `ContainsJudge`); and, beside
+"""Judging predictions: rules first, then a judge for what the rules cannot decide (the facts judge, `FactsJudge` in
+evaluation/facts_judge.py, the default; an LLM judge; a person's verdicts, `PersonJudge` in
+evaluation/person_judge.py; or the containment rules, `ContainsJudge`); and, beside
 ours, the organisers' rules, so a run shows the leaderboard's reading of the same predictions.
 
 The verdicts and the judges' names live in evaluation/verdicts.py. Where the judge's backend gives
@@ -427,15 +428,15 @@ def contains_note(judged_by: dict[str, int]) -> str | None:
 def corrected_lines(summary: dict[str, Any]) -> list[str]:
     """The judged score beside the score corrected for the judge's errors, the calibration that corrected it (or
     why none did) and any warning that the run's answers differ from the calibration set's."""
+    def bounds(scores: dict[str, Any]) -> str:
+        ci = scores.get("ci95")
+        return f"[{ci['score'][0]:+.2f}, {ci['score'][1]:+.2f}]" if ci else f"n<{MIN_FOR_INTERVAL}"
+
     lines = []
     if fixed := summary.get("corrected"):
         judged = summary["overall"]
-        ci = fixed["ci95"]
-        bounds = f"[{ci['score'][0]:+.2f}, {ci['score'][1]:+.2f}]" if ci else f"n<{MIN_FOR_INTERVAL}"
-        plain = judged.get("ci95")
-        shown = f"[{plain['score'][0]:+.2f}, {plain['score'][1]:+.2f}]" if plain else f"n<{MIN_FOR_INTERVAL}"
-        lines.append(f"score judged {judged['score']:+.3f} {shown}; corrected for the judge's errors "
-                     f"{fixed['score']:+.3f} {bounds} (accuracy {fixed['accuracy']:.3f}, hallucination "
+        lines.append(f"score judged {judged['score']:+.3f} {bounds(judged)}; corrected for the judge's errors "
+                     f"{fixed['score']:+.3f} {bounds(fixed)} (accuracy {fixed['accuracy']:.3f}, hallucination "
                      f"{fixed['hallucination']:.3f}; {fixed['judged']} of {fixed['total']} verdicts the judge's own, "
                      "the rest exact; the interval counts the run's questions and the calibration set's size)")
         cal = fixed["calibration"]

@@ -1,12 +1,13 @@
 """Fitting the facts judge (evaluation/facts_judge.py) on person verdicts, and measuring it honestly.
 
-Only the rows the exact rules leave open (`judge_by_rules`) reach the classifier, so only those are fit on. The
-measurement is nested K-fold cross-validation by question: in each outer fold the regularisation C and the verdict
-threshold are chosen by an inner K-fold on the outer training part alone (the pair that maximises Cohen's kappa
-with the person of the pooled inner out-of-fold probabilities), the model is fit on that part, and it judges the outer
-test part; the outer predictions are pooled. K, the seed and the grids are fixed here. The shipped model is chosen and
-fit the same way on all the rows given. The rows a caller gives are its development part: the lockbox
-(`held_back` questions) is judged once, by `lockbox`, after the fit.
+Only the rows that neither the exact rules (`judge_by_rules`) nor the judge's decisive rules (`keyfact.decisive`)
+decide reach the classifier, so only those are fit on. The measurement is nested K-fold cross-validation by
+question: in each outer fold the regularisation C and the verdict threshold are chosen by an inner K-fold, repeated
+over INNER_REPEATS seeds, on the outer training part alone (the pair with the best mean Cohen's kappa with the
+person), the model is fit on that part, and it judges the outer test part; the outer predictions are pooled. K, the
+seeds and the grids are fixed here. The shipped model is chosen and fit the same way on all the rows given. The rows
+a caller gives are its development part: the lockbox (`held_back` questions of the labelled set) is judged once, by
+`fit_file`, after the fit.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from evaluation.calibration import by_group, confusion, figures, sentence_share
+from evaluation.facts_judge import FactsJudge, probabilities
 from evaluation.judge import judge_by_rules
 from evaluation.keyfact import FEATURES, best_features, decisive
 from evaluation.verdicts import CORRECT, WRONG, Item
@@ -75,11 +77,6 @@ def _fit(x: np.ndarray, y: np.ndarray, c: float) -> dict[str, Any]:
     model = LogisticRegression(C=c, max_iter=5000).fit((x - mean) / scale, y)
     return {"features": list(FEATURES), "mean": mean.tolist(), "scale": scale.tolist(),
             "weights": model.coef_[0].tolist(), "bias": float(model.intercept_[0]), "C": c}
-
-
-def probabilities(model: dict[str, Any], x: np.ndarray) -> np.ndarray:
-    z = ((x - np.array(model["mean"])) / np.array(model["scale"])) @ np.array(model["weights"]) + model["bias"]
-    return 1 / (1 + np.exp(-z))
 
 
 def _kappa(y: np.ndarray, said: np.ndarray) -> float:
@@ -180,8 +177,6 @@ def fit_file(development: dict[str, list[dict[str, Any]]], lockbox: list[dict[st
         "folds": {"choices": folds, "by_set": by_set}}
     sources = ["out of fold"]
     if lockbox is not None:
-        from evaluation.facts_judge import FactsJudge
-
         judge = FactsJudge(model)
         verdicts = [judged(judge, r) for r in lockbox]
         result["lockbox"] = {"sha256": data_hash(lockbox), "facts": _scored(lockbox, verdicts),
@@ -200,8 +195,6 @@ def unseen_verdicts(rows: Sequence[dict[str, Any]], development: dict[str, list[
     """A verdict of the facts judge for each of `rows` that no judge fit on its question gave: out of fold where
     the row is one of `development`'s (all of it cross-validated together, as `fit_file` does), else the fitted
     `model`'s (a lockbox row, which it was not fit on)."""
-    from evaluation.facts_judge import FactsJudge
-
     pooled = [r for part in development.values() for r in part]
     oof, _ = out_of_fold(pooled)
     by_row = {id(r): v for r, v in zip(pooled, oof)}
@@ -209,7 +202,7 @@ def unseen_verdicts(rows: Sequence[dict[str, Any]], development: dict[str, list[
     return [by_row[id(r)] if id(r) in by_row else judged(judge, r) for r in rows]
 
 
-def judged(judge: Any, row: dict[str, Any]) -> str:
+def judged(judge: FactsJudge, row: dict[str, Any]) -> str:
     """The verdict `judge_records` gives a row with the facts judge: the exact rules', else the judge's."""
     return judge_by_rules(item(row)) or judge.verdict(item(row))[0]
 
