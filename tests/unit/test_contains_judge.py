@@ -302,3 +302,15 @@ def test_calibrate_shows_the_rules_alone_have_no_skill_on_sentence_answers(capsy
     table = figure_rows(capsys.readouterr().out)
     assert set(table) == {("gate_verdicts.jsonl", "held back"), ("gate_verdicts.jsonl", "all")}
     assert table[("gate_verdicts.jsonl", "all")] == ("199", "80%", "2%", "100%", "0.04")
+
+
+def test_the_figures_table_stays_aligned_whatever_a_sets_name():
+    from evaluation.calibration import format_figures
+
+    row = {"n": 5, "agreement": 0.8, "recall_correct": 0.5, "recall_incorrect": 1.0, "kappa": 0.6,
+           "always_incorrect": 0.6}
+    lines = format_figures([("a-very-long-calibration-set-name-of-real-answers.jsonl", {"held back": row}),
+                            ("x.jsonl", {"held back, model Llama-3.2-1B-Instruct": row})], "facts").splitlines()
+    rows = lines[2:4]
+    assert len({line.index("80%") for line in rows}) == 1 and len({len(line) for line in rows}) == 1
+    assert lines[1].index("agreement") + len("agreement") == rows[0].index("80%") + len("80%")
