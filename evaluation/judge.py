@@ -425,18 +425,20 @@ def contains_note(judged_by: dict[str, int]) -> str | None:
     return "; ".join(notes) or None
 
 
+def interval(scores: dict[str, Any]) -> str:
+    """The score's 95% interval as "[lo, hi]", or "n<10" where there is none."""
+    ci = scores.get("ci95")
+    return f"[{ci['score'][0]:+.2f}, {ci['score'][1]:+.2f}]" if ci else f"n<{MIN_FOR_INTERVAL}"
+
+
 def corrected_lines(summary: dict[str, Any]) -> list[str]:
     """The judged score beside the score corrected for the judge's errors, the calibration that corrected it (or
     why none did) and any warning that the run's answers differ from the calibration set's."""
-    def bounds(scores: dict[str, Any]) -> str:
-        ci = scores.get("ci95")
-        return f"[{ci['score'][0]:+.2f}, {ci['score'][1]:+.2f}]" if ci else f"n<{MIN_FOR_INTERVAL}"
-
     lines = []
     if fixed := summary.get("corrected"):
         judged = summary["overall"]
-        lines.append(f"score judged {judged['score']:+.3f} {bounds(judged)}; corrected for the judge's errors "
-                     f"{fixed['score']:+.3f} {bounds(fixed)} (accuracy {fixed['accuracy']:.3f}, hallucination "
+        lines.append(f"score judged {judged['score']:+.3f} {interval(judged)}; corrected for the judge's errors "
+                     f"{fixed['score']:+.3f} {interval(fixed)} (accuracy {fixed['accuracy']:.3f}, hallucination "
                      f"{fixed['hallucination']:.3f}; {fixed['judged']} of {fixed['total']} verdicts the judge's own, "
                      "the rest exact; the interval counts the run's questions and the calibration set's size)")
         cal = fixed["calibration"]

@@ -11,7 +11,7 @@ from typing import Any
 from evaluation.attribution import CLASSES, attribution_table
 from evaluation.gate_command import format_gate, gate_summary
 from evaluation.html_report import report_html, write_html
-from evaluation.judge import UNCERTAIN, contains_note, corrected_lines
+from evaluation.judge import UNCERTAIN, contains_note, corrected_lines, interval
 from evaluation.metrics import MIN_FOR_INTERVAL, RESAMPLES, Scores, intervals, latency
 from evaluation.record import Record, records_of
 from evaluation.verdicts import MISS
@@ -117,12 +117,6 @@ def unjudged_range(scores: dict[str, Any]) -> str:
     low, high = scores["score_range"]
     return (f"{scores['unjudged']:.1%} unjudged; the score lies between {low:.3f} (all of them wrong) and "
             f"{high:.3f} (all correct)")
-
-
-def interval(scores: dict[str, Any]) -> str:
-    """The score's 95% interval as "[lo, hi]", or "n<10" where there is none."""
-    ci = scores.get("ci95")
-    return f"[{ci['score'][0]:+.2f}, {ci['score'][1]:+.2f}]" if ci else f"n<{MIN_FOR_INTERVAL}"
 
 
 def _reason(record: Record) -> str:
