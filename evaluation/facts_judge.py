@@ -20,7 +20,6 @@ import numpy as np
 from evaluation.keyfact import FEATURES, best_features, decisive
 from evaluation.verdicts import CORRECT, FACTS, WRONG, Item, Judge
 from models.config import REPO_ROOT, ConfigError
-from utils.cache import content_key
 from utils.grader_tokens import grader_cut
 
 MODEL_FILE = REPO_ROOT / "data" / "judge" / "facts.json"
@@ -85,7 +84,7 @@ class FactsJudge(Judge):
         return cls()
 
     def key(self, item: Item) -> str:
-        return content_key(item.query, item.answer, *item.alt_answers, "\x00", grader_cut(item.prediction))
+        return item.key()
 
     def verdict(self, item: Item) -> tuple[str, float, str]:
         """(verdict, P(correct), reason) of one item: a decisive rule's (P 1 or 0), else the classifier's."""

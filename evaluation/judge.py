@@ -209,8 +209,7 @@ class LLMJudge(Judge):
             self.llm.probe()
 
     def key(self, item: Item) -> str:
-        return content_key(item.query, item.answer, *item.alt_answers, "\x00", grader_cut(item.prediction),
-                           self.name, self._prompt_key)
+        return item.key(self.name, self._prompt_key)
 
     def judge(self, items: Sequence[Item]) -> list[str]:
         verdicts: list[str | None] = [None] * len(items)
@@ -293,7 +292,7 @@ class ContainsJudge(Judge):
         return cls()
 
     def key(self, item: Item) -> str:
-        return content_key(item.query, item.answer, *item.alt_answers, "\x00", grader_cut(item.prediction))
+        return item.key()
 
     def judge(self, items: Sequence[Item]) -> list[str]:
         verdicts = []
@@ -324,7 +323,7 @@ class ChainJudge(Judge):
         return cls([judge for part in spec.split(CHAIN) if (judge := build_judge(part, model_name)) is not None])
 
     def key(self, item: Item) -> str:
-        return content_key(item.query, item.answer, *item.alt_answers, "\x00", grader_cut(item.prediction))
+        return item.key()
 
     def judge(self, items: Sequence[Item]) -> list[str]:
         verdicts = [UNJUDGED] * len(items)

@@ -47,6 +47,11 @@ def ruled(row: dict[str, Any]) -> str | None:
     return said
 
 
+def judge_decides(rows: Sequence[dict[str, Any]]) -> list[bool]:
+    """Whether the facts judge, not the exact rules, gives each row's verdict: the verdicts a calibration counts."""
+    return [judge_by_rules(item(r)) is None for r in rows]
+
+
 def open_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The rows left to the classifier, whose person verdict is correct or wrong."""
     return [r for r in rows if r["human"] in (CORRECT, WRONG) and ruled(r) is None]
@@ -165,8 +170,7 @@ def fit_file(development: dict[str, list[dict[str, Any]]], lockbox: list[dict[st
         ours = oof[start:start + len(part)]
         by_set[name] = {"facts": _scored(part, ours), "contains": _scored(part, _contains(part))}
         start += len(part)
-    open_ = [judge_by_rules(item(r)) is None for r in rows]
-    counts = confusion(rows, oof, open_)
+    counts = confusion(rows, oof, judge_decides(rows))
     result: dict[str, Any] = {
         **model, "judge": "facts",
         "fit_on": {"sha256": data_hash(rows), "rows": len(rows), "open_rows": len(open_rows(rows)),
@@ -181,7 +185,7 @@ def fit_file(development: dict[str, list[dict[str, Any]]], lockbox: list[dict[st
         verdicts = [judged(judge, r) for r in lockbox]
         result["lockbox"] = {"sha256": data_hash(lockbox), "facts": _scored(lockbox, verdicts),
                              "contains": _scored(lockbox, _contains(lockbox))}
-        for key, value in confusion(lockbox, verdicts, [judge_by_rules(item(r)) is None for r in lockbox]).items():
+        for key, value in confusion(lockbox, verdicts, judge_decides(lockbox)).items():
             counts[key] += value
         rows = [*rows, *lockbox]
         sources.append("lockbox")

@@ -30,7 +30,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from functools import cache
+from functools import cache, lru_cache
 
 from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
@@ -55,6 +55,7 @@ _LIST_SPLIT = re.compile(r"\s*(?:,|;|\n|\band\b|&)\s*|\s*\n?\s*\d+[.)]\s+")
 _OPTIONS = re.compile(r"(?:^|[,:?]|\bbetween\b|\b(?:does|do|did|is|are|was|were|has|have|had|who|which)\b)\s*"
                       r"(?P<a>[^,:?]{1,60}?)\s+(?:or|and)\s+(?P<b>[^,:?]{1,60}?)\s*(?:[,?.]|$|\b(?:have|has|had|"
                       r"is|are|was|were|in|on|at)\b)")
+_ARTICLE = re.compile(r"^(?:the|a|an)\s+")
 _LIST_LEAD = re.compile(r"^.*?\b(?:are|were|is|was|include|includes|included)\s+|^.*:\s*")
 _LIST_TAIL = re.compile(r"\s+(?:have|has|had|are|were|is|was|all|both|each|together)\b.*$")
 LIST_ITEM = 6  # words of a list item at most
@@ -151,6 +152,7 @@ def _numeric_dates(text: str) -> str:
     return _NUMERIC_DATE.sub(iso, text)
 
 
+@lru_cache(maxsize=4096)  # a judged answer's question, golds and list items are read by several features
 def read(text: str) -> Reading:
     """`text` in canonical form, with its content tokens and numbers."""
     text = canonical(_numeric_dates(text))
@@ -199,8 +201,7 @@ def _options(query: str) -> tuple[str, str] | None:
         found = match
     if found is None:
         return None
-    strip = re.compile(r"^(?:the|a|an)\s+")
-    a, b = (strip.sub("", found[name].strip(" \"'")) for name in ("a", "b"))
+    a, b = (_ARTICLE.sub("", found[name].strip(" \"'")) for name in ("a", "b"))
     return (a, b) if a and b and a != b else None
 
 
@@ -344,17 +345,18 @@ def decisive(query: str, golds: Sequence[str], prediction: str) -> tuple[str, st
     prediction that gives no full date, or only others."""
     first = re.match(r"\W*(\w+)", normalize_text(prediction))
     said = first.group(1) if first else ""
-    numeric = [g for g in map(read, golds) if _numeric(g)]
-    if numeric and len(numeric) == len([g for g in golds if str(g).strip()]):
+    readings = [read(str(g)) for g in golds if str(g).strip()]
+    p = read(prediction)
+    numeric = [g for g in readings if _numeric(g)]
+    if numeric and len(numeric) == len(readings):
         asked = {n[0] for n in read(query).numbers}
-        p = read(prediction)
         own = [n for n in p.numbers if n[0] not in asked]
         hits = [n for n in own if any(value_match(n, gn[0]) for g in numeric for gn in g.numbers)]
         if own and not [n for n in hits if not _BOUND.search(p.text[:n[2]])]:
             return WRONG, "the gold is a number and the prediction's numbers are not it" + (" (a bound)" * bool(hits))
-    dates = [set(_FULL_DATE.findall(g.text)) for g in map(read, golds) if _is_date(g)]
-    if dates and len(dates) == len([g for g in golds if str(g).strip()]):
-        given = set(_FULL_DATE.findall(read(prediction).text))
+    dates = [set(_FULL_DATE.findall(g.text)) for g in readings if _is_date(g)]
+    if dates and len(dates) == len(readings):
+        given = set(_FULL_DATE.findall(p.text))
         if not given & set().union(*dates):
             return WRONG, "the gold is a date and the prediction gives " + ("another" if given else "no full date")
     for gold in map(normalize_text, golds):

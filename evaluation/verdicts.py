@@ -12,6 +12,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from utils.cache import content_key
+from utils.grader_tokens import grader_cut
+
 CORRECT, MISS, WRONG, UNJUDGED = "correct", "miss", "wrong", "unjudged"
 VERDICTS = (CORRECT, MISS, WRONG, UNJUDGED)
 CONTAINS = "contains"  # --judge contains and its verdicts' "judged_by": the containment rules
@@ -25,6 +28,11 @@ class Item:
     answer: str
     alt_answers: tuple[str, ...]
     prediction: str
+
+    def key(self, *judge: str) -> str:
+        """The item's key in a judge's `reasons` and `p_correct`: the question, its golds and the prediction as the
+        grader cuts it, and what names the judge where its verdicts differ by model or prompt (`judge`)."""
+        return content_key(self.query, self.answer, *self.alt_answers, "\x00", grader_cut(self.prediction), *judge)
 
 
 class Judge(ABC):

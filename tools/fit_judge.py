@@ -50,8 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     print(format_figures(table, "facts, out of fold, and contains"))
     counts = result["calibration"]["counts"]
     print(f"wrote {args.out}: C {result['C']}, threshold {result['threshold']}, fit on {result['fit_on']['rows']} "
-          f"rows ({result['fit_on']['open_rows']} left open by the exact rules); correction counts "
-          f"({result['calibration']['from']}): {counts}", file=sys.stderr)
+          f"rows ({result['fit_on']['open_rows']} left to the classifier by the exact and decisive rules); "
+          f"correction counts ({result['calibration']['from']}): {counts}", file=sys.stderr)
     return 0
 
 
