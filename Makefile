@@ -14,7 +14,7 @@
 # make gate: refit the answer gate configs/overlays/vllm-cpu.yaml ships (data/gates/cpu.json) on the served
 # SmolLM2's answers to data/gate_dev.jsonl and the KG questions of benchmarks/kg_reach, judged by the rules, a person's
 # verdicts where they saw the answer (data/gate_dev/verdicts.jsonl) and the facts judge elsewhere; run it again
-# whenever the reasoning prompts, settings or the model profile (configs/models/default.yaml) change.
+# whenever the reasoning prompts, settings or the model profile (configs/models/smollm2.yaml) change.
 # make ray: Ray into .venv (requirements-ray.txt) for `local_evaluation.py --ray`; make test-ray: its tests.
 # make quantize-venv: .venv-quantize (llm-compressor; its pins clash with .venv's) for tools/quantize.py gptq/rtn/eval;
 # make test-quantize: GPTQ W4A16 of the embedded SmolLM2 and the tool's input checks.
@@ -41,9 +41,9 @@ VSTAMP := $(VVENV)/.installed
 
 # The project itself installs editable last (pyproject.toml: the packages and the crag-* console scripts), built with
 # the venv's setuptools (torch requires it) rather than one fetched for an isolated build.
-# The model profile's package (configs/models/default.yaml weights.install); none where its weights are a path.
-MODEL_PACKAGE := $(shell sed -n 's/^ *install: *\([^ #]*\).*/\1/p' configs/models/default.yaml)
-$(STAMP): requirements-local.txt pyproject.toml configs/models/default.yaml
+# The model profile's package (configs/models/smollm2.yaml weights.install); none where its weights are a path.
+MODEL_PACKAGE := $(shell sed -n 's/^ *install: *\([^ #]*\).*/\1/p' configs/models/smollm2.yaml)
+$(STAMP): requirements-local.txt pyproject.toml configs/models/smollm2.yaml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -r requirements-local.txt

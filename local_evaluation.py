@@ -3,8 +3,8 @@
 Commands (`local_evaluation.py COMMAND --help` lists the flags of one): run (the default) answers the selected
 questions, resuming an interrupted run; rejudge judges a run folder again; merge combines shard folders; calibrate
 shows how often a judge agrees with a person; compare A B gives run B's score difference from run A with a paired
-interval and the questions that flipped; gate fits or applies the answer gate. Each calls its module in
-evaluation/ (evaluation/run_command.py, ...).
+interval and the questions that flipped; gate fits or applies the answer gate; serve-command prints the `vllm serve`
+command for a config's model profile. Each calls its module in evaluation/ (evaluation/run_command.py, ...).
 """
 
 from __future__ import annotations
@@ -20,14 +20,17 @@ from evaluation.choices import Answering, Filters, JudgeChoice, RunFolder
 from evaluation.compare_command import compare
 from evaluation.data import parse_shard
 from evaluation.gate_command import eval_command, fit_command
+from evaluation.llm_server import printed_serve_command
 from evaluation.merge_command import merge
 from evaluation.rejudge_command import rejudge
 from evaluation.run_command import answers_saved, run
+from models.config import add_config_arguments
+from models.loading import config_from_args
 from utils.cli import CommandParser, command, interrupted
 
 WRITE_FAILED = 1  # a run stopped by a write the system refused (ENOSPC, EACCES); its saved answers stay
 
-COMMANDS = ("run", "rejudge", "merge", "calibrate", "compare", "gate")
+COMMANDS = ("run", "rejudge", "merge", "calibrate", "compare", "gate", "serve-command")
 RUN_HELP = "answer the selected questions (resuming the run folder), judge them, write the report (the default)"
 
 
@@ -78,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    "it withholds.")
     evaluate.add_argument("gate", type=Path, metavar="FILE", help="a gate file (gate fit --out)")
     evaluate.add_argument("run", type=Path, metavar="RUN", help="a judged run folder")
+    serve = sub.add_parser("serve-command", help="print the `vllm serve` command for a config's model profile",
+                           description="The command that serves the config's model profile (llm.profile) on a GPU "
+                           "machine: the profile's folder, name, context length, dtype and overrides, on the "
+                           "config's engine settings (llm.vllm), at llm.openai.base_url's host and port. Reads no "
+                           "weights.")
+    add_config_arguments(serve)
     return parser
 
 
@@ -118,6 +127,9 @@ def dispatch(args: argparse.Namespace) -> int:
         return eval_command(args.gate, args.run)
     if args.command == "run":
         return run(RunFolder.from_args(args), Answering.from_args(args))
+    if args.command == "serve-command":
+        print(printed_serve_command(config_from_args(args)))
+        return 0
     return (rejudge if args.command == "rejudge" else merge)(RunFolder.from_args(args))
 
 

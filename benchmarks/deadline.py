@@ -114,7 +114,7 @@ def prefill_admission(llm: Any, seconds: float = 3.0) -> list[str]:
 
     long = [{"role": "user", "content": "The harbour reported record traffic this season. " * 250 + "Sum 2 and 2."}]
     tokens = len(llm.tokenizer.apply_chat_template(long, add_generation_prompt=True, return_dict=True)["input_ids"])
-    tokens = min(tokens, llm.config.max_input_tokens)
+    tokens = min(tokens, llm.profile.prompt_tokens)
     measured = llm._prefill_tps
     lines = []
     for label, rate in (("at the measured rate", measured), ("at 20 x the measured rate", 20 * measured)):

@@ -27,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from evaluation.data import read_examples
@@ -35,7 +34,7 @@ from evaluation.engine_agreement import hf_scores, perplexity, vllm_scores
 from evaluation.filler import SAMPLE, conversations
 from models.config import REPO_ROOT, HFConfig, VLLMConfig
 from models.llm.backend import GenParams
-from models.llm.profile import load_profile
+from models.llm.profile import folder_profile, load_profile
 from utils.cli import CommandParser, command
 from utils.html import parse_html, remove_boilerplate
 from utils.web_pages import PageSettings, main_text
@@ -99,7 +98,7 @@ def scored_perplexity(score, token_lists: list[list[int]]) -> float:
 def measure_vllm(folder: str, dtype: str, token_lists: list[list[int]]) -> dict[str, float]:
     from models.llm.vllm import VLLMBackend
 
-    llm = VLLMBackend(VLLMConfig(model=folder, dtype=dtype, max_model_len=4096))
+    llm = VLLMBackend(VLLMConfig(dtype=dtype), folder_profile(folder, max_model_len=4096))
     try:
         ppl = scored_perplexity(lambda *args: vllm_scores(llm.engine, *args), token_lists)
         return {**measure(llm, llm.engine.get_tokenizer()), "perplexity": ppl}
@@ -123,7 +122,7 @@ def measure_hf(token_lists_of) -> tuple[dict[str, float], str, list[list[int]]]:
         config = json.loads((llm.folder / "config.json").read_text())
         config["rope_theta"] = config["rope_parameters"]["rope_theta"] = DAMAGED_BASE
         (Path(damaged) / "config.json").write_text(json.dumps(config))
-        other = HFBackend(replace(HFConfig(), model=damaged))
+        other = HFBackend(HFConfig(), folder_profile(damaged))
         found["perplexity_damaged"] = scored_perplexity(lambda *args: hf_scores(other.model, *args), token_lists)
     return found, str(llm.folder), token_lists
 
@@ -162,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{done.stderr.strip()[-400:]}", file=sys.stderr)
             return 1
         vllm = json.loads(lines[-1])
-        served = " (served)" if dtype == load_profile().serve.dtype else ""
+        served = " (served)" if dtype == load_profile().dtype else ""
         perplexities.append(f"vllm {dtype}{served} {vllm['perplexity']:.2f} "
                             f"({vllm['perplexity'] / hf['perplexity']:.3f}x)")
         rates.append(f"vllm {dtype} {vllm['prefill_tps']:.0f} / {vllm['decode_tps']:.1f} "

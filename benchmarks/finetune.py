@@ -48,10 +48,9 @@ from evaluation.gate_sets import PERSON, SETS, answer_set
 from evaluation.metrics import paired_difference
 from evaluation.runner import load_predictions
 from evaluation.verdicts import CORRECT, FACTS, MISS, UNJUDGED, WRONG
-from models.config import HFConfig
 from models.llm.hf import resolve_model_folder
 from training.judged_data import PAIRS_FILE, SFT_FILE, build, fold_of, read_rows, write
-from training.llm_training import ADAPTER, TrainSettings, merge, train
+from training.llm_training import ADAPTER, TrainSettings, merge, merged_profile, train
 from training.llm_training import MANIFEST as TRAINING_MANIFEST
 from utils.cli import command
 
@@ -302,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_train and (why := untrainable(root, recipes, args)) is not None:
             print(f"error: {why}", file=sys.stderr)
             return 2
-        model = resolve_model_folder(HFConfig())  # what --serve-llm serves with llm.hf.model null
+        model = resolve_model_folder()  # what --serve-llm serves for the default profile
         if args.train_only:
             for name in recipes:
                 for fold in range(args.folds):
@@ -339,7 +338,8 @@ def main(argv: list[str] | None = None) -> int:
                     folders[set_name] = out / set_name
                     if not (args.reuse and (folders[set_name] / "predictions.jsonl").is_file()):
                         subset = fold_file(data, fold, args.folds, root / "sets" / f"{set_name}-fold{fold}.jsonl")
-                        answer_set(subset, folders[set_name], judge=JUDGE, sets=(f"llm.hf.model={merged}",))
+                        answer_set(subset, folders[set_name], judge=JUDGE,
+                                   sets=(f"llm.profile={merged_profile(merged)}",))
                 verdicts, dev = labelled(folders)
                 pooled.update(verdicts)
                 pooled_dev += dev

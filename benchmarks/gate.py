@@ -42,6 +42,7 @@ from pathlib import Path
 from evaluation.gate_sets import PERSON, SETS, answer_set, check_weights, ungated
 from evaluation.verdicts import CONTAINS, FACTS
 from models.config import REPO_ROOT
+from models.llm.profile import load_profile, write_profile
 from utils.cli import command
 
 LABELS = f"{PERSON}+{FACTS}"  # the rules, a person where they saw the answer, the default judge elsewhere
@@ -216,11 +217,11 @@ def main(argv: list[str] | None = None) -> int:
         print(fit_line(copies[CONTAINS], Path(scratch) / "gate-contains.json", questions,
                        "labels: the containment judge"))
         if args.damaged:
-            model = damaged_folder(root / "damaged-model")
+            model = write_profile(root / "damaged-model.yaml", load_profile(), damaged_folder(root / "damaged-model"))
             damaged = [root / f"damaged-{name}" for name in SETS]
             for data, folder in zip(SETS.values(), damaged):
                 if not (args.reuse and (folder / "predictions.jsonl").is_file()):
-                    answer_set(data, folder, judge=LABELS, sets=(*args.set, f"llm.hf.model={model}"))
+                    answer_set(data, folder, judge=LABELS, sets=(*args.set, f"llm.profile={model}"))
             print(fit_line(damaged, Path(scratch) / "gate-damaged.json", questions,
                            "the damaged model, RoPE base 10000; the same labels"))
     return 0
@@ -244,10 +245,9 @@ def damaged_folder(out: Path) -> Path:
     RoPE base 10000 under both keys, so that every stack reads the same wrong base."""
     import json
 
-    from models.config import HFConfig
     from models.llm.hf import resolve_model_folder
 
-    source = resolve_model_folder(HFConfig())
+    source = resolve_model_folder()
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)

@@ -164,16 +164,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from models.config import HFConfig
     from models.llm.hf import HFBackend, resolve_model_folder
+    from models.llm.profile import folder_profile
 
-    tokenizer_folder = args.tokenizer or resolve_model_folder(HFConfig())
+    tokenizer_folder = args.tokenizer or resolve_model_folder()
     work = args.work or Path(tempfile.mkdtemp(prefix="hf-cuda-"))
     started = time.perf_counter()
     dtype = "float32" if args.smoke else "float16"  # float16 matrix products are slow on some CPUs
     parameters = build_model(tokenizer_folder, work / "model", shape, device, getattr(torch, dtype))
     built_s = time.perf_counter() - started
     started = time.perf_counter()
-    backend = HFBackend(HFConfig(model=str(work / "model"), device=device, dtype=dtype, max_input_tokens=8192,
-                                 micro_batch_size=8))
+    backend = HFBackend(HFConfig(device=device, dtype=dtype, micro_batch_size=8),
+                        folder_profile(work / "model", prompt_tokens=8192, max_model_len=16384))
     loaded_s = time.perf_counter() - started
     gpu = "cpu (smoke)" if args.smoke else torch.cuda.get_device_name()
     print(f"hf_cuda: {gpu}, torch {torch.__version__}, {parameters / 1e9:.2f} B parameters (random, {dtype}); "

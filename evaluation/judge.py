@@ -193,12 +193,14 @@ class LLMJudge(Judge):
         if spec == "local":
             from models.llm.hf import HFBackend, resolve_model_folder
 
-            llm, name = HFBackend(HFConfig()), f"hf:{resolve_model_folder(HFConfig()).name}"
+            llm, name = HFBackend(HFConfig()), f"hf:{resolve_model_folder().name}"
         else:
             from models.llm.openai import OpenAIBackend
+            from models.llm.profile import ModelProfile
 
             assert model_name, "check_judge refuses a URL judge without --judge-model"
-            llm, name = OpenAIBackend(OpenAIConfig(base_url=spec, model=model_name)), f"{spec}#{model_name}"
+            served = ModelProfile(name=model_name, weights=None)  # only the server holds it: prompts go uncut
+            llm, name = OpenAIBackend(OpenAIConfig(base_url=spec), served), f"{spec}#{model_name}"
         judge = cls(llm, PromptLibrary().get("judge"), name, JsonCache(cache_root(None) / "judge"))
         judge.probe()
         return judge

@@ -3,8 +3,9 @@ answers of two setups into one score.
 
 Its `answers` part holds what changes answers: the resolved config (less what only moves files or processes:
 cache folders, worker counts, log level, the config file's own path, the port of a KG server the run started
-itself, and whether the prompts are recorded), the content hash of the LLM's weights (models/llm/weights.py: the
-embedded GGUF and its converter's format, or the folder llm.hf.model names), the hash of every prompt file the
+itself, and whether the prompts are recorded), what names the LLM's weights (models/llm/weights.py: the model
+profile and the fingerprint of the weights this machine runs, or what a server on another machine reports it
+serves), the hash of every prompt file the
 config uses, the data file's hash, and the time limit. A resume compares that part and names every key that
 differs. The rest is a record: the selection, the judge and its prompt, the project commit, package versions,
 times. A change of judge only re-judges.
@@ -26,7 +27,7 @@ from loguru import logger
 
 from evaluation.data import Selection, data_pieces
 from models.config import REPO_ROOT, SystemConfig
-from models.llm.profile import load_profile, served_config
+from models.llm.profile import served_config
 from models.llm.weights import weights_of
 from models.prompting import PromptLibrary
 from utils.durable_io import write_atomic
@@ -69,7 +70,7 @@ def answer_inputs(config: SystemConfig, data: Path, time_limit_s: float | None, 
     if config.embedder.precision == "auto":  # resolved for this machine: a run resumed elsewhere may differ
         resolved["embedder"]["precision"] = f"auto: {config.embedder.effective_precision()}"
     if served_llm:  # as llm_for_run serves the profile; the port and the converted folder's place change
-        openai = served_config(config, load_profile(config.llm.profile), SERVED_LLM, SERVED_LLM).resolved()["llm"]
+        openai = served_config(config, SERVED_LLM).resolved()["llm"]
         resolved["llm"]["openai"] = openai["openai"]
     return {
         "config": resolved,

@@ -14,10 +14,11 @@ The command line is tools/budget_plan.py; tools/check_submission.py prints the s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from models.config import SystemConfig
 from models.estimates import Speed, StagePlan
+from models.llm.profile import load_profile
 from models.loading import pipeline_stages
 from models.prompting import PromptLibrary
 from utils.batch import MAX_BATCH_SIZE
@@ -28,9 +29,12 @@ __all__ = ["Plan", "Speed", "StagePlan", "format_plan", "largest_fitting_batch",
 def llm_stages(config: SystemConfig, prompts: PromptLibrary | None = None) -> list[StagePlan]:
     """The LLM calls a query can make under `config`, in the order of its strategy's stages (models/stages,
     `strategies` in the config), as each stage estimates them (`Stage.estimate`). Stages that make no LLM call, and
-    the multi-step ones whose number of calls depends on the question (hanrag, dualrag, multihop), add nothing."""
+    the multi-step ones whose number of calls depends on the question (hanrag, dualrag, multihop), add nothing. A
+    prompt counts at most the model profile's prompt_tokens: every backend cuts a longer one to that."""
     prompts = prompts or PromptLibrary(config.prompts)
-    return [plan for stage in pipeline_stages(config) for plan in stage.estimate(config, prompts)]
+    limit = load_profile(config.llm.profile).prompt_tokens
+    return [replace(plan, prompt_tokens=min(plan.prompt_tokens, limit))
+            for stage in pipeline_stages(config) for plan in stage.estimate(config, prompts)]
 
 
 @dataclass(frozen=True)

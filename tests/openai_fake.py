@@ -13,6 +13,10 @@
   ignored with a warning (one choice, no log-probabilities); `stop` becomes generate's `stop_strings`, which end
   generation with the stop string still in the decoded text; fields outside the schema are HTTP 422.
 
+GET /v1/models lists what the server serves, as vLLM's show_available_models
+(vllm/entrypoints/openai/serving_models.py) does: one ModelCard per served name (`models`: {id: (root,
+max_model_len)}), with its id, object "model", owned_by "vllm", root, parent null and max_model_len.
+
 The model is scripted: a reply is `answer_with(request body)` (default: the last message and " STOP tail"), one
 token per word; max_tokens cuts it (finish_reason "length"). Log-probabilities come from `logprobs_with(word,
 body)`: the alternatives of that word's step as [(token, logprob)], most likely first; the generated word's own
@@ -51,7 +55,8 @@ hold is HTTP 400, as vllm/entrypoints/openai/serving_engine.py `_validate_input`
                  refuse_logprobs: bool = False, raw_body: Callable[[dict], bytes | None] | None = None,
                  trickle_s: float | Callable[[dict], float] = 0.0, kind: str = "vllm",
                  hold: threading.Event | None = None, hold_s: float = 60.0, max_model_len: int | None = None,
-                 count_tokens: Callable[[list[dict]], int] | None = None, fail_after: int | None = None) -> None:
+                 count_tokens: Callable[[list[dict]], int] | None = None, fail_after: int | None = None,
+                 models: dict[str, tuple[str, int]] | None = None) -> None:
         if kind not in KINDS:
             raise ValueError(f"kind {kind!r}: one of {KINDS}")
         self.kind, self.requests, self.warnings = kind, [], []
@@ -61,6 +66,20 @@ hold is HTTP 400, as vllm/entrypoints/openai/serving_engine.py `_validate_input`
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):
                 pass
+
+            def do_GET(self):
+                if self.path != "/v1/models":
+                    self.send_error(404)
+                    return
+                cards = [{"id": name, "object": "model", "created": 0, "owned_by": "vllm", "root": root,
+                          "parent": None, "max_model_len": length, "permission": []}
+                         for name, (root, length) in (models or {}).items()]
+                data = json.dumps({"object": "list", "data": cards}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))

@@ -194,14 +194,13 @@ def dense_from_gguf(gguf: Path | None, out: Path, dtype: str, force: bool) -> Pa
     import torch
     from transformers import AutoModelForCausalLM
 
-    from models.config import HFConfig
     from models.llm.hf import converted_folder, resolve_model_folder
 
     if gguf is not None and not gguf.is_file():
         raise QuantizeError(f"--gguf {gguf}: no such file; give a .gguf model file (or leave --gguf out for the "
                             "embedded SmolLM2)")
     check_out(out, force)
-    source = converted_folder(gguf, None) if gguf else resolve_model_folder(HFConfig())  # float32, cached
+    source = converted_folder(gguf, None) if gguf else resolve_model_folder()  # float32, cached
     model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype))
     staging = staging_folder(out)
     try:

@@ -37,6 +37,7 @@ if str(REPO) not in sys.path:  # the grader runs from the repository root withou
     sys.path.insert(0, str(REPO))
 
 from evaluation.data import DataError  # noqa: E402 - after the sys.path line
+from models.llm.profile import load_profile, write_profile  # noqa: E402 - after the sys.path line
 from utils.answers import IDK  # noqa: E402 - after the sys.path line
 from utils.batch import answer_batch  # noqa: E402 - after the sys.path line
 from utils.cli import CommandParser, check_out, command  # noqa: E402 - after the sys.path line
@@ -88,14 +89,14 @@ def merged(base: dict, assignments: list[str]) -> dict:
     return base
 
 
-def cpu_swaps(model: Path) -> list[str]:
+def cpu_swaps(profile: Path) -> list[str]:
     """The config changes that put a GPU config on this machine's CPU (docs/decisions/vllm-rehearsal.md): the
-    LLM folder given, one worker, no tensor parallelism, bfloat16 where the CPU computes it natively (AMX or
-    AVX512-BF16; the CPU's float16 runs at half its speed) and float32 elsewhere (emulated bfloat16 is slower than
-    float32 there, and the T4 config's batches overrun the grader's limit), the packaged MiniLM for the embedder,
-    every device the CPU."""
+    LLM folder given (in `profile`, written with the config's profile's settings), one worker, no tensor
+    parallelism, bfloat16 where the CPU computes it natively (AMX or AVX512-BF16; the CPU's float16 runs at half its
+    speed) and float32 elsewhere (emulated bfloat16 is slower than float32 there, and the T4 config's batches overrun
+    the grader's limit), the packaged MiniLM for the embedder, every device the CPU."""
     dtype = "bfloat16" if bf16_supported("cpu") else "float32"
-    return [f"llm.vllm.model={model}", "llm.vllm.tensor_parallel_size=1", f"llm.vllm.dtype={dtype}",
+    return [f"llm.profile={profile}", "llm.vllm.tensor_parallel_size=1", f"llm.vllm.dtype={dtype}",
             "embedder.model=null", "embedder.device=cpu", "references.rerank.device=cpu", "references.workers=1"]
 
 
@@ -199,7 +200,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpu_model is not None and not (args.cpu_model / "config.json").is_file():
         raise ConfigError(f"--cpu-model {args.cpu_model}: no model folder (config.json); `make test-vllm` writes "
                           "runs/vllm/smollm2")
-    swaps = cpu_swaps(args.cpu_model.resolve()) if args.cpu_model is not None else []
+    swaps = []
+    if args.cpu_model is not None:
+        base = load_profile((yaml.safe_load(args.config.read_text(encoding="utf-8")) or {}).get("llm", {}).get(
+            "profile"))
+        profile = write_profile(args.out / "profile.yaml", base, args.cpu_model.resolve())
+        swaps = cpu_swaps(profile)
     config = merged(yaml.safe_load(args.config.read_text(encoding="utf-8")) or {}, swaps + args.sets)
     config_path = args.out / "config.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")

@@ -1,5 +1,5 @@
 """Fine-tune the answering model on judged runs (docs/how-to/fine-tune.md): build the data, train LoRA with TRL,
-merge the adapter into a model folder any config can name (`llm.hf.model`).
+merge the adapter into a model folder, with a profile that names it (FOLDER.yaml beside it: `--set llm.profile=...`).
 
     # training data from run folders made with --record-prompts and judged (a person's verdicts win)
     python tools/train_llm.py data --run runs/gate/gate-dev --run runs/gate/gate-kg --out runs/ft/data --folds 2
@@ -25,16 +25,15 @@ from pathlib import Path
 
 from models.config import ConfigError
 from training.judged_data import FORMS_OF_TARGET, MANIFEST_FILE, PAIRS_FILE, SFT_FILE, build, read_rows, write
-from training.llm_training import ADAPTER, METHODS, TrainSettings, merge, probe, train
+from training.llm_training import ADAPTER, METHODS, TrainSettings, merge, merged_profile, probe, train
 from utils.cli import check_out, command
 
 
 def embedded_model() -> Path:
-    """The model profile's folder (configs/models/default.yaml: the embedded SmolLM2, converted once)."""
-    from models.config import HFConfig
+    """The model profile's folder (configs/models/smollm2.yaml: the embedded SmolLM2, converted once)."""
     from models.llm.hf import resolve_model_folder
 
-    return resolve_model_folder(HFConfig())
+    return resolve_model_folder()
 
 
 def model_folder(path: Path | None, flag: str = "--model") -> Path:
@@ -92,14 +91,16 @@ def run_train(args: argparse.Namespace) -> int:
           f"{manifest['loss'][-1]['loss']:.3f}; wrote {manifest['output']}")
     if settings.lora_rank and not args.no_merge:
         merged = merge(model, args.out / ADAPTER, args.out / "merged")
-        print(f"merged into {merged}")
+        print(f"merged into {merged}; run it with --set llm.profile={merged_profile(merged)}")
     return 0
+
 
 
 def run_merge(args: argparse.Namespace) -> int:
     if not (args.adapter / "adapter_config.json").is_file():
         raise ConfigError(f"--adapter {args.adapter}: no adapter_config.json; give the adapter/ folder of a run")
-    print(f"merged into {merge(model_folder(args.model), args.adapter, args.out)}")
+    merged = merge(model_folder(args.model), args.adapter, args.out)
+    print(f"merged into {merged}; run it with --set llm.profile={merged_profile(merged)}")
     return 0
 
 

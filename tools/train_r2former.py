@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from evaluation.data import DataError, alternative_answers, check_data_file, is_crag_format, read_examples
 from models.config import REPO_ROOT, ConfigError, SystemConfig
+from models.llm.profile import load_profile
 from models.loading import load_config
 from models.prompting import PromptLibrary
 from models.retrieval.embedder import Embedder
@@ -106,7 +107,7 @@ class LMLoss:
 
         if config.llm.backend != "hf":
             raise ConfigError(f"{config.source}: --lm trains through the hf backend (llm.backend: hf)")
-        self.llm = HFBackend(config.llm.hf)
+        self.llm = HFBackend(config.llm.hf, load_profile(config.llm.profile))
         self.llm.model.requires_grad_(False)
         self.placeholder = self.llm.retrieval_placeholder()
         self.prompt = PromptLibrary(config.prompts).get("reasoning")

@@ -212,3 +212,11 @@ def probe(model_dir: Path, rows: list[dict[str, Any]], max_new_tokens: int = 48)
         outcome = "target" if same else "idk" if is_idk(got) else "other"
         found.setdefault(row["kind"], Counter())[outcome] += 1
     return found
+
+
+def merged_profile(merged: Path) -> Path:
+    """The profile a merged folder is run under (FOLDER.yaml beside it): the default profile's settings, its
+    weights."""
+    from models.llm.profile import load_profile, write_profile
+
+    return write_profile(merged.with_name(merged.name + ".yaml"), load_profile(), merged)

@@ -10,6 +10,7 @@ from typing import Any
 
 from evaluation.submission import Check
 from models.config import ConfigError
+from models.llm.profile import ModelProfile, load_profile
 from models.stages.hash_retriever import hash_settings
 from models.stages.r2ag import R2AGSettings
 
@@ -90,11 +91,12 @@ def check_config(repo: Path, config_path: str) -> tuple[Check, Check, Any]:
     except ConfigError as err:
         return Check("config", False, str(err)), Check("weights", False, "config not loaded"), None
     needed: list[tuple[str, Path, str]] = []  # (key, path, kind)
-    backend = config.llm.backend
-    if backend == "vllm":
-        needed.append(("llm.vllm.model", Path(config.llm.vllm.model), "model"))
-    elif backend == "hf" and config.llm.hf.model:
-        needed.append(("llm.hf.model", Path(config.llm.hf.model), "model"))
+    try:
+        profile = submission_profile(repo, config)
+    except ConfigError as err:
+        return Check("config", False, str(err)), Check("weights", False, "model profile not loaded"), None
+    if config.llm.backend in ("vllm", "hf") and profile.weights is not None and profile.weights.path is not None:
+        needed.append((f"{config.llm.profile} weights.path", Path(profile.weights.path), "model"))
     if config.embedder.model:
         needed.append(("embedder.model", Path(config.embedder.model), "folder"))
     if config.references.rerank.model:
@@ -113,11 +115,24 @@ def check_config(repo: Path, config_path: str) -> tuple[Check, Check, Any]:
             missing.append(f"{key}: {path} not found")
         elif kind == "model" and not (full.suffix == ".gguf" and full.is_file() or full.is_dir() and _weights(full)):
             missing.append(f"{key}: {path} holds no model weights (config.json and *.safetensors)")
-    config_check = Check("config", True, f"{config_path}: backend {backend}, task {config.task}, "
-                                         f"batch_size {config.batch_size}")
+    config_check = Check("config", True, f"{config_path}: backend {config.llm.backend}, model {profile.name} "
+                                         f"({config.llm.profile}), task {config.task}, batch_size {config.batch_size}")
     detail = "; ".join(missing) if missing else f"{len(needed)} paths present"
     return config_check, Check("weights", not missing, detail), config
 
+
+
+def submission_profile(repo: Path, config: Any) -> ModelProfile:
+    """The config's model profile as the submission holds it (llm.profile, relative to its folder); a ConfigError
+    naming the file where it is wrong. Its weights need not be present."""
+    return load_profile(str(submission_path(repo, config.llm.profile)))
+
+
+def submission_model(repo: Path, config: Any) -> str:
+    """The model folder the config's profile names, as written (relative to the submission's folder), or "" for a
+    profile whose weights are a package or on a server only."""
+    weights = submission_profile(repo, config).weights
+    return weights.path if weights is not None and weights.path is not None else ""
 
 
 def submission_path(repo: Path, path: str) -> Path:

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from evaluation.submission import Check
-from evaluation.submission.files import submission_path
+from evaluation.submission.files import submission_model, submission_path, submission_profile
+from models.llm.profile import engine_dtype
 from models.stages.r2ag import R2AGSettings
 from utils.model_folders import FolderError, check_folder
 
@@ -21,7 +22,7 @@ T4_BYTES = 15109 * 2**20
 VLLM_BATCHED_TOKENS = 8192
 FIXED_MARGIN_BYTES = 2**30  # CUDA context, cuBLAS workspaces, NCCL buffers per GPU: assumed, not measured
 CUDA_GRAPHS_BYTES = 2**29  # vLLM's captured CUDA graphs (none with enforce_eager): assumed, not measured
-# What each kind of model folder accepts as llm.vllm.quantization (None: vLLM reads quantization_config). A
+# What each kind of model folder accepts as the profile's quantization (None: vLLM reads quantization_config). A
 # mismatch is refused at load (vllm/config/model.py _verify_quantization); GPTQ folders may also take the Marlin
 # kernel by name.
 QUANTIZATION_ACCEPTS = {
@@ -92,36 +93,37 @@ def check_model_folder(repo: Path, config: Any) -> Check | None:
     transformers 5's rope_parameters would be served with 4.57's default base (vllm backend only)."""
     if config.llm.backend != "vllm":
         return None
-    settings = config.llm.vllm
-    folder = submission_path(repo, settings.model)
-    if not (folder / "config.json").is_file():
+    model = submission_model(repo, config)
+    folder = submission_path(repo, model)
+    if not model or not (folder / "config.json").is_file():
         return None  # the quantization row says so
     try:
         check_folder(folder)
     except FolderError as err:
         return Check("model folder", False, str(err))
-    return Check("model folder", True, f"{settings.model}: the RoPE transformers 5 and 4.57 read agree")
+    return Check("model folder", True, f"{model}: the RoPE transformers 5 and 4.57 read agree")
 
 
 def check_quantization(repo: Path, config: Any) -> Check | None:
-    """llm.vllm.quantization against the model folder's quantization_config (vllm backend only)."""
+    """The profile's quantization against the model folder's quantization_config (vllm backend only)."""
     if config.llm.backend != "vllm":
         return None
-    settings = config.llm.vllm
-    folder = submission_path(repo, settings.model)
-    data = model_config(folder)
+    model = submission_model(repo, config)
+    key = f"{config.llm.profile} quantization"
+    data = model_config(submission_path(repo, model)) if model else None
     if data is None:
-        return Check("quantization", True, f"{settings.model}: no config.json, not checked (see weights)", warn=True)
+        return Check("quantization", True, f"{model or config.llm.profile}: no config.json, not checked (see "
+                                           "weights)", warn=True)
     quant = folder_quantization(data)
-    method, chosen = quant["method"], settings.quantization
+    method, chosen = quant["method"], submission_profile(repo, config).quantization
     accepted = QUANTIZATION_ACCEPTS.get(method, (None, method))
     what = ("unquantized" if method is None else
             f"{method} {quant['format'] or ''} {quant['bits']}-bit, group {quant['group_size']}".replace("  ", " "))
     if chosen not in accepted:
         fix = " or ".join("null" if a is None else a for a in accepted)
-        return Check("quantization", False, f"llm.vllm.quantization is {chosen!r} but {settings.model} is {what}: "
+        return Check("quantization", False, f"{key} is {chosen!r} but {model} is {what}: "
                                             f"set it to {fix} (vLLM refuses the mismatch at load)")
-    return Check("quantization", True, f"{settings.model}: {what}; llm.vllm.quantization "
+    return Check("quantization", True, f"{model}: {what}; {key} "
                                        f"{'null (read from the folder)' if chosen is None else chosen}")
 
 
@@ -180,14 +182,15 @@ def estimated_weight_bytes(data: dict, quant: dict) -> float:
 
 def memory_plan(repo: Path, config: Any) -> MemoryPlan | str:
     """The per-GPU plan of the config's vLLM engine on T4s, or why none can be made."""
-    settings = config.llm.vllm
-    folder = submission_path(repo, settings.model)
-    data = model_config(folder)
+    settings, profile = config.llm.vllm, submission_profile(repo, config)
+    model = submission_model(repo, config)
+    folder = submission_path(repo, model)
+    data = model_config(folder) if model else None
     if data is None:
-        return f"{settings.model}: no config.json to plan from"
+        return f"{model or config.llm.profile}: no config.json to plan from"
     keys = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size")
     if any(not isinstance(data.get(k), int) for k in keys):
-        return f"{settings.model}/config.json lacks {', '.join(k for k in keys if not isinstance(data.get(k), int))}"
+        return f"{model}/config.json lacks {', '.join(k for k in keys if not isinstance(data.get(k), int))}"
     tp = settings.tensor_parallel_size
     declared = safetensors_bytes(folder)
     total: float
@@ -198,13 +201,13 @@ def memory_plan(repo: Path, config: Any) -> MemoryPlan | str:
     heads = data["num_attention_heads"]
     head_dim = data.get("head_dim") or data["hidden_size"] // heads
     kv_heads = data.get("num_key_value_heads") or heads
-    wide = DTYPE_BYTES.get(settings.dtype, DTYPE_BYTES.get(str(data.get("torch_dtype")), 2))
+    wide = DTYPE_BYTES.get(engine_dtype(profile, settings), DTYPE_BYTES.get(str(data.get("torch_dtype")), 2))
     kv_bytes = 1 if settings.kv_cache_dtype.startswith("fp8") else wide
     kv_per_token = 2 * data["num_hidden_layers"] * max(1, kv_heads // tp) * head_dim * kv_bytes
     activations = VLLM_BATCHED_TOKENS * (4 * data["hidden_size"] + 2 * data["intermediate_size"] / tp) * wide
     margin = FIXED_MARGIN_BYTES + (0 if settings.enforce_eager else CUDA_GRAPHS_BYTES) + activations
     return MemoryPlan(total / tp, source, kv_per_token, margin, T4_BYTES * settings.gpu_memory_utilization,
-                      config.batch_size, settings.max_model_len)
+                      config.batch_size, profile.max_model_len)
 
 
 
@@ -257,7 +260,7 @@ def check_prompt_embeds(repo: Path, config: Any) -> Check | None:
                                                 "graphs; set it to false", warn=True)
     if not enabled:
         return Check("prompt embeddings", True, "off (R2AG prompt mode not used)")
-    data = model_config(submission_path(repo, config.llm.vllm.model)) or {}
+    data = model_config(submission_path(repo, submission_model(repo, config))) or {}
     size = (f"{data['vocab_size'] * data['hidden_size'] * 2 / 1e9:.2f} GB" if isinstance(data.get("vocab_size"), int)
             and isinstance(data.get("hidden_size"), int) else "vocabulary x hidden x 2 bytes")
     return Check("prompt embeddings", True, f"on for R2AG prompt mode: the input embeddings take {size} of host "
@@ -271,8 +274,8 @@ def check_finetuned(repo: Path, config: Any) -> Check | None:
     adapter it was merged from (vllm backend only)."""
     if config.llm.backend != "vllm":
         return None
-    settings = config.llm.vllm
-    merged = submission_path(repo, settings.model) / "merged_from.json"
+    settings, model = config.llm.vllm, submission_model(repo, config)
+    merged = submission_path(repo, model) / "merged_from.json"
     if settings.lora:
         adapter = submission_path(repo, settings.lora)
         try:
@@ -282,14 +285,14 @@ def check_finetuned(repo: Path, config: Any) -> Check | None:
                                               "give the adapter/ folder of `tools/train_llm.py train`")
         if not any(adapter.glob("adapter_model.*")):
             return Check("fine-tuned", False, f"llm.vllm.lora {settings.lora}: no adapter_model.safetensors")
-        method = folder_quantization(model_config(submission_path(repo, settings.model)) or {})["method"]
+        method = folder_quantization(model_config(submission_path(repo, model)) or {})["method"]
         if method is not None:
             return Check("fine-tuned", True, f"LoRA rank {rank} on a {method} base: merge it into the fp16 base and "
                                              "quantize the merged folder instead (docs/how-to/fine-tune.md)", warn=True)
         return Check("fine-tuned", True, f"LoRA adapter {settings.lora}, rank {rank}, applied by the engine")
     if merged.is_file():
         origin = json.loads(merged.read_text(encoding="utf-8"))
-        return Check("fine-tuned", True, f"{settings.model}: merged from base {origin['base_weights_sha256'][:12]} "
+        return Check("fine-tuned", True, f"{model}: merged from base {origin['base_weights_sha256'][:12]} "
                                          f"and adapter {origin['adapter_weights_sha256'][:12]}")
     return None
 

@@ -20,22 +20,16 @@ Dynamism = Literal["static", "slow-changing", "fast-changing", "real-time"]
 class HFConfig:
     """transformers backend (`llm.backend: hf`)."""
 
-    model: str | None = None
-    """An HF model folder or a .gguf file (converted once to an HF folder in `cache_dir`); null: the model profile's
-    weights (llm.profile: the embedded SmolLM2-135M-Instruct GGUF)."""
     device: str = "cpu"
     """torch device: cpu, cuda or cuda:N."""
     dtype: Literal["float32", "float16", "bfloat16", "auto"] = "float32"
     """Weights and activations dtype; auto: the model's. float32 also on CUDA (configs/overlays/cuda.yaml), so
     answers compare with make eval's CPU run."""
-    max_input_tokens: Annotated[int, Ge(64)] | None = None
-    """Prompt tokens at most; a longer prompt is cut, its head and tail kept. null: the model profile's
-    prompt_tokens."""
     micro_batch_size: Annotated[int, Ge(1)] = 8
     """Conversations per forward pass; each micro-batch starts only if the batch deadline affords reading its
     prompts (longer prompts are cut to what it affords)."""
     cache_dir: str | None = None
-    """Where a .gguf model is converted to an HF folder (hf/ under it); null: $CRAG_CACHE_DIR, else
+    """Where a .gguf profile's weights are converted to an HF folder (hf/ under it); null: $CRAG_CACHE_DIR, else
     ~/.cache/crag-harness."""
 
 
@@ -45,8 +39,6 @@ class OpenAIConfig:
 
     base_url: str = "http://127.0.0.1:8000/v1"
     """The server's API root: `vllm serve --host H --port P` serves http://H:P/v1."""
-    model: str = "default"
-    """The model name sent with each request (the server's --served-model-name)."""
     api_key_env: str = "OPENAI_API_KEY"
     """The environment variable holding the API key; unset or empty: "EMPTY" (a server started without --api-key
     takes any key)."""
@@ -63,30 +55,21 @@ class OpenAIConfig:
     native_n: bool = False
     """true when the server honours n > 1 in one request (vLLM does, reading the prompt once); false: n requests
     (transformers serve ignores n)."""
-    max_input_tokens: Annotated[int, Ge(64)] | None = None
-    """Prompt tokens at most, counted with `tokenizer`'s chat template; a longer prompt's longest message loses its
-    middle, as the hf backend cuts. null: no cut (the server refuses a prompt over its length). --serve-llm sets it
-    to the model profile's prompt_tokens."""
-    tokenizer: str | None = None
-    """A model folder whose tokenizer counts prompt tokens for max_input_tokens; --serve-llm sets it to the served
-    folder."""
+    weights: Literal["server", "profile"] = "server"
+    """Where a run's record finds the weights that answer. server: on the server's machine, named by what its
+    /v1/models reports (id, root, max_model_len), never hashed here; profile: the profile's weights on this
+    machine, which the server serves (--serve-llm sets it)."""
 
 
 @dataclass
 class VLLMConfig:
-    """In-process vLLM (`llm.backend: vllm`, the competition path)."""
+    """The vLLM engine's hardware choices: in-process (`llm.backend: vllm`, the competition path), and the server
+    `serve-command` prints for the profile (`llm.backend: openai`). The model is the profile's."""
 
-    model: str = ""
-    """The model folder vLLM loads (its config.json, tokenizer and weights, quantised or not)."""
     tensor_parallel_size: int = 1
     """GPUs the model is split over (tensor parallelism)."""
-    quantization: str | None = None
-    """vLLM's quantization method; null: read from the folder's quantization_config (compressed-tensors, as
-    tools/quantize.py writes). A GPTQ-format folder takes gptq or gptq_marlin (tools/check_submission.py checks)."""
     dtype: str = "auto"
-    """Activation dtype; auto: the model's (bfloat16 for Llama-3). T4s have no bfloat16: float16 there."""
-    max_model_len: int = 4096
-    """Tokens per sequence, prompt and answer together; a longer prompt gets no answer. It sizes the KV cache."""
+    """The dtype the hardware forces; auto: the model profile's. T4s have no bfloat16: float16 there."""
     gpu_memory_utilization: float = 0.9
     """The share of each GPU's memory vLLM takes for weights, activations and KV cache."""
     enforce_eager: bool = False
@@ -112,9 +95,9 @@ class LLMConfig:
 
     backend: Literal["hf", "openai", "vllm"] = "hf"
     """hf: transformers in this process; openai: an OpenAI-compatible server; vllm: in-process vLLM."""
-    profile: str = "configs/models/default.yaml"
-    """The model profile: where the default weights come from, the name, dtype and length --serve-llm serves them
-    with, and the prompt limit (docs/how-to/swap-the-model.md)."""
+    profile: str = "configs/models/smollm2.yaml"
+    """The model profile, the one home of the model every backend runs: its weights, served name, quantization,
+    context length, prompt limit and dtype (docs/how-to/swap-the-model.md)."""
     hf: HFConfig = field(default_factory=HFConfig)
     """Settings of the hf backend (transformers on CPU or CUDA)."""
     openai: OpenAIConfig = field(default_factory=OpenAIConfig)

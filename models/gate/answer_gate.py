@@ -59,15 +59,15 @@ def signal_setup(config: dict[str, Any], prompt_digests: dict[str, str],
                  weights: dict[str, str] | None = None) -> dict[str, Any]:
     """What produces the signals a gate reads, from a resolved config as plain JSON (a run manifest's
     `answers.config`), the prompts' digests and the weights' (a run manifest's `answers.weights`; None: hashed
-    now, models/llm/weights.py): the LLM (backend, model, for hf its dtype, the weights), the reasoning settings, the
+    now, models/llm/weights.py): the LLM (backend, in-process dtype, the profile and its weights' fingerprint or the
+server's report), the reasoning settings, the
     reasoning prompts it renders (`answering`) and the KG stage's method, which makes the `kg.*` signals. A gate fit
     on one setup is refused by a config of another."""
     llm = config.get("llm") or {}
     backend = llm.get("backend")
-    chosen = llm.get(backend) or {}
-    model = {"backend": backend, "model": chosen.get("model")}
-    if backend == "hf":
-        model["dtype"] = chosen.get("dtype")
+    model = {"backend": backend}
+    if backend in ("hf", "vllm"):  # the dtype that runs in-process (a served engine's is on its own machine)
+        model["dtype"] = (llm.get(backend) or {}).get("dtype")
     model.update(weights_of(llm) if weights is None else weights)
     return answering({"llm": model, "reasoning": config.get("reasoning"),
                       "prompts": {name: prompt_digests.get(name) for name in SIGNAL_PROMPTS},

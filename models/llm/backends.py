@@ -17,10 +17,8 @@ BACKENDS.register_lazy("vllm", "models.llm.vllm:VLLMBackend")
 
 
 def create_llm(config: LLMConfig) -> LLM:
-    backend: Callable[[object], LLM] = BACKENDS.get(config.backend)  # each backend class takes its own section
-    section = getattr(config, config.backend)
-    if config.backend == "hf":  # what llm.hf leaves to the config's model profile
-        from models.llm.profile import hf_settings, load_profile
+    """The backend `config.backend` names, running the model of the profile `config.profile` names."""
+    from models.llm.profile import load_profile
 
-        section = hf_settings(section, load_profile(config.profile))
-    return backend(section)
+    backend: Callable[[object, object], LLM] = BACKENDS.get(config.backend)  # each class: its section, the profile
+    return backend(getattr(config, config.backend), load_profile(config.profile))

@@ -29,7 +29,7 @@ from models.llm.backend import (
     TopLogprobs,
     cut_at_stop,
 )
-from models.llm.profile import hf_settings
+from models.llm.profile import ModelProfile, load_profile, load_tokenizer
 from models.llm.weights import FOLDER_FORMAT
 from utils.cache import cache_root
 from utils.model_folders import portable_folder
@@ -78,16 +78,17 @@ def converted_folder(gguf: Path, cache_dir: str | None) -> Path:
     return target
 
 
-def resolve_model_folder(config: HFConfig) -> Path:
-    """The HF folder `config` loads: llm.hf.model (a .gguf converted once), or the model profile's weights."""
-    config = hf_settings(config)
-    assert config.model is not None  # hf_settings fills it
-    path = Path(config.model).expanduser()
+def resolve_model_folder(profile: ModelProfile | None = None, cache_dir: str | None = None) -> Path:
+    """The HF folder of the profile's weights (default: the default profile's): a .gguf converted once under
+    `cache_dir`, or the folder itself."""
+    profile = profile or load_profile()
+    path = profile.weights_path()
     if path.suffix == ".gguf" and path.is_file():
-        return converted_folder(path, config.cache_dir)
+        return converted_folder(path, cache_dir)
     if (path / "config.json").is_file():
         return path
-    raise BackendUnavailable(f"hf model '{config.model}' is neither a .gguf file nor an HF folder with config.json")
+    raise BackendUnavailable(f"{profile.source or profile.name}: weights {path} are neither a .gguf file nor an HF "
+                             "folder with config.json")
 
 
 MIN_PROMPT_TOKENS = 256  # a micro-batch that cannot read this much of each prompt before its deadline is not started
@@ -199,14 +200,15 @@ def _new_tokens(kwargs: dict[str, object]) -> int:
 
 
 class HFBackend:
-    def __init__(self, config: HFConfig) -> None:
-        self.config = config = hf_settings(config)  # what llm.hf leaves to the default model profile
+    def __init__(self, config: HFConfig, profile: ModelProfile | None = None) -> None:
+        self.config = config
+        self.profile = profile = profile or load_profile()
         started = time.perf_counter()
         hf_logging.disable_progress_bar()  # load time is logged below; per-tensor bars only clutter stderr
-        self.folder = resolve_model_folder(config)
+        self.folder = resolve_model_folder(profile, config.cache_dir)
         # Any: transformers' annotations do not say what these objects' calls return (BatchEncoding or list[int],
         # tensors or tuples), so the code below states it where it reads them
-        self.tokenizer: Any = AutoTokenizer.from_pretrained(self.folder)
+        self.tokenizer: Any = load_tokenizer(self.folder, profile)
         if self.tokenizer.chat_template is None:
             raise BackendUnavailable(f"{self.folder}: the tokenizer has no chat template")
         self.tokenizer.padding_side = "left"
@@ -250,7 +252,7 @@ class HFBackend:
 
         `_DeadlineClock` stops the decoding and gives up a read the deadline cannot finish, but a prompt read past
         its share leaves no time to decode. So the prompts of a micro-batch are cut (head and tail kept, as for
-        max_input_tokens) to what PREFILL_SHARE of the time left can read at the measured prefill rate when they are
+        prompt_tokens) to what PREFILL_SHARE of the time left can read at the measured prefill rate when they are
         longer (counted padded, rows x the longest, as the forward pass reads them), and a micro-batch that could
         not read even MIN_PROMPT_TOKENS each is not started (decided before encoding, which takes time too): those
         conversations get no sample. Prompts of at most MIN_PROMPT_TOKENS always go while the deadline has not
@@ -303,13 +305,12 @@ class HFBackend:
 
     def prompt_ids(self, conversation: Conversation, embeddings: np.ndarray | torch.Tensor | None = None,
                    limit: int | None = None) -> tuple[list[int], np.ndarray | torch.Tensor | None]:
-        """The chat-templated ids of `conversation`, cut to `limit` (default max_input_tokens), and the rows of
-        `embeddings` whose placeholders survived the cut (one row per placeholder, in order; a count mismatch is
-        a ValueError)."""
+        """The chat-templated ids of `conversation`, cut to `limit` (default the profile's prompt_tokens), and the
+        rows of `embeddings` whose placeholders survived the cut (one row per placeholder, in order; a count mismatch
+        is a ValueError)."""
         ids: list[int] = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True,
                                                             return_dict=True)["input_ids"]
-        limit = limit or self.config.max_input_tokens
-        assert limit is not None  # hf_settings fills max_input_tokens
+        limit = limit or self.profile.prompt_tokens
         spans = kept_spans(len(ids), limit)
         if len(spans) > 1:
             logger.warning("prompt of {} tokens cut to {}", len(ids), limit)

@@ -28,6 +28,7 @@ from models.llm.backend import (
     TopLogprobs,
     cut_at_stop,
 )
+from models.llm.profile import ModelProfile
 from utils.retry import backoff
 from utils.time_budget import Deadline
 from utils.token_cut import kept_spans
@@ -60,17 +61,21 @@ class CutByDeadline(RuntimeError):
 
 
 class PromptLimit:
-    """The openai backend's prompt cut (llm.openai.max_input_tokens, counted with llm.openai.tokenizer's chat
+    """The openai backend's prompt cut (the profile's prompt_tokens, counted with the profile's tokenizer and chat
     template): an over-long conversation's longest message keeps its head quarter and tail, as the hf backend cuts
     its prompt ids (utils/token_cut.py). The server then never refuses a prompt the hf backend would have read."""
 
     ROUNDS = 3  # a cut text can tokenize a few tokens longer than its pieces: cut again, at most this often
 
-    def __init__(self, folder: str, limit: int) -> None:
-        from transformers import AutoTokenizer
+    def __init__(self, profile: ModelProfile) -> None:
+        from models.llm.profile import load_tokenizer
 
-        self.tokenizer: Any = AutoTokenizer.from_pretrained(folder)
-        self.limit = limit
+        if profile.tokenizer is None and profile.weights is None:
+            raise BackendUnavailable(f"{profile.source or profile.name}: names no weights and no tokenizer to count "
+                                     "prompt tokens with")
+        folder = None if profile.tokenizer else tokenizer_folder(profile)
+        self.tokenizer: Any = load_tokenizer(folder, profile)
+        self.limit = profile.prompt_tokens
 
     def length(self, conversation: Conversation) -> int:
         return len(self.tokenizer.apply_chat_template(list(conversation), add_generation_prompt=True, tokenize=True,
@@ -94,24 +99,59 @@ class PromptLimit:
         return conversation
 
 
+def tokenizer_folder(profile: ModelProfile):
+    """The folder of the profile's weights on this machine, for their tokenizer; BackendUnavailable naming the fix
+    where the weights are on the server's machine only."""
+    from models.llm.hf import resolve_model_folder
+
+    try:
+        return resolve_model_folder(profile)
+    except BackendUnavailable as err:
+        raise BackendUnavailable(f"{err}: the openai backend counts prompt tokens with the profile's tokenizer; copy "
+                                 "the folder's tokenizer files here and name them in the profile's tokenizer:") \
+            from None
+
+
+def server_report(config: OpenAIConfig, name: str) -> dict[str, Any]:
+    """What the server at llm.openai.base_url says it serves under `name`, from its GET /models (vLLM's
+    show_available_models, vllm/entrypoints/openai/serving_models.py: a ModelCard's id, root and max_model_len).
+    BackendUnavailable where it cannot be reached or serves no such model."""
+    url = config.base_url.rstrip("/") + "/models"
+    key = os.environ.get(config.api_key_env) or "EMPTY"
+    try:
+        reply = httpx.get(url, headers={"Authorization": f"Bearer {key}"}, timeout=config.request_timeout_s)
+        reply.raise_for_status()
+        cards = reply.json().get("data") or []
+    except (httpx.HTTPError, ValueError, AttributeError) as err:
+        raise BackendUnavailable(f"{url}: no list of served models ({_short(err)}); start the server "
+                                 "(`local_evaluation.py serve-command` prints its command) or fix "
+                                 "llm.openai.base_url") from None
+    card = next((c for c in cards if isinstance(c, dict) and c.get("id") == name), None)
+    if card is None:
+        served = ", ".join(str(c.get("id")) for c in cards if isinstance(c, dict)) or "none"
+        raise BackendUnavailable(f"{url} serves no model {name!r} (it serves: {served}); serve the profile's "
+                                 "model under its name, or name the served one in the profile")
+    return {"id": card.get("id"), "root": card.get("root"), "max_model_len": card.get("max_model_len")}
+
+
 class OpenAIBackend:
-    def __init__(self, config: OpenAIConfig) -> None:
+    def __init__(self, config: OpenAIConfig, profile: ModelProfile) -> None:
         self.config = config
-        self.prompt_limit = (PromptLimit(config.tokenizer, config.max_input_tokens)
-                             if config.tokenizer and config.max_input_tokens else None)
+        self.model = profile.name
+        self.prompt_limit = PromptLimit(profile) if profile.weights or profile.tokenizer else None
         self.client = openai.OpenAI(base_url=config.base_url, api_key=os.environ.get(config.api_key_env) or "EMPTY",
                                     max_retries=0, timeout=config.request_timeout_s)
         self.logprobs_refused = False  # the server answered a request for log-probabilities with HTTP 400
         self.n_ignored = False  # the server answered a request for n samples with fewer (said once)
         self.logprobs_ignored = False  # the server answered a request for log-probabilities without them (said once)
-        logger.info("openai backend: model {} at {}", config.model, config.base_url)
+        logger.info("openai backend: model {} at {}", self.model, config.base_url)
 
     def probe(self) -> None:
         """One request of one token, before any work: a wrong API key, model name or URL raises BackendUnavailable
         with one line naming what to fix, instead of every later answer turning into "i don't know"."""
-        where = f"{self.config.base_url} (model {self.config.model!r})"
+        where = f"{self.config.base_url} (model {self.model!r})"
         try:
-            self.client.chat.completions.create(model=self.config.model, messages=[{"role": "user", "content": "OK?"}],
+            self.client.chat.completions.create(model=self.model, messages=[{"role": "user", "content": "OK?"}],
                                                 max_tokens=1, timeout=self.config.request_timeout_s)
         except openai.AuthenticationError as err:
             raise BackendUnavailable(f"{where} refused the API key (HTTP {err.status_code}): set "
@@ -185,7 +225,7 @@ class OpenAIBackend:
         logprobs = ({"logprobs": True, **({"top_logprobs": params.top_logprobs} if params.top_logprobs else {})}
                     if (params.logprobs or params.top_logprobs) and not self.logprobs_refused else {})
         try:
-            reply = self._post(timeout, model=self.config.model, messages=messages, max_tokens=params.max_tokens,
+            reply = self._post(timeout, model=self.model, messages=messages, max_tokens=params.max_tokens,
                                temperature=params.temperature, n=n, stop=params.stop or None, seed=params.seed,
                                **logprobs)
         except (openai.BadRequestError, openai.UnprocessableEntityError) as err:

@@ -18,11 +18,13 @@ import numpy as np
 import torch
 from loguru import logger
 
-from models.config import VLLMConfig
+from models.config import VLLMConfig, resolve_path
 from models.llm.backend import DEADLINE, LENGTH, STOP, BackendUnavailable, Conversation, GenParams, Sample, TopLogprobs
-from models.llm.hf import RETRIEVAL_TOKEN
+from models.llm.hf import RETRIEVAL_TOKEN, resolve_model_folder
+from models.llm.profile import ModelProfile, engine_dtype
 from utils.model_folders import FolderError, check_folder, forward_mismatches
 from utils.servers import ENGINE_ON_LOOPBACK
+from utils.token_cut import kept_spans
 
 # The input embedding matrix (vocabulary x hidden) of Llama-family folders. Quantizers leave it in 16 bits:
 # llm-compressor quantizes Linear layers only (embed_tokens is an Embedding), GPTQ folders likewise.
@@ -99,13 +101,16 @@ def lora_rank(adapter: str | Path) -> int:
     return fitting[0]
 
 
-def engine_kwargs(config: VLLMConfig) -> dict:
-    """The keywords VLLMBackend gives `vllm.LLM` (which passes them on to the release's EngineArgs)."""
-    kwargs = {"model": config.model, "tensor_parallel_size": config.tensor_parallel_size,
-              "quantization": config.quantization, "dtype": config.dtype, "max_model_len": config.max_model_len,
-              "gpu_memory_utilization": config.gpu_memory_utilization, "enforce_eager": config.enforce_eager,
-              "seed": config.seed, "kv_cache_dtype": config.kv_cache_dtype,
+def engine_kwargs(config: VLLMConfig, profile: ModelProfile, folder: str | Path) -> dict:
+    """The keywords VLLMBackend gives `vllm.LLM` (which passes them on to the release's EngineArgs): the profile's
+    model in `folder`, on the config's hardware."""
+    kwargs = {"model": str(folder), "tensor_parallel_size": config.tensor_parallel_size,
+              "quantization": profile.quantization, "dtype": engine_dtype(profile, config),
+              "max_model_len": profile.max_model_len, "gpu_memory_utilization": config.gpu_memory_utilization,
+              "enforce_eager": config.enforce_eager, "seed": config.seed, "kv_cache_dtype": config.kv_cache_dtype,
               "enable_prompt_embeds": config.enable_prompt_embeds}
+    if profile.tokenizer:
+        kwargs["tokenizer"] = str(resolve_path(profile.tokenizer))
     if config.lora:
         kwargs.update(enable_lora=True, max_lora_rank=lora_rank(config.lora), max_loras=1)
     return kwargs
@@ -133,22 +138,24 @@ def check_engine_config(folder: str | Path) -> None:
 
 
 class VLLMBackend:
-    def __init__(self, config: VLLMConfig) -> None:
+    def __init__(self, config: VLLMConfig, profile: ModelProfile) -> None:
         try:
             import vllm
         except ImportError as err:
             raise BackendUnavailable("vllm is not installed: use requirements.txt on a CUDA machine, "
                                      "or choose llm.backend hf or openai") from err
-        if not config.model:
-            raise BackendUnavailable("llm.vllm.model is empty: set it to the local model folder")
         self._vllm = vllm
-        check_engine_config(config.model)
+        self.profile = profile
+        folder = resolve_model_folder(profile)
+        self._template = profile.chat_template_text()
+        check_engine_config(folder)
         started = time.perf_counter()
         # Read before the engine starts, so that a folder without it fails before minutes of loading.
-        self._table = load_input_embeddings(config.model, config.dtype) if config.enable_prompt_embeds else None
+        self._table = (load_input_embeddings(folder, engine_dtype(profile, config)) if config.enable_prompt_embeds
+                       else None)
         for key, value in ENGINE_ON_LOOPBACK.items():  # the engine core inherits it; a user's own setting stays
             os.environ.setdefault(key, value)
-        self.engine = vllm.LLM(**engine_kwargs(config))
+        self.engine = vllm.LLM(**engine_kwargs(config, profile, folder))
         self._lora = None
         if config.lora:
             from vllm.lora.request import LoRARequest
@@ -159,7 +166,7 @@ class VLLMBackend:
         # The engine core is a child process: it is stopped while the interpreter is whole (atexit hooks run before
         # the weakref finalizers vLLM leaves it to), as the grader never calls close.
         atexit.register(self.close)
-        logger.info("vllm model {} loaded in {:.1f} s{}", config.model, time.perf_counter() - started,
+        logger.info("vllm model {} loaded in {:.1f} s{}", folder, time.perf_counter() - started,
                     "" if self._table is None else f"; input embeddings {tuple(self._table.shape)} "
                     f"{self._table.dtype} in host memory ({self._table.nbytes / 1e9:.2f} GB) for R2AG")
 
@@ -203,9 +210,18 @@ class VLLMBackend:
         if self._unservable(params, len(conversations)):
             return [[] for _ in conversations]
         tokenizer = self.engine.get_tokenizer()
-        return self._run([{"prompt_token_ids": list(tokenizer.apply_chat_template(c, add_generation_prompt=True,
-                                                                                  tokenize=True))}
-                          for c in conversations], params)
+        return self._run([{"prompt_token_ids": self._prompt_ids(tokenizer, c)} for c in conversations], params)
+
+    def _prompt_ids(self, tokenizer, conversation: Conversation) -> list[int]:
+        """The conversation's chat-templated ids (the profile's template where it names one), cut to its
+        prompt_tokens with the head and tail kept, as the hf backend cuts."""
+        template = {} if self._template is None else {"chat_template": self._template}
+        ids = list(tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True,
+                                              return_dict=False, **template))
+        spans = kept_spans(len(ids), self.profile.prompt_tokens)
+        if len(spans) > 1:
+            logger.warning("prompt of {} tokens cut to {}", len(ids), self.profile.prompt_tokens)
+        return [token for span in spans for token in ids[span]]
 
     def _generate_with_embeddings(self, conversations: Sequence[Conversation], embeddings: list[np.ndarray],
                                   params: GenParams) -> list[list[Sample]]:
@@ -223,8 +239,7 @@ class VLLMBackend:
                 rows = rows.reshape(len(rows), -1) if rows.size else rows.reshape(0, table.shape[1])
                 prompts.append(embeds_prompt(tokenizer, table, conversation, rows))
             else:
-                prompts.append({"prompt_token_ids": list(tokenizer.apply_chat_template(
-                    conversation, add_generation_prompt=True, tokenize=True))})
+                prompts.append({"prompt_token_ids": self._prompt_ids(tokenizer, conversation)})
         return self._run(prompts, params)
 
     def _unservable(self, params: GenParams, count: int) -> bool:

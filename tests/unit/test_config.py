@@ -4,6 +4,7 @@ import sys
 import pytest
 
 from models.config import REPO_ROOT, ConfigError, SystemConfig
+from models.llm.profile import load_profile
 from models.loading import load_config
 from tests.conftest import write
 
@@ -13,17 +14,20 @@ def test_shipped_configs_load():
     gpu = load_config(REPO_ROOT / "configs" / "t4x4-llama3-70b-gptq.yaml")
     assert cpu.llm.backend == "hf" and 1 <= cpu.batch_size <= 16
     assert gpu.llm.backend == "vllm" and gpu.llm.vllm.tensor_parallel_size == 4
-    assert gpu.llm.vllm.dtype == "float16" and gpu.llm.vllm.quantization is None  # the folder's compressed-tensors
+    assert gpu.llm.vllm.dtype == "float16"
+    assert load_profile(gpu.llm.profile).quantization is None  # the folder's compressed-tensors
     r2ag = gpu.section("r2ag")
     assert gpu.llm.vllm.enable_prompt_embeds is False and not (r2ag.enabled and r2ag.mode == "prompt")
 
 
 def test_the_single_gpu_config_loads_and_reaches_vllm_serve_through_openai():
-    """configs/gpu1-llama3-8b-w4a16.yaml: the whole pipeline on one GPU, the LLM behind `vllm serve` (its command
-    line is in the file's header; tests/unit/test_vllm_engine_api.py checks its flags against the release)."""
+    """configs/gpu1-llama3-8b-w4a16.yaml: the whole pipeline on one GPU, the LLM behind `vllm serve` (the command
+    `local_evaluation.py serve-command` prints; tests/unit/test_vllm_engine_api.py checks its flags against the
+    release)."""
     config = load_config(REPO_ROOT / "configs" / "gpu1-llama3-8b-w4a16.yaml")
     assert config.llm.backend == "openai" and config.llm.openai.base_url == "http://127.0.0.1:8000/v1"
-    assert config.llm.openai.model == "llama3-8b-w4a16" and config.llm.openai.native_n
+    assert load_profile(config.llm.profile).name == "llama3-8b-w4a16" and config.llm.openai.native_n
+    assert config.llm.openai.weights == "server"  # the weights are the server's: the record asks it what it serves
     assert 1 <= config.batch_size <= 16 and config.embedder.device == "cuda"
     assert not config.section("r2ag").enabled  # the openai backend sends text: R2AG prompt mode would fall back
 

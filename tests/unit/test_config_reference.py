@@ -89,12 +89,19 @@ def base_values() -> dict[str, list[Any]]:
     return found
 
 
+# Named by every shipped config whatever its default: the model a config runs is read where the config is read.
+NAMED_ALWAYS = ("llm.profile",)
+
+
 def restated_defaults(path: Path, overlay: bool = False) -> list[str]:
-    """The keys `path` sets to their dataclass default, as "file: key = value (the default)". An overlay may set a
-    key to its default where a shipped base config sets it to another value (it restores the default there)."""
+    """The keys `path` sets to their dataclass default, as "file: key = value (the default)", less NAMED_ALWAYS. An
+    overlay may set a key to its default where a shipped base config sets it to another value (it restores the
+    default there)."""
     bases = base_values() if overlay else {}
     found = []
     for key, value in leaves(yaml.safe_load(path.read_text(encoding="utf-8")) or {}):
+        if key in NAMED_ALWAYS:
+            continue
         if is_default(key, value) and not (overlay and any(not is_default(key, v) for v in bases.get(key, []))):
             found.append(f"{path.name}: {key} = {yaml_text(value)} (the default)")
     return found
@@ -129,12 +136,12 @@ def test_every_listed_key_has_a_doc():
 def test_listed_types_choices_and_ranges_read_as_written():
     keys = {k.key: k for k in LISTED}
     assert (keys["batch_size"].type, keys["batch_size"].allowed, keys["batch_size"].default) == ("int", "1..16", "4")
-    assert (keys["llm.hf.model"].type, keys["llm.hf.model"].default) == ("str | None", "null")
+    assert (keys["llm.hf.cache_dir"].type, keys["llm.hf.cache_dir"].default) == ("str | None", "null")
     assert keys["llm.backend"].allowed == "hf, openai, vllm" and keys["task"].allowed == "1, 2, 3"
     assert keys["attributes.dynamic_classes"].type == "list[str]"
     assert keys["attributes.dynamic_classes"].default == "[real-time, fast-changing]"
     assert keys["kg.retries"].allowed == "at least 0" and keys["r2ag.threshold"].allowed == "0..1"
-    assert keys["llm.vllm.model"].default == "''" and keys["prompts"].default == "{}"
+    assert keys["llm.vllm.kv_cache_dtype"].default == "auto" and keys["prompts"].default == "{}"
     assert "docs/decisions/kg-reply-cap.md" in keys["kg.max_reply_bytes"].doc
     assert keys["embedder.max_seq_length"].allowed == "at least 1"  # a range on an optional key
     assert keys["references.retriever"].allowed.split(", ")[:2] == ["dense", "hash"]  # a registry's names
@@ -159,8 +166,9 @@ def test_shipped_overlays_set_no_key_to_its_default_unless_restoring_it(path):
      ["c.yaml: budget.stage_share = {references: 0.4, kg: 0.2, knowledge: 0.2, calculator: 0.25} (the default)"]),
     ("strategies:\n  hanrag: [attributes, kg, precheck, references, r2ag, evidence, hanrag]\n", False,
      ["c.yaml: strategies = {hanrag: [attributes, kg, precheck, references, r2ag, evidence, hanrag]} (the default)"]),
-    ("prompts: {}\nllm:\n  hf:\n    model: null\n", False,
-     ["c.yaml: prompts = {} (the default)", "c.yaml: llm.hf.model = null (the default)"]),
+    ("prompts: {}\nllm:\n  hf:\n    cache_dir: null\n", False,
+     ["c.yaml: prompts = {} (the default)", "c.yaml: llm.hf.cache_dir = null (the default)"]),
+    ("llm:\n  profile: configs/models/smollm2.yaml\n", False, []),  # a config names its model
     ("batch_size: 8\nkg:\n  retries: 5\n", False, []),
     ("task: 1\n", True, []),  # an overlay may restore a default a shipped config changes (task: 2)
     ("kg:\n  retries: 2\n", True, ["c.yaml: kg.retries = 2 (the default)"]),  # no shipped config changes it

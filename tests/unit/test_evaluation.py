@@ -22,10 +22,11 @@ from evaluation.metrics import Scores, latency
 from evaluation.runner import EvaluationError, call_with_limit, load_predictions, run_model, save_judgements
 from evaluation.verdicts import CORRECT, MISS, UNJUDGED, WRONG, Item
 from models.config import REPO_ROOT, ConfigError
+from models.llm.profile import load_profile, write_profile
+from models.llm.weights import fingerprint
 from models.loading import load_config
 from tests.conftest import SAMPLE, running, write, write_config
 from utils.batch import BatchResult, make_batch
-from utils.model_folders import weights_hash
 from utils.trees import differences
 
 
@@ -466,30 +467,29 @@ def test_a_resume_with_other_weights_under_the_same_name_is_refused(tmp_path, ca
     folder.mkdir()
     write(folder / "config.json", "{}")
     (folder / "model.safetensors").write_bytes(b"base")
-    config = write_config(tmp_path / "c.yaml", {"llm": {"hf": {"model": str(folder)}}})
+    profile = write(tmp_path / "p.yaml", f"name: smollm2\nweights: {{path: {folder}}}\n")
+    config = write_config(tmp_path / "c.yaml", {"llm": {"profile": str(profile)}})
     out = _run_folder(tmp_path / "run", load_config(config))
-    assert json.loads((out / "manifest.json").read_text())["answers"]["weights"]["weights"] == weights_hash(folder)
+    assert json.loads((out / "manifest.json").read_text())["answers"]["weights"]["fingerprint"] == \
+        fingerprint(folder)[0]
     (folder / "model.safetensors").write_bytes(b"tuned")
     before = (out / "predictions.jsonl").read_bytes()
     assert local_evaluation.main(["--data", str(SAMPLE), "--config", str(config), "--out", str(out),
                                   "--limit", "2"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "weights.weights" in err and "--force-resume" in err
+    assert err.count("\n") == 0 and "weights.fingerprint" in err and "--force-resume" in err
     assert (out / "predictions.jsonl").read_bytes() == before
 
 
 def test_the_embedded_model_s_weights_are_its_gguf_and_its_converter_s_format():
-    import hashlib
-
-    from models.llm.profile import load_profile
     from models.llm.weights import FOLDER_FORMAT
 
     answers = manifest.answer_inputs(load_config(REPO_ROOT / "configs" / "cpu.yaml"), SAMPLE, 30.0, False)
-    with load_profile().weights_path().open("rb") as handle:
-        digest = hashlib.file_digest(handle, "sha256").hexdigest()
-    assert answers["weights"] == {"weights": digest, "converter": FOLDER_FORMAT,
-                                  "profile": {"name": "smollm2", "prompt_tokens": 2048, "serve_dtype": "bfloat16",
-                                              "serve_max_model_len": 4096}}
+    assert answers["weights"] == {"fingerprint": fingerprint(load_profile().weights_path())[0],
+                                  "converter": FOLDER_FORMAT,
+                                  "profile": {"name": "smollm2", "max_model_len": 4096,
+                                              "prompt_tokens": 2048, "dtype": "bfloat16", "quantization": None,
+                                              "tokenizer": None, "chat_template": None}}
 
 
 def test_a_resume_with_only_a_new_judge_rejudges_and_keeps_the_predictions(tmp_path, capsys):
@@ -698,7 +698,9 @@ from pathlib import Path
 from evaluation.llm_server import served_llm
 from models.llm.profile import load_profile
 
-with served_llm(Path("unused"), load_profile(), command=[sys.executable, os.environ["STAND_IN"]]) as url:
+from models.config import VLLMConfig
+
+with served_llm(Path("unused"), load_profile(), VLLMConfig(), command=[sys.executable, os.environ["STAND_IN"]]) as url:
     stats = {int(p): open(f"/proc/{p}/stat").read() for p in os.listdir("/proc") if p.isdigit()}
     guard = [pid for pid, stat in stats.items() if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid()]
     print(json.dumps({"url": url, "guard": guard}), flush=True)
@@ -742,7 +744,8 @@ def test_serve_llm_refuses_a_folder_the_engine_would_read_with_another_rope(tmp_
     folder = write_family(tmp_path, "llama3.1")
     done = subprocess.run([sys.executable, str(REPO_ROOT / "local_evaluation.py"), "run", "--data", str(SAMPLE),
                            "--overlay", str(REPO_ROOT / "configs" / "overlays" / "vllm-cpu.yaml"), "--set",
-                           f"llm.hf.model={folder}", "--serve-llm", "--out", str(tmp_path / "run")],
+                           f"llm.profile={write_profile(tmp_path / 'p.yaml', load_profile(), folder)}", "--serve-llm",
+                           "--out", str(tmp_path / "run")],
                           capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr

@@ -136,7 +136,7 @@ def test_no_train_answers_the_fold_models_on_disk_and_prints_how_to_train_the_ot
     monkeypatch.setattr(bench, "judged_copy", lambda folder, data, out: folder)
     monkeypatch.setattr(bench, "labelled", lambda folders: ({"q": CORRECT}, 1))
     monkeypatch.setattr(bench, "gated", lambda folders: "too few labels")
-    monkeypatch.setattr(bench, "resolve_model_folder", lambda config: tmp_path / "base-model")
+    monkeypatch.setattr(bench, "resolve_model_folder", lambda: tmp_path / "base-model")
     for name in ("build", "write", "train", "merge"):
         monkeypatch.setattr(bench, name, refuse)
     base = tmp_path / "base"
@@ -156,7 +156,7 @@ def test_no_train_answers_the_fold_models_on_disk_and_prints_how_to_train_the_ot
     out = capsys.readouterr().out
     # sft's fold models answer their folds, each with its own merged folder; sft-noraft has none and gets the command
     assert sorted(str(sets) for _, sets in answered) == [
-        str((f"llm.hf.model={bench.model_folder(runs, 'sft', fold)}",)) for fold in range(2) for _ in bench.SETS]
+        str((f"llm.profile={bench.model_folder(runs, 'sft', fold)}.yaml",)) for fold in range(2) for _ in bench.SETS]
     assert "| sft, pooled |" in out and "sft-noraft, pooled" not in out
     assert (f"sft-noraft: no fold models in {runs}, and --no-train trains none" in out
             and f"python -m benchmarks.finetune --runs {runs} --base {base} --variant sft-noraft" in out)

@@ -12,14 +12,13 @@ from evaluation.metrics import Scores
 from evaluation.verdicts import CORRECT, MISS, WRONG
 from models.config import REPO_ROOT, ConfigError
 from models.gate.answer_gate import Column, Gate, GateError, gate_for, gate_settings, signal_setup
-from models.llm.profile import load_profile
-from models.llm.weights import FOLDER_FORMAT, content_hash
+from models.llm.profile import load_profile, write_profile
+from models.llm.weights import FOLDER_FORMAT, content_fingerprint, fingerprint
 from models.prompting import PromptLibrary
 from models.system import CragSystem
 from tests.conftest import SAMPLE, to_batch
 from tests.fakes import HashEmbedder, ScriptedLLM
 from utils.answers import IDK
-from utils.model_folders import weights_hash
 
 TRUE_THRESHOLD = -0.9  # answers whose line's mean log-probability is above this are right, the rest wrong
 
@@ -117,7 +116,7 @@ def test_gate_fit_then_eval_on_run_folders(tmp_path, capsys):
     assert "records used: 160" in printed and "gate - no gate: +" in printed and "weights" in printed
     gate = Gate.load(tmp_path / "g.json")
     assert [r["folder"] for r in gate.fit_on["runs"]] == [str(tmp_path / "a"), str(tmp_path / "b")]
-    assert gate.fit_on["setup"]["llm"] == {"backend": "hf", "model": None, "dtype": "float32"}
+    assert gate.fit_on["setup"]["llm"] == {"backend": "hf", "dtype": "float32"}
     assert main(["gate", "eval", str(tmp_path / "g.json"), str(tmp_path / "a")]) == 0
     printed = capsys.readouterr().out
     withheld = sum(gate.p_correct(r["trace"]["signals"]) < gate.threshold for r in records[:80])
@@ -304,7 +303,7 @@ def test_make_eval_s_config_takes_the_shipped_gate():
     from models.loading import load_config
 
     config = load_config(REPO_ROOT / "configs" / "cpu.yaml", [REPO_ROOT / "configs" / "overlays" / "vllm-cpu.yaml"])
-    config = served_config(config, load_profile(config.llm.profile), "http://127.0.0.1:1/v1", "folder")
+    config = served_config(config, "http://127.0.0.1:1/v1")
     gate = gate_for(config, PromptLibrary(config.prompts))
     assert all(digest.startswith("template-sha256:") for digest in gate.fit_on["setup"]["prompts"].values())
 
@@ -316,16 +315,17 @@ def test_a_gate_fit_on_the_base_is_refused_for_its_fine_tuned_folder(cpu_config,
     (folder / "config.json").write_text("{}")
     (folder / "model.safetensors").write_bytes(b"base")
     gate_settings(cpu_config).gate = str(tmp_path / "gate.json")
-    cpu_config.llm.hf.model = str(folder)
+    embedded = cpu_config.llm.profile
+    cpu_config.llm.profile = str(write_profile(tmp_path / "tuned.yaml", load_profile(), folder))
     number_gate(cpu_config, tmp_path / "gate.json")
-    assert Gate.load(tmp_path / "gate.json").fit_on["setup"]["llm"]["weights"] == weights_hash(folder)
+    assert Gate.load(tmp_path / "gate.json").fit_on["setup"]["llm"]["fingerprint"] == fingerprint(folder)[0]
     (folder / "model.safetensors").write_bytes(b"tuned")  # the same folder name, other weights
-    with pytest.raises(ConfigError, match=r"fit on another setup than this config's \(llm.weights\).*`make gate`"):
+    with pytest.raises(ConfigError, match=r"fit on another setup than this config's \(llm.fingerprint\).*`make gate`"):
         CragSystem(cpu_config, llm=ScriptedLLM(), embedder=HashEmbedder())
-    cpu_config.llm.hf.model = None  # the embedded model: its GGUF and the format of the folder it becomes
+    cpu_config.llm.profile = embedded  # the embedded model: its GGUF and the format of the folder it becomes
     resolved = json.loads(json.dumps(dataclasses.asdict(cpu_config)))
     assert signal_setup(resolved, {})["llm"]["converter"] == FOLDER_FORMAT
-    assert signal_setup(resolved, {})["llm"]["weights"] == content_hash(load_profile().weights_path())
+    assert signal_setup(resolved, {})["llm"]["fingerprint"] == content_fingerprint(load_profile().weights_path())
 
 
 def test_the_ceiling_counts_the_most_a_ranking_could_answer_with_its_interval_above_zero():
@@ -403,16 +403,15 @@ def test_the_containment_judge_s_agreement_with_the_person_is_counted_on_the_ans
 def test_the_damaged_model_is_the_profile_s_weights_read_at_rope_base_10000(tmp_path):
     """benchmarks/gate.py --damaged: the model as vLLM served it before the RoPE fix, every stack reading one base."""
     from benchmarks.gate import damaged_folder
-    from models.config import HFConfig
     from models.llm.hf import resolve_model_folder
-    from utils.model_folders import check_folder, weights_hash
+    from utils.model_folders import check_folder
 
     folder = damaged_folder(tmp_path / "damaged")
     config = json.loads((folder / "config.json").read_text())
     assert config["rope_theta"] == config["rope_parameters"]["rope_theta"] == 10000.0
-    source = resolve_model_folder(HFConfig())
+    source = resolve_model_folder()
     assert json.loads((source / "config.json").read_text())["rope_theta"] == 100000.0  # the source is untouched
-    assert weights_hash(folder) != weights_hash(source)  # config.json is part of what a setup records
+    assert fingerprint(folder)[0] != fingerprint(source)[0]  # config.json is part of what a setup records
     check_folder(folder)  # both keys agree: no stack reads another base
 
 

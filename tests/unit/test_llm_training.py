@@ -10,7 +10,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, TrainerCallback
 
-from models.config import HFConfig
 from models.llm.hf import resolve_model_folder
 from training.llm_training import ADAPTER, MANIFEST, TrainSettings, fitting_rows, merge, train
 from utils.errors import ConfigError
@@ -34,7 +33,7 @@ ROWS = [row("who directed the godfather?", "francis ford coppola"), row("capital
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny")
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_folder(HFConfig()))
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_folder())
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
                          tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,

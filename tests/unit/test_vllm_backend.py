@@ -11,7 +11,8 @@ import torch
 from models.config import LLMConfig, VLLMConfig
 from models.llm.backend import DEADLINE, LENGTH, STOP, BackendUnavailable, GenParams, cut_short
 from models.llm.backends import create_llm
-from models.llm.vllm import load_input_embeddings
+from models.llm.profile import ModelProfile, folder_profile, load_profile, write_profile
+from models.llm.vllm import VLLMBackend, load_input_embeddings
 from tests.fakes import texts
 from tests.vllm_fake import FakeLLMEngine, RequestOutputKind, SamplingParams, install, model_folder
 from utils.time_budget import Deadline
@@ -36,6 +37,13 @@ class Clock:
 @pytest.fixture
 def fake_vllm(monkeypatch):
     return install(monkeypatch)
+
+
+@pytest.fixture
+def llama(tmp_path) -> ModelProfile:
+    """The profile of a Llama-like folder (tests/vllm_fake.py model_folder): the backend refuses weights that are
+    not there, so even a fake engine is given a real folder."""
+    return folder_profile(model_folder(tmp_path / "llama"))
 
 
 def drain(engine: FakeLLMEngine) -> list:
@@ -108,12 +116,19 @@ def test_the_fake_sampling_params_refuse_what_vllm_refuses():
 
 # The backend.
 
-def test_vllm_backend_maps_config_and_params(fake_vllm):
-    config = LLMConfig(backend="vllm", vllm=VLLMConfig(model="/w/llama", tensor_parallel_size=4,
-                                                       quantization="gptq", dtype="float16"))
+def test_vllm_backend_maps_profile_config_and_params(fake_vllm, tmp_path):
+    """The model (folder, quantization, length, dtype) is the profile's that llm.profile names, the hardware
+    (parallelism, a dtype the GPU forces) the config's."""
+    folder = model_folder(tmp_path / "llama")
+    profile = tmp_path / "llama.yaml"
+    profile.write_text(f"name: llama\nweights:\n  path: {folder}\nmax_model_len: 8192\nprompt_tokens: 7680\n"
+                       "dtype: bfloat16\nquantization: gptq\n")
+    config = LLMConfig(backend="vllm", profile=str(profile), vllm=VLLMConfig(tensor_parallel_size=4, dtype="float16"))
     llm = create_llm(config)
-    assert fake_vllm["init"]["tensor_parallel_size"] == 4 and fake_vllm["init"]["quantization"] == "gptq"
-    assert fake_vllm["init"]["enable_prompt_embeds"] is False
+    init = fake_vllm["init"]
+    assert (init["model"], init["quantization"], init["max_model_len"]) == (str(folder), "gptq", 8192)
+    assert init["tensor_parallel_size"] == 4 and init["dtype"] == "float16"  # forced by the hardware
+    assert init["enable_prompt_embeds"] is False and "tokenizer" not in init  # the folder's own
     out = llm.generate([HI, HELLO], GenParams(max_tokens=2, temperature=0.7, n=3, stop=["X"], seed=5))
     assert texts(out) == [["out out", "red red", "sun sun"]] * 2 and cut_short(out[0][0]) == LENGTH
     engine, tokenizer = fake_vllm["engine"], fake_vllm["tokenizer"]
@@ -133,14 +148,16 @@ def test_vllm_backend_maps_config_and_params(fake_vllm):
     assert llm.generate([HI, HELLO], GenParams(deadline=Deadline(0))) == [[], []]
     assert len({request_id for request_id, _, _ in engine.added}) == 5  # ids are never reused
     assert not hasattr(llm, "generate_with_embeddings")  # R2AG prompt mode falls back (models/system.py)
+    VLLMBackend(VLLMConfig(), load_profile(str(profile)))
+    assert fake_vllm["init"]["dtype"] == "bfloat16"  # the config's auto leaves it to the profile
 
 
 @pytest.mark.parametrize("n", [1, 3, 5])
-def test_every_sample_of_n_comes_back_in_order_with_its_own_finish_reason(monkeypatch, n):
+def test_every_sample_of_n_comes_back_in_order_with_its_own_finish_reason(monkeypatch, llama, n):
     """vLLM runs n > 1 as n child requests, each output carrying one child's completion: the backend returns
     all n (child k says its word 2 + k times, or stops at max_tokens 4), with each child's log-probabilities."""
     built = install(monkeypatch, FakeLLMEngine(words=2))
-    llm = create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model="/w/llama")))
+    llm = VLLMBackend(VLLMConfig(), llama)
     ((*samples,), (*others,)) = llm.generate([HI, HELLO], GenParams(max_tokens=4, temperature=0.7, n=n,
                                                                     top_logprobs=1))
     expected = ["out out", "red red red", "sun sun sun sun", "ice ice ice ice", "owl owl owl owl"][:n]
@@ -154,12 +171,12 @@ def test_every_sample_of_n_comes_back_in_order_with_its_own_finish_reason(monkey
     assert not built["engine"].has_unfinished_requests()
 
 
-def test_at_the_deadline_finished_children_are_kept_and_the_rest_cut_short(monkeypatch, caplog_loguru):
+def test_at_the_deadline_finished_children_are_kept_and_the_rest_cut_short(monkeypatch, llama, caplog_loguru):
     """Children 0 and 1 finish before the deadline (steps 1 and 2, one second each); child 2 is aborted through
     its parent and keeps its text so far as DEADLINE, which the stages read as cut short."""
     clock = Clock()
     built = install(monkeypatch, FakeLLMEngine(words=1, on_step=clock.tick))
-    llm = create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model="/w/llama")))
+    llm = VLLMBackend(VLLMConfig(), llama)
     out = llm.generate([HI, HELLO], GenParams(max_tokens=10, temperature=0.7, n=3, deadline=Deadline(1.5, clock)))
     assert texts(out) == [["out", "red red", "sun sun"]] * 2
     assert [s.finish_reason for s in out[0]] == [STOP, STOP, DEADLINE] and cut_short(out[0][2]) == DEADLINE
@@ -168,19 +185,38 @@ def test_at_the_deadline_finished_children_are_kept_and_the_rest_cut_short(monke
     assert "deadline reached: 2 of 2 requests aborted" in caplog_loguru.text
 
 
-def test_vllm_a_prompt_the_engine_refuses_costs_its_conversation_only(fake_vllm, caplog_loguru):
-    llm = create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model="/w/llama", max_model_len=8)))
-    long = [{"role": "user", "content": " ".join(["word"] * 20)}]
-    out = llm.generate([[{"role": "user", "content": "hi"}], long], GenParams(max_tokens=3))
+def test_vllm_a_long_prompt_is_cut_to_the_profile_s_limit_its_head_and_tail_kept(fake_vllm, tmp_path,
+                                                                                 caplog_loguru):
+    """As the hf backend cuts: the head quarter (the instructions) and the tail (the question) of the templated ids
+    stay, the middle (the references) goes, so the engine is never given a prompt over the profile's limit."""
+    llm = VLLMBackend(VLLMConfig(), folder_profile(model_folder(tmp_path / "llama"), max_model_len=256,
+                                                   prompt_tokens=64))
+    long = [{"role": "user", "content": " ".join(f"w{i}" for i in range(100))}]
+    out = llm.generate([HI, long], GenParams(max_tokens=3))
+    assert texts(out) == [["out out out"]] * 2
+    whole = fake_vllm["tokenizer"].apply_chat_template(long, add_generation_prompt=True, tokenize=True)
+    (_, short, _), (_, cut, _) = fake_vllm["engine"].added
+    assert short["prompt_token_ids"] == fake_vllm["tokenizer"].apply_chat_template(HI, add_generation_prompt=True)
+    assert len(whole) == 103 and cut == {"prompt_token_ids": whole[:16] + whole[-48:]}
+    assert "prompt of 103 tokens cut to 64" in caplog_loguru.text
+
+
+def test_vllm_a_prompt_the_engine_refuses_costs_its_conversation_only(fake_vllm, tmp_path, caplog_loguru):
+    """An R2AG prompt goes as input embeddings, which the profile's cut does not shorten: one longer than
+    max_model_len is refused by the engine, and only its conversation goes without a sample."""
+    llm = VLLMBackend(VLLMConfig(enable_prompt_embeds=True),
+                      folder_profile(model_folder(tmp_path / "llama"), max_model_len=256, prompt_tokens=64))
+    long = [{"role": "user", "content": " ".join(["word"] * 300) + f" {llm.retrieval_placeholder()}"}]
+    out = llm.generate_with_embeddings([HI, long], [np.zeros((0, 8)), np.ones((1, 8))], GenParams(max_tokens=3))
     assert texts(out) == [["out out out"], []] and len(fake_vllm["engine"].added) == 1
-    assert "vllm refused prompt crag-1: The decoder prompt (length 23) is longer" in caplog_loguru.text
+    assert "vllm refused prompt crag-1: The decoder prompt (length 304) is longer" in caplog_loguru.text
 
 
 def test_vllm_r2ag_sends_whole_prompts_as_input_embeddings(fake_vllm, tmp_path):
     """Placeholders are cut out of the template's text, the pieces tokenized and looked up in the folder's input
     embeddings, and each placeholder's position takes its retrieval vector; no placeholder: token ids."""
     folder = model_folder(tmp_path / "llama")
-    llm = create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model=str(folder), enable_prompt_embeds=True)))
+    llm = VLLMBackend(VLLMConfig(enable_prompt_embeds=True), folder_profile(folder))
     assert fake_vllm["init"]["enable_prompt_embeds"] is True and llm.hidden_size == 8
     mark = llm.retrieval_placeholder()
     vectors = np.arange(16, dtype=np.float32).reshape(2, 8) / 8
@@ -206,8 +242,7 @@ def test_vllm_r2ag_sends_whole_prompts_as_input_embeddings(fake_vllm, tmp_path):
 
 def test_vllm_r2ag_checks_counts_widths_and_the_folder(fake_vllm, tmp_path):
     folder = model_folder(tmp_path / "sharded", hidden=6, shards=2)
-    llm = create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model=str(folder), enable_prompt_embeds=True,
-                                                               dtype="float16")))
+    llm = VLLMBackend(VLLMConfig(enable_prompt_embeds=True, dtype="float16"), folder_profile(folder))
     assert llm.hidden_size == 6  # found through the index, in the second shard
     conversation = [[{"role": "user", "content": f"x {llm.retrieval_placeholder()}"}]]
     with pytest.raises(ValueError, match="1 retrieval placeholders in the prompt, 2 embeddings"):
@@ -223,7 +258,7 @@ def test_vllm_r2ag_checks_counts_widths_and_the_folder(fake_vllm, tmp_path):
     (bare / "config.json").write_text("{}")
     fake_vllm.pop("init")
     with pytest.raises(BackendUnavailable, match="no model.embed_tokens.weight in its safetensors"):
-        create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model=str(bare), enable_prompt_embeds=True)))
+        VLLMBackend(VLLMConfig(enable_prompt_embeds=True), folder_profile(bare))
     assert "init" not in fake_vllm  # refused before the engine starts
 
 
@@ -244,15 +279,15 @@ def test_the_fake_engine_refuses_embeddings_unless_enabled(fake_vllm, tmp_path):
 def test_vllm_missing_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)
     with pytest.raises(BackendUnavailable, match="vllm is not installed"):
-        create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model="x")))
+        create_llm(LLMConfig(backend="vllm"))
 
 
 
 
 # The engine's life: the engine core process stops when the model is closed or the process ends.
 
-def test_close_stops_the_engine_core_once_and_later_calls_fail_loudly(fake_vllm):
-    llm = create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model="/w/m")))
+def test_close_stops_the_engine_core_once_and_later_calls_fail_loudly(fake_vllm, llama):
+    llm = VLLMBackend(VLLMConfig(), llama)
     llm.close()
     llm.close()
     assert fake_vllm["engine"].engine_core.shutdowns == 1
@@ -260,23 +295,24 @@ def test_close_stops_the_engine_core_once_and_later_calls_fail_loudly(fake_vllm)
         llm.generate([HI], GenParams(max_tokens=2))
 
 
-def test_the_engine_core_stops_at_exit_unless_closed_first(fake_vllm, monkeypatch):
+def test_the_engine_core_stops_at_exit_unless_closed_first(fake_vllm, llama, monkeypatch):
     import atexit
 
     hooks = []
     monkeypatch.setattr(atexit, "register", hooks.append)
     monkeypatch.setattr(atexit, "unregister", hooks.remove)
-    llm = create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model="/w/m")))
+    llm = VLLMBackend(VLLMConfig(), llama)
     assert hooks == [llm.close]
     hooks[0]()  # what the interpreter's exit does
     assert fake_vllm["engine"].engine_core.shutdowns == 1 and hooks == []
 
 
-def test_the_system_closes_its_engine(fake_vllm, cpu_config):
+def test_the_system_closes_its_engine(fake_vllm, cpu_config, tmp_path):
     from models.system import CragSystem
     from tests.fakes import HashEmbedder
 
-    cpu_config.llm.backend, cpu_config.llm.vllm.model = "vllm", "/w/m"
+    cpu_config.llm.backend = "vllm"
+    cpu_config.llm.profile = str(write_profile(tmp_path / "m.yaml", load_profile(), model_folder(tmp_path / "m")))
     system = CragSystem(cpu_config, embedder=HashEmbedder())
     system.close()
     assert fake_vllm["engine"].engine_core.shutdowns == 1
@@ -296,11 +332,11 @@ def test_a_stop_string_ends_the_sample_before_it(fake_vllm):
     assert last[("s", 1)] == (" ", "stop", "red")  # cut before the stop string, on its first token
 
 
-def test_a_lora_adapter_goes_with_every_request_at_the_engine_s_rank(fake_vllm, tmp_path):
+def test_a_lora_adapter_goes_with_every_request_at_the_engine_s_rank(fake_vllm, llama, tmp_path):
     adapter = tmp_path / "adapter"
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text(json.dumps({"r": 12, "lora_alpha": 24}))
-    llm = create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model="/w/llama", lora=str(adapter))))
+    llm = VLLMBackend(VLLMConfig(lora=str(adapter)), llama)
     assert fake_vllm["init"]["enable_lora"] is True and fake_vllm["init"]["max_lora_rank"] == 16  # 12 rounded up
     llm.generate([HI, HELLO], GenParams(max_tokens=2))
     loras = fake_vllm["engine"].loras
@@ -308,9 +344,10 @@ def test_a_lora_adapter_goes_with_every_request_at_the_engine_s_rank(fake_vllm, 
         ("adapter", 1, str(adapter))}
 
 
-def test_a_lora_folder_without_its_config_fails_before_the_engine_starts(fake_vllm, tmp_path):
+def test_a_lora_folder_without_its_config_fails_before_the_engine_starts(fake_vllm, llama, tmp_path):
+    (tmp_path / "adapter").mkdir()
     with pytest.raises(BackendUnavailable, match="no readable adapter_config.json"):
-        create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model="/w/llama", lora=str(tmp_path))))
+        VLLMBackend(VLLMConfig(lora=str(tmp_path / "adapter")), llama)
     assert "init" not in fake_vllm
 
 
@@ -335,8 +372,8 @@ def test_a_folder_the_engine_would_read_with_another_rope_is_refused_before_it_s
 
     folder = write(tmp_path, "qwen2.5")
     with pytest.raises(FolderError, match=r"rope_theta is 1000000.0 in rope_parameters .*/model_folder.py portable"):
-        create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model=str(folder))))
+        VLLMBackend(VLLMConfig(), folder_profile(folder))
     assert "init" not in fake_vllm
     portable_folder(folder)
-    create_llm(LLMConfig(backend="vllm", vllm=VLLMConfig(model=str(folder))))
+    VLLMBackend(VLLMConfig(), folder_profile(folder))
     assert fake_vllm["init"]["model"] == str(folder)
