@@ -100,6 +100,10 @@ class KGStage(Stage):
                "kg.lines": "how many KG result lines the query kept"}
 
     @classmethod
+    def evidence_chars(cls, config: SystemConfig) -> int:
+        return config.section("kg", KGSettings).max_chars
+
+    @classmethod
     def estimate(cls, config: SystemConfig, prompts: PromptLibrary) -> list[StagePlan]:
         settings = config.section("kg", KGSettings)
         if settings.method == "spans":

@@ -130,9 +130,9 @@ def profile_weights(profile: ModelProfile) -> dict[str, Any]:
 
 def weights_of(llm: dict[str, Any]) -> dict[str, Any]:
     """What names the weights an `llm` config section (as plain JSON) runs: the profile's settings that change
-    answers (not its file's name: a copy answers the same) and, on every backend, the fingerprint of the weights this machine loads or serves; for the
-    openai backend with `weights: server`, what the server reports it serves (llm.openai.base_url's /models) in place
-    of a fingerprint; `lora` for llm.vllm.lora."""
+    answers (not its file's name: a copy answers the same) and, on every backend, the fingerprint of the weights
+    this machine loads or serves; for the openai backend with `weights: server`, what the server reports it serves
+    (llm.openai.base_url's /models) in place of a fingerprint; `lora` for llm.vllm.lora."""
     profile = load_profile(llm.get("profile"))
     found: dict[str, Any] = {"profile": profile.settings()}
     backend = llm.get("backend")

@@ -80,6 +80,7 @@ def calculations(samples: list[str], max_results: int) -> list[str]:
     return results
 
 
+CALCULATION_CHARS = 80  # an "expression = value  (comment)" line, at most about this long: an assumption
 CALCULATIONS = StateField[list[str]](
     "calculations", list, record=list, evidence=Evidence("Calculation results", "calculation"),
     doc='"expression = value" of each calculation, from the calculator')
@@ -101,6 +102,10 @@ class CalculatorStage(Stage):
         kg_chars = config.section("kg", KGSettings).max_chars if config.task > 1 else 0
         return [StagePlan("calculator", template_tokens(prompts, "calculator")
                           + tokens(calc.max_reference_chars + kg_chars), calc.max_tokens, calc.n)]
+
+    @classmethod
+    def evidence_chars(cls, config: SystemConfig) -> int:
+        return config.calculator.max_results * CALCULATION_CHARS
 
     @classmethod
     def active(cls, config: SystemConfig) -> bool:

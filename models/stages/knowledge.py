@@ -7,7 +7,7 @@ from another agent"; an output without an answer leaves nothing.
 from __future__ import annotations
 
 from models.config import SystemConfig
-from models.estimates import StagePlan, template_tokens
+from models.estimates import CHARS_PER_TOKEN, StagePlan, template_tokens
 from models.prompting import PromptLibrary
 from models.stages.reasoning import END, parse_whole
 from models.stages.stage import STAGES, Stage, StageContext
@@ -34,6 +34,10 @@ class KnowledgeStage(Stage):
     @classmethod
     def estimate(cls, config: SystemConfig, prompts: PromptLibrary) -> list[StagePlan]:
         return [StagePlan("knowledge", template_tokens(prompts, "knowledge"), config.knowledge.max_tokens, 1)]
+
+    @classmethod
+    def evidence_chars(cls, config: SystemConfig) -> int:
+        return config.knowledge.max_tokens * CHARS_PER_TOKEN  # its reply, shown whole
 
     @classmethod
     def active(cls, config: SystemConfig) -> bool:

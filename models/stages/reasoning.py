@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 from loguru import logger
 
 from models.config import SystemConfig
 from models.estimates import StagePlan, template_tokens, tokens
-from models.kg.settings import KGSettings
 from models.llm.backend import (
     DEADLINE,
     LENGTH,
@@ -109,6 +109,20 @@ def reasoning_conversation(prompt: Prompt, state: QueryState, max_chars: int, ma
                                 tables=tables)
 
 
+def shown_evidence_chars(config: SystemConfig, prompt: Prompt) -> int:
+    """The most characters the evidence blocks `prompt` shows can bring from the config's stages
+    (`Stage.evidence_chars`): a block it names, or every listed block where it has the `evidence` variable, as
+    render_with_evidence renders them."""
+    from models.loading import pipeline_stages  # the strategy's stage classes (models.loading imports this module)
+
+    def shows(spec: Any) -> bool:
+        return spec.evidence is not None and (spec.name in prompt.variables or (
+            EVIDENCE in prompt.variables and spec.evidence.listed))
+
+    return sum(stage.evidence_chars(config) for stage in pipeline_stages(config)
+               if any(shows(spec) for spec in stage.fields))
+
+
 def summariser_conversation(prompt: Prompt, state: QueryState, max_chars: int) -> Messages:
     """The backup summariser's prompt for `state`: the text references within max_chars and every block of
     evidence the stages wrote (the KG's rows, where its prompt shows them)."""
@@ -172,13 +186,15 @@ class ReasoningStage(Stage):
 
     @classmethod
     def estimate(cls, config: SystemConfig, prompts: PromptLibrary) -> list[StagePlan]:
-        """The reasoning prompt, and the backup summariser (where it is on) as the worst case."""
+        """The reasoning prompt, and the backup summariser (where it is on) as the worst case: each with its
+        references, and the evidence blocks it shows (the reasoning prompt its tables too)."""
         settings = config.reasoning
-        kg_chars = config.section("kg", KGSettings).max_chars if config.task > 1 else 0
-        evidence = settings.max_reference_chars + config.references.table_budget_chars + kg_chars
-        return ([StagePlan("reasoning", template_tokens(prompts, "reasoning") + tokens(evidence), settings.max_tokens,
-                           1)] if settings.max_tokens else []) + (
-            [StagePlan("summariser", template_tokens(prompts, "summariser") + tokens(settings.max_reference_chars),
+        reasoning = (settings.max_reference_chars + config.references.table_budget_chars
+                     + shown_evidence_chars(config, prompts.get("reasoning")))
+        summariser = settings.max_reference_chars + shown_evidence_chars(config, prompts.get("summariser"))
+        return ([StagePlan("reasoning", template_tokens(prompts, "reasoning") + tokens(reasoning),
+                           settings.max_tokens, 1)] if settings.max_tokens else []) + (
+            [StagePlan("summariser", template_tokens(prompts, "summariser") + tokens(summariser),
                        settings.summariser_max_tokens, 1)] if settings.summariser_max_tokens else [])
 
     def run(self, states: list[QueryState], ctx: StageContext) -> None:

@@ -22,6 +22,9 @@ A stage is one class in one file:
         def estimate(cls, config, prompts): ...  # its LLM calls per query, for the budget planner
 
         @classmethod
+        def evidence_chars(cls, config): ...  # the most characters its evidence adds to an answer prompt (planner)
+
+        @classmethod
         def outcome(cls, state): ...   # signals read off the answered query, whether the stage ran or not
 
         def run(self, states, ctx): ...
@@ -100,6 +103,12 @@ class Stage:
         (models/budget_planner.py); none by default (a stage without LLM calls, or whose number of calls depends on
         the question)."""
         return []
+
+    @classmethod
+    def evidence_chars(cls, config: SystemConfig) -> int:
+        """The most characters of evidence this stage's fields bring to one query's answer prompt under `config`,
+        for the budget planner (models/stages/reasoning.py shown_evidence_chars); 0 by default (no evidence)."""
+        return 0
 
     @classmethod
     def outcome(cls, state: QueryState) -> dict[str, Signal]:

@@ -24,6 +24,7 @@ class PageDatesSettings:
     """How many pages' dates the answer prompt is shown, the newest first."""
 
 
+LINE_CHARS = 120  # a page name and a date: about this long at most (an assumption)
 PAGE_DATES = StateField[list[str]](
     "page_dates", list, record=list, evidence=Evidence("When the pages were last updated", "dates"),
     doc='"page name: date" of the pages with a last-modified date, the newest first')
@@ -35,6 +36,11 @@ class PageDates(Stage):
     fields = (PAGE_DATES,)
     writes = frozenset({"page_dates"})
     signals = {"page_dates.count": "how many of the query's pages carry a last-modified date"}
+
+    @classmethod
+    def evidence_chars(cls, config) -> int:
+        """What its block can add to an answer prompt, for the budget planner: a "page name: date" line per date."""
+        return config.section("page_dates", PageDatesSettings).max_dates * LINE_CHARS
 
     @classmethod
     def outcome(cls, state: QueryState) -> dict[str, Signal]:

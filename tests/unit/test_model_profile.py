@@ -299,3 +299,26 @@ def test_a_profile_whose_weights_are_missing_is_recorded_so_and_refused_by_the_b
         recorded["fingerprint"]
     with pytest.raises(BackendUnavailable, match="weights path gone does not exist"):
         create_llm(config.llm)
+
+
+def test_the_budget_plan_and_the_submission_checker_read_the_swapped_profile(tmp_path, tiny):
+    """The planner counts no prompt over the profile's limit (every backend cuts it there); the checker's config row
+    names the profile's model and its weights row checks the profile's folder."""
+    from evaluation.submission.files import check_config
+    from models.budget_planner import llm_stages
+
+    profile = tiny_profile(tmp_path, tiny)
+    shipped = load_config(REPO_ROOT / "configs" / "cpu.yaml")
+    swapped = load_config(REPO_ROOT / "configs" / "cpu.yaml", sets=[f"llm.profile={profile}"])
+    assert max(plan.prompt_tokens for plan in llm_stages(shipped)) > 128
+    assert max(plan.prompt_tokens for plan in llm_stages(swapped)) == 128
+    config_file = profile_file(tmp_path / "c.yaml", (REPO_ROOT / "configs" / "cpu.yaml").read_text().replace(
+        "profile: configs/models/smollm2.yaml", f"profile: {profile}"))
+    row, weights, _ = check_config(REPO_ROOT, str(config_file))
+    assert row.ok and f"model tiny ({profile})" in row.detail
+    assert weights.ok and "paths present" in weights.detail
+    shutil.rmtree(tmp_path / "gone", ignore_errors=True)
+    gone = profile_file(tmp_path / "gone.yaml", f"name: tiny\nweights: {{path: {tmp_path / 'gone'}}}\n")
+    config_file.write_text(config_file.read_text().replace(str(profile), str(gone)))
+    _, weights, _ = check_config(REPO_ROOT, str(config_file))
+    assert not weights.ok and f"{gone} weights.path" in weights.detail

@@ -120,36 +120,64 @@ from models.system import CragSystem
 from tests.conftest import to_batch
 from tests.fakes import SEED_REPLY, HashEmbedder, ScriptedLLM
 
-config = load_config("configs/cpu.yaml", [sys.argv[1]])
+config = load_config("configs/cpu.yaml", ["configs/overlays/vllm-cpu.yaml", sys.argv[1]])
 system = CragSystem(config, llm=ScriptedLLM(lambda c: SEED_REPLY), embedder=HashEmbedder())
 examples = [json.loads(line) for line in open(sys.argv[2], encoding="utf-8")][:2]
 result = system.answer_batch(to_batch(examples))
 system.close()
-print(json.dumps({"records": result.trace, "settings": config.resolved()["page_dates"], "pages": examples}))
+print(json.dumps({"records": result.trace, "settings": config.resolved()["page_dates"], "pages": examples,
+                  "max_tokens": config.reasoning.max_tokens}))
 """
 
 
-def test_a_stage_file_adds_evidence_that_reaches_the_reasoning_prompt(tmp_path):
+SHIPPED = (REPO_ROOT / "configs" / "cpu.yaml", REPO_ROOT / "configs" / "overlays" / "vllm-cpu.yaml")
+
+
+def dated_overlay(tmp_path: Path) -> Path:
+    """What docs/how-to/add-a-stage.md has a user add to the shipped config: the stage's module, the shipped
+    strategy with the stage before the answer, and its setting; nothing of the answer's own settings."""
+    from models.loading import load_config
+
+    names = load_config(SHIPPED[0], [SHIPPED[1]]).strategy_names()
     path = tmp_path / "dated.yaml"
     path.write_text(yaml.safe_dump({
-        "stage_modules": ["tests.stages.page_dates"], "task": 1, "attributes": {"method": "none"},
-        "answer": {"gate": None}, "reasoning": {"max_tokens": 96}, "references": {"workers": 0, "cache": False},
-        "record_prompts": True, "strategy": "dated",
-        "strategies": {"dated": ["references", "evidence", "page_dates", "reasoning"]}, "page_dates": {"max_dates": 1},
+        "stage_modules": ["tests.stages.page_dates"], "strategy": "dated",
+        "strategies": {"dated": [*names[:-1], "page_dates", names[-1]]}, "page_dates": {"max_dates": 1},
+        "record_prompts": True, "references": {"workers": 1, "cache": False},
     }), encoding="utf-8")
-    done = run("-c", EVIDENCE_DRIVER, str(path), str(SAMPLE))
+    return path
+
+
+def test_a_stage_file_adds_evidence_that_reaches_the_prompt_that_answers_on_the_shipped_config(tmp_path):
+    """configs/cpu.yaml with configs/overlays/vllm-cpu.yaml as make eval runs them: the reasoning prompt is off and
+    the summariser answers; the stage's block is in the summariser prompt that produced each answer."""
+    done = run("-c", EVIDENCE_DRIVER, str(dated_overlay(tmp_path)), str(SAMPLE))
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout)
-    assert found["settings"] == {"max_dates": 1}
+    assert found["settings"] == {"max_dates": 1} and found["max_tokens"] == 0  # the shipped summariser path
     for record, example in zip(found["records"], found["pages"]):
         newest = max(example["search_results"], key=lambda page: page["page_last_modified"])
         line = f"{newest['page_name'].strip()}: {newest['page_last_modified']}"
         assert record["page_dates"] == [line]  # the field, in its record form; one date: the setting reached it
         assert record["signals"]["page_dates.count"] == 1
-        (reasoning,) = [p for p in record["prompts"] if p["prompt"] == "reasoning"]
-        user = reasoning["messages"][1]["content"]
-        assert f"### When the pages were last updated\n- {line}\n### Question" in user
+        assert record["signals"]["reasoning.summariser"] is True  # the summariser gave the answer
+        (summariser,) = [p for p in record["prompts"] if p["prompt"] == "summariser"]
+        assert f"When the pages were last updated:\n- {line}\nCurrent time:" in summariser["messages"][1]["content"]
         assert "unshown" not in record
+
+
+def test_the_budget_plan_counts_the_stage_s_evidence_in_the_prompt_that_answers(tmp_path):
+    def summariser_tokens(*overlays: Path) -> int:
+        done = run("-m", "tools.budget_plan", "--config", str(SHIPPED[0]), *[a for o in (SHIPPED[1], *overlays)
+                                                                              for a in ("--overlay", str(o))],
+                   "--prefill-tps", "2000", "--step-ms", "20")
+        assert done.returncode == 0, done.stderr[-3000:]
+        (row,) = [line.split() for line in done.stdout.splitlines() if line.startswith("summariser")]
+        return int(row[1])
+
+    from tests.stages.page_dates import LINE_CHARS
+
+    assert summariser_tokens(dated_overlay(tmp_path)) - summariser_tokens() == LINE_CHARS // 4  # max_dates: 1
 
 
 def test_no_project_module_names_the_stage():
