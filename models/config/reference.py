@@ -20,7 +20,7 @@ from models.config.validation import CHOICES, Choice, bounds, field_docs, range_
 class ConfigKey:
     """One key a config file may set, as the reference page (docs/reference/config.md, `make docs`) shows it."""
 
-    key: str      # dotted: "llm.hf.max_input_tokens"
+    key: str      # dotted: "llm.hf.micro_batch_size"
     type: str     # readable: "int", "str | None", "list[str]"; "section" for a nested mapping
     default: str  # as YAML writes it ("" for a section: its keys follow it)
     allowed: str  # the choices or the range, as text, else ""

@@ -59,11 +59,13 @@ def load_input_embeddings(folder: str | Path, dtype: str = "auto") -> torch.Tens
     return table.to(TORCH_DTYPES[dtype]) if dtype in TORCH_DTYPES else table
 
 
-def embeds_prompt(tokenizer, table: torch.Tensor, conversation: Conversation, rows: np.ndarray) -> dict:
+def embeds_prompt(tokenizer, table: torch.Tensor, conversation: Conversation, rows: np.ndarray,
+                  chat_template: str | None = None) -> dict:
     """vLLM's EmbedsPrompt for `conversation`: the chat template's text, cut at each retrieval placeholder, each
     piece tokenized as the template's tokenization would (add_special_tokens=False) and looked up in `table`;
     the k-th placeholder's position takes rows[k] (a count mismatch is a ValueError)."""
-    text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+    template = {} if chat_template is None else {"chat_template": chat_template}
+    text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False, **template)
     pieces = text.split(RETRIEVAL_TOKEN)
     if len(pieces) - 1 != len(rows):
         raise ValueError(f"{len(pieces) - 1} retrieval placeholders in the prompt, {len(rows)} embeddings")
@@ -237,7 +239,7 @@ class VLLMBackend:
             rows = np.asarray(rows, dtype=np.float32)
             if rows.size or any(RETRIEVAL_TOKEN in message["content"] for message in conversation):
                 rows = rows.reshape(len(rows), -1) if rows.size else rows.reshape(0, table.shape[1])
-                prompts.append(embeds_prompt(tokenizer, table, conversation, rows))
+                prompts.append(embeds_prompt(tokenizer, table, conversation, rows, self._template))
             else:
                 prompts.append({"prompt_token_ids": self._prompt_ids(tokenizer, conversation)})
         return self._run(prompts, params)
