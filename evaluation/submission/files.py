@@ -117,6 +117,8 @@ def check_config(repo: Path, config_path: str) -> tuple[Check, Check, Any]:
             missing.append(f"{key}: {path} holds no model weights (config.json and *.safetensors)")
     config_check = Check("config", True, f"{config_path}: backend {config.llm.backend}, model {profile.name} "
                                          f"({config.llm.profile}), task {config.task}, batch_size {config.batch_size}")
+    # every later reader (the GPU checks, the budget plan) reads the submission's profile, not this checkout's
+    config.llm.profile = str(submission_path(repo, config.llm.profile))
     detail = "; ".join(missing) if missing else f"{len(needed)} paths present"
     return config_check, Check("weights", not missing, detail), config
 

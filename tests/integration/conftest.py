@@ -11,6 +11,7 @@ from evaluation.kg_fixture.launch import fixture_kg
 from models.config import EmbedderConfig, HFConfig, LLMConfig, SystemConfig
 from models.llm.backend import LLM
 from models.llm.hf import HFBackend, resolve_model_folder
+from models.llm.profile import ModelProfile, load_profile
 from models.retrieval.embedder import Embedder
 from tests.servers import free_port, running
 
@@ -49,6 +50,14 @@ def _same_embedder(config: EmbedderConfig) -> bool:
     return config.model is None and config.device == "cpu"
 
 
+def same_llm(config: HFConfig, profile: ModelProfile) -> bool:
+    """The session's SmolLM2 serves an hf backend of `config` and `profile`: on the CPU, the default profile's weights
+    with its settings (a profile file elsewhere may name them; other weights, or another prompt limit, are another
+    model)."""
+    default = load_profile()
+    return config.device == "cpu" and profile.weights == default.weights and profile.settings() == default.settings()
+
+
 # Where a model is built from a config: the training tools and CragSystem (UserModel) when given none.
 EMBEDDER_BUILDERS = ("tools.train_hash", "tools.train_r2former", "tools.train_attributes", "models.resources")
 LLM_BUILDERS = ("models.llm.backends", "models.resources")
@@ -72,7 +81,7 @@ def builders_share_the_llm(monkeypatch, hf_llm) -> None:
         build = importlib.import_module(name).create_llm
 
         def create_llm(config: LLMConfig, build=build) -> LLM:
-            same = config.backend == "hf" and config.hf.model is None and config.hf.device == "cpu"
+            same = config.backend == "hf" and same_llm(config.hf, load_profile(config.profile))
             return hf_llm if same else build(config)
 
         monkeypatch.setattr(f"{name}.create_llm", create_llm)
@@ -81,7 +90,7 @@ def builders_share_the_llm(monkeypatch, hf_llm) -> None:
 @pytest.fixture(scope="session")
 def served_model(tmp_path_factory):
     """`transformers serve` on a free loopback port, serving the cached SmolLM2 folder: (base_url, model, log)."""
-    folder = str(resolve_model_folder(HFConfig()))
+    folder = str(resolve_model_folder())
     port = free_port()
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
     executable = shutil.which("transformers", path=str(Path(sys.executable).parent)) or "transformers"

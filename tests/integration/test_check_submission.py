@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from packaging.markers import Marker
 from packaging.requirements import Requirement
 
@@ -28,6 +30,7 @@ from evaluation.submission.gpu import (
 )
 from evaluation.submission.run import check_rehearsal
 from models.config import REPO_ROOT
+from models.llm.profile import load_profile
 from models.loading import load_config
 from tests.conftest import write_config
 
@@ -119,21 +122,25 @@ def test_invalid_aicrowd_json_fails(copy):
 
 
 def test_a_missing_weights_path_fails_before_any_model_runs(copy):
-    (copy / "configs" / "broken.yaml").write_text("llm: {backend: hf, hf: {model: models/weights/nothing-here}}\n")
+    (copy / "configs" / "models" / "broken.yaml").write_text("name: broken\n"
+                                                            "weights: {path: models/weights/nothing-here}\n")
+    (copy / "configs" / "broken.yaml").write_text("llm: {backend: hf, profile: configs/models/broken.yaml}\n")
     code, rows = check(copy, "--config", "configs/broken.yaml")
-    assert code == 1 and rows["weights"].startswith("FAIL") and "models/weights/nothing-here" in rows["weights"]
+    assert code == 1 and rows["weights"].startswith("FAIL")
+    assert "configs/models/broken.yaml weights.path: models/weights/nothing-here holds no model weights" in rows[
+        "weights"]
     assert "import UserModel" not in rows
     (copy / "configs" / "hash.yaml").write_text("references: {retriever: hash, hash: {model: runs/hash/none.hidx}}\n")
     code, rows = check(copy, "--config", "configs/hash.yaml")
     assert code == 1 and "references.hash.model: runs/hash/none.hidx not found" in rows["weights"]
-    code, rows = check(copy)  # the Dockerfile's GPU config: the 70B weights are the user's files
-    assert code == 1 and "llm.vllm.model" in rows["weights"] and "embedder.model" in rows["weights"]
+    code, rows = check(copy)  # the Dockerfile's GPU config: the 70B weights (its profile's) are the user's files
+    assert code == 1 and f"{T4_PROFILE} weights.path" in rows["weights"] and "embedder.model" in rows["weights"]
     assert rows["image"].startswith("PASS") and rows["GPUs"].startswith("PASS")
     assert rows["quantization"].startswith("WARN") and "not checked" in rows["quantization"]
     # the quantizer's config.json alone (weights still missing): the folder's quantization and the plan are checked
-    write_config(copy / "configs" / "t4.yaml", {"llm": {"vllm": {"quantization": "gptq"}}},
+    model = load_profile(str(REPO_ROOT / T4_PROFILE)).weights.path
+    write_config(copy / "configs" / "t4.yaml", {"llm": {"profile": profile_file(copy, model, quantization="gptq")}},
                  copy / "configs" / "t4x4-llama3-70b-gptq.yaml")
-    model = load_config(copy / "configs" / "t4.yaml").llm.vllm.model
     fake_folder(copy, Path(model).name, LLAMA3_70B, W4A16)
     code, rows = check(copy, "--config", "configs/t4.yaml")
     assert code == 1 and rows["quantization"].startswith("FAIL") and "set it to null or compressed-tensors" in rows[
@@ -176,6 +183,7 @@ def test_the_dockerfile_passes_hadolint():
 
 
 T4_CONFIG = REPO_ROOT / "configs" / "t4x4-llama3-70b-gptq.yaml"
+T4_PROFILE = "configs/models/llama3-70b-instruct-w4a16.yaml"  # the model T4_CONFIG names
 LLAMA3_70B = {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "bos_token_id": 128000,
               "eos_token_id": 128009, "hidden_act": "silu", "hidden_size": 8192, "intermediate_size": 28672,
               "max_position_embeddings": 8192, "model_type": "llama", "num_attention_heads": 64,
@@ -213,8 +221,23 @@ def fake_folder(repo: Path, name: str, config: dict, quantization: dict | None =
     return f"models/weights/{name}"
 
 
-def t4_config(model: str, *sets: str):
-    return load_config(T4_CONFIG, sets=[f"llm.vllm.model={model}", *sets])
+def profile_file(repo: Path, model: str, **settings) -> str:
+    """A model profile in `repo`: the T4 config's, with the weights `model` (as a submission writes them: relative
+    to its folder) and `settings` over its own. Returns its path relative to `repo`, as a config names it. The file
+    is named by its content: a profile is read once per file and modification time, and a file rewritten within the
+    clock's tick would be read as it was."""
+    data = {**yaml.safe_load((REPO_ROOT / T4_PROFILE).read_text(encoding="utf-8")), "weights": {"path": model},
+            **settings}
+    text = yaml.safe_dump(data, sort_keys=False)
+    name = f"configs/models/{hashlib.sha256(text.encode()).hexdigest()[:16]}.yaml"
+    (repo / name).parent.mkdir(parents=True, exist_ok=True)
+    (repo / name).write_text(text, encoding="utf-8")
+    return name
+
+
+def t4_config(repo: Path, model: str, *sets: str, **settings):
+    """The T4 config running the folder `model` of the submission `repo`, through a profile written there."""
+    return load_config(T4_CONFIG, sets=[f"llm.profile={profile_file(repo, model, **settings)}", *sets])
 
 
 def test_the_image_matches_the_vllm_wheel_s_cuda():
@@ -240,18 +263,20 @@ def test_the_image_check_names_the_mismatch(tmp_path, base, pin, python, verdict
 
 
 @pytest.mark.parametrize("quantization, folder, verdict, words", [
-    (None, W4A16, "PASS", "compressed-tensors pack-quantized 4-bit, group 128; llm.vllm.quantization null"),
-    ("compressed-tensors", W4A16, "PASS", "llm.vllm.quantization compressed-tensors"),
+    (None, W4A16, "PASS", "compressed-tensors pack-quantized 4-bit, group 128; {profile} quantization null"),
+    ("compressed-tensors", W4A16, "PASS", "{profile} quantization compressed-tensors"),
     ("gptq", W4A16, "FAIL", "set it to null or compressed-tensors"),
     ("gptq_marlin", GPTQ, "PASS", "gptq gptq 4-bit"),
     ("compressed-tensors", GPTQ, "FAIL", "set it to null or gptq or gptq_marlin"),
-    ("gptq", None, "FAIL", "is unquantized: set it to null"),
+    ("gptq", None, "FAIL", "{profile} quantization is 'gptq' but models/weights/llama is unquantized: set it to null"),
 ])
-def test_the_config_s_quantization_must_match_the_folder(tmp_path, quantization, folder, verdict, words):
+def test_the_profile_s_quantization_must_match_the_folder(tmp_path, quantization, folder, verdict, words):
     model = fake_folder(tmp_path, "llama", LLAMA3_70B, folder)
-    row = check_quantization(tmp_path, t4_config(model, f"llm.vllm.quantization={quantization or 'null'}"))
-    assert ("FAIL" if not row.ok else "WARN" if row.warn else "PASS") == verdict and words in row.detail, row
-    assert check_quantization(tmp_path, t4_config("models/weights/absent")).warn  # no config.json: not checked
+    config = t4_config(tmp_path, model, quantization=quantization)
+    row = check_quantization(tmp_path, config)
+    assert ("FAIL" if not row.ok else "WARN" if row.warn else "PASS") == verdict, row
+    assert words.format(profile=config.llm.profile) in row.detail, row
+    assert check_quantization(tmp_path, t4_config(tmp_path, "models/weights/absent")).warn  # no config.json: unchecked
 
 
 # LLAMA31_8B's config.json as transformers 5 saves it: the RoPE only in rope_parameters.
@@ -261,14 +286,14 @@ LLAMA31_8B_V5 = {**{k: v for k, v in LLAMA31_8B.items() if k not in ("rope_theta
 
 def test_a_folder_transformers_4_would_read_with_another_rope_is_refused(tmp_path, copy):
     model = fake_folder(tmp_path, "llama31", LLAMA31_8B)
-    assert check_model_folder(tmp_path, t4_config(model)).ok
+    assert check_model_folder(tmp_path, t4_config(tmp_path, model)).ok
     model = fake_folder(tmp_path, "llama31-v5", LLAMA31_8B_V5)
-    row = check_model_folder(tmp_path, t4_config(model))
+    row = check_model_folder(tmp_path, t4_config(tmp_path, model))
     assert not row.ok and "rope_theta is 500000.0 in rope_parameters" in row.detail
     assert f"tools/model_folder.py portable --model {tmp_path / model}" in row.detail
     # the whole checker: the row fails the submission
     fake_folder(copy, "llama31-v5", LLAMA31_8B_V5)
-    write_config(copy / "configs" / "v5.yaml", {"llm": {"vllm": {"model": model, "quantization": None}}},
+    write_config(copy / "configs" / "v5.yaml", {"llm": {"profile": profile_file(copy, model)}},
                  copy / "configs" / "t4x4-llama3-70b-gptq.yaml")
     code, rows = check(copy, "--config", "configs/v5.yaml")
     assert code == 1 and rows["model folder"].startswith("FAIL") and "rope_theta" in rows["model folder"]
@@ -279,20 +304,20 @@ def test_a_fine_tuned_model_is_known_by_its_adapter_or_its_merge(tmp_path):
     quantized = fake_folder(tmp_path, "llama-w4a16", LLAMA3_70B, W4A16)
     adapter = tmp_path / "models" / "weights" / "adapter"
     adapter.mkdir()
-    row = check_finetuned(tmp_path, t4_config(base, f"llm.vllm.lora={adapter}"))
+    row = check_finetuned(tmp_path, t4_config(tmp_path, base, f"llm.vllm.lora={adapter}"))
     assert not row.ok and "no adapter_config.json" in row.detail
     (adapter / "adapter_config.json").write_text(json.dumps({"r": 16}))
-    assert "no adapter_model.safetensors" in check_finetuned(tmp_path, t4_config(base, f"llm.vllm.lora={adapter}")
-                                                             ).detail
+    row = check_finetuned(tmp_path, t4_config(tmp_path, base, f"llm.vllm.lora={adapter}"))
+    assert "no adapter_model.safetensors" in row.detail
     (adapter / "adapter_model.safetensors").write_bytes(b"")
-    row = check_finetuned(tmp_path, t4_config(base, f"llm.vllm.lora={adapter}"))
+    row = check_finetuned(tmp_path, t4_config(tmp_path, base, f"llm.vllm.lora={adapter}"))
     assert row.ok and not row.warn and "rank 16, applied by the engine" in row.detail
-    row = check_finetuned(tmp_path, t4_config(quantized, f"llm.vllm.lora={adapter}"))
+    row = check_finetuned(tmp_path, t4_config(tmp_path, quantized, f"llm.vllm.lora={adapter}"))
     assert row.warn and "merge it into the fp16 base and quantize the merged folder" in row.detail
-    assert check_finetuned(tmp_path, t4_config(base)) is None
+    assert check_finetuned(tmp_path, t4_config(tmp_path, base)) is None
     (tmp_path / base / "merged_from.json").write_text(json.dumps({"base_weights_sha256": "a" * 64,
                                                                   "adapter_weights_sha256": "b" * 64}))
-    row = check_finetuned(tmp_path, t4_config(base))
+    row = check_finetuned(tmp_path, t4_config(tmp_path, base))
     assert row.ok and "merged from base aaaaaaaaaaaa and adapter bbbbbbbbbbbb" in row.detail
 
 
@@ -301,17 +326,17 @@ def test_the_memory_plan_of_the_t4_config_from_config_json(tmp_path):
     is 9.9 GB a GPU; the KV cache is 80 KiB a token a GPU (80 layers x 2 of the 8 KV heads x 128 x K and V x 2
     bytes); batch 8 at 8192 tokens does not fit beside them in 0.9 x 15109 MiB, one sequence does."""
     model = fake_folder(tmp_path, "llama3-70b", LLAMA3_70B, W4A16)
-    row = check_memory(tmp_path, t4_config(model))
+    row = check_memory(tmp_path, t4_config(tmp_path, model))
     assert row.ok and row.warn, row
     assert "weights 9.9 GB (config.json x bits / tensor_parallel_size)" in row.detail
     assert "KV 5.4 GB (8 x 8192 tokens at 80 KiB/token)" in row.detail and "of 14.3 GB" in row.detail
     assert "KV room for 2 full-length sequences of 8" in row.detail
-    row = check_memory(tmp_path, t4_config(model, "llm.vllm.max_model_len=32768"))
+    row = check_memory(tmp_path, t4_config(tmp_path, model, max_model_len=32768))
     assert not row.ok and "under one max_model_len sequence" in row.detail
-    row = check_memory(tmp_path, t4_config(model, "batch_size=2", "llm.vllm.max_model_len=4096"))
+    row = check_memory(tmp_path, t4_config(tmp_path, model, "batch_size=2", max_model_len=4096, prompt_tokens=3584))
     assert row.ok and not row.warn, row
     unquantized = fake_folder(tmp_path, "llama3-70b-bf16", LLAMA3_70B)  # 141 GB: 35 GB a T4
-    row = check_memory(tmp_path, t4_config(unquantized))
+    row = check_memory(tmp_path, t4_config(tmp_path, unquantized))
     assert not row.ok and "weights 35.3 GB" in row.detail
 
 
@@ -326,7 +351,7 @@ def test_the_memory_plan_reads_the_weights_the_safetensors_declare(tmp_path):
                                                    "model.norm.weight": ("BF16", [4096])}}
     model = fake_folder(tmp_path, "llama31-8b", LLAMA31_8B, W4A16, shards)
     declared = 2 * 128256 * 4096 * 2 + 250_000 * 1000 * 4 + 4096 * 2
-    row = check_memory(tmp_path, t4_config(model, "llm.vllm.tensor_parallel_size=2", "batch_size=4"))
+    row = check_memory(tmp_path, t4_config(tmp_path, model, "llm.vllm.tensor_parallel_size=2", "batch_size=4"))
     assert f"weights {declared / 2 / 1e9:.1f} GB (the folder's safetensors / tensor_parallel_size)" in row.detail
     assert "KV 2.1 GB (4 x 8192 tokens at 64 KiB/token)" in row.detail and row.ok and not row.warn, row
 
@@ -334,20 +359,20 @@ def test_the_memory_plan_reads_the_weights_the_safetensors_declare(tmp_path):
 def test_prompt_embeddings_are_on_exactly_with_r2ag_prompt_mode(tmp_path):
     model = fake_folder(tmp_path, "llama3-70b", LLAMA3_70B, W4A16)
     r2ag = ["r2ag.enabled=true", "r2ag.checkpoint=runs/r2ag.pt", "r2ag.mode=prompt"]
-    row = check_prompt_embeds(tmp_path, t4_config(model, *r2ag))
+    row = check_prompt_embeds(tmp_path, t4_config(tmp_path, model, *r2ag))
     assert not row.ok and "needs llm.vllm.enable_prompt_embeds: true" in row.detail
-    row = check_prompt_embeds(tmp_path, t4_config(model, *r2ag, "llm.vllm.enable_prompt_embeds=true"))
+    row = check_prompt_embeds(tmp_path, t4_config(tmp_path, model, *r2ag, "llm.vllm.enable_prompt_embeds=true"))
     assert row.ok and not row.warn and "take 2.10 GB of host memory" in row.detail  # 128256 x 8192 x 2 bytes
-    row = check_prompt_embeds(tmp_path, t4_config(model, "llm.vllm.enable_prompt_embeds=true"))
+    row = check_prompt_embeds(tmp_path, t4_config(tmp_path, model, "llm.vllm.enable_prompt_embeds=true"))
     assert row.ok and row.warn and "set it to false" in row.detail
-    assert check_prompt_embeds(tmp_path, t4_config(model)).detail.startswith("off")
+    assert check_prompt_embeds(tmp_path, t4_config(tmp_path, model)).detail.startswith("off")
 
 
 def test_aicrowd_gpu_count_must_cover_tensor_parallelism(tmp_path):
     (tmp_path / "aicrowd.json").write_text(json.dumps({"gpu": True, "gpu_count": 2}))
-    row = check_gpus(tmp_path, t4_config("m"))
+    row = check_gpus(tmp_path, load_config(T4_CONFIG))
     assert not row.ok and "tensor_parallel_size 4 needs 4 GPUs, aicrowd.json's gpu_count is 2" in row.detail
-    row = check_gpus(tmp_path, t4_config("m", "llm.vllm.tensor_parallel_size=1"))
+    row = check_gpus(tmp_path, load_config(T4_CONFIG, sets=["llm.vllm.tensor_parallel_size=1"]))
     assert row.ok and row.warn and "1 GPU(s) idle" in row.detail
     row = check_gpus(tmp_path, load_config(REPO_ROOT / "configs" / "gpu1-llama3-8b-w4a16.yaml"))
     assert row.warn and "the grader starts no server" in row.detail

@@ -15,6 +15,7 @@ from evaluation.verdicts import CORRECT, MISS, UNJUDGED, WRONG, Item
 from models.config import OpenAIConfig
 from models.llm.backend import BackendUnavailable, Conversation, GenParams, Sample
 from models.llm.openai import OpenAIBackend
+from models.llm.profile import ModelProfile
 from models.prompting import PromptLibrary, load_prompt
 from tests.servers import free_port  # a port nothing listens on once it returns
 from utils.answers import contains_answer
@@ -113,7 +114,8 @@ def test_served_judge_verdicts_follow_readable_replies_and_only_those_are_cached
     path.write_text(READABLE_PROMPT)
 
     def fresh_judge() -> LLMJudge:
-        return LLMJudge(OpenAIBackend(OpenAIConfig(base_url=base_url, model=model)), load_prompt(path, "judge"),
+        served = ModelProfile(name=model, weights=None)  # as build_judge asks a URL's model: prompts go uncut
+        return LLMJudge(OpenAIBackend(OpenAIConfig(base_url=base_url), served), load_prompt(path, "judge"),
                         f"{base_url}#{model}", JsonCache(cache_root(None) / "judge"), retries=0)
 
     judge = fresh_judge()
@@ -140,7 +142,7 @@ def test_a_judge_server_that_is_not_there_stops_the_build_and_one_gone_later_lea
     url = f"http://127.0.0.1:{free_port()}/v1"
     with pytest.raises(BackendUnavailable, match="no server answers"):
         build_judge(url, "nobody")
-    judge = LLMJudge(OpenAIBackend(OpenAIConfig(base_url=url, model="nobody", max_retries=0)),
-                     PromptLibrary().get("judge"), "gone")  # as if the server went down after the probe
+    gone = OpenAIBackend(OpenAIConfig(base_url=url, max_retries=0), ModelProfile(name="nobody", weights=None))
+    judge = LLMJudge(gone, PromptLibrary().get("judge"), "gone")  # as if the server went down after the probe
     items = [Item(i.query, i.answer, (), "Lyon") for i in ITEMS]  # nothing the rules' fallback could read
     assert judge.judge(items) == [UNJUDGED] * len(items)

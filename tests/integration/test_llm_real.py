@@ -18,6 +18,7 @@ from models.config import OpenAIConfig
 from models.llm.backend import DEADLINE, LENGTH, STOP, GenParams, cut_short
 from models.llm.hf import MIN_PROMPT_TOKENS, PREFILL_CHUNK_MAX, PREFILL_SHARE, HFBackend, _new_tokens
 from models.llm.openai import OpenAIBackend
+from models.llm.profile import ModelProfile
 from utils.time_budget import Deadline
 
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
@@ -25,6 +26,12 @@ OTHER = [{"role": "system", "content": "You are terse."}, {"role": "user", "cont
 LONG = [{"role": "user", "content": "The harbour reported record traffic this season. " * 250 + "Sum 2 and 2."}]
 COUNT = [{"role": "user", "content": "Count from 1 to 1000, one number after another, separated by commas."}]
 NEVER_S = 3600.0  # a deadline no call here comes near: it only turns the deadline's code paths on
+
+
+def served(model: str) -> ModelProfile:
+    """The profile of the model `transformers serve` serves under `model` (its folder's path), as a server's: no
+    weights here, so no prompt is cut on this side."""
+    return ModelProfile(name=model, weights=None)
 
 
 class ModelTime:
@@ -203,7 +210,7 @@ def test_hf_gives_the_chosen_tokens_log_probabilities_greedy_and_sampled(hf_llm)
 
 def test_openai_backend_gets_no_log_probabilities_from_transformers_serve(served_model):
     base_url, model, _ = served_model  # transformers serve ignores logprobs (it logs "unsupported fields")
-    backend = OpenAIBackend(OpenAIConfig(base_url=base_url, model=model))
+    backend = OpenAIBackend(OpenAIConfig(base_url=base_url), served(model))
     ((sample,),) = backend.generate([QUESTION], GenParams(max_tokens=8, top_logprobs=3, deadline=Deadline(NEVER_S)))
     assert sample and sample.top_logprobs == () and not backend.logprobs_refused
 
@@ -215,7 +222,7 @@ def test_hf_cache_is_a_plain_folder(hf_llm):
 
 def test_openai_backend_talks_to_transformers_serve(served_model):
     base_url, model, log = served_model
-    backend = OpenAIBackend(OpenAIConfig(base_url=base_url, model=model, concurrency=2))
+    backend = OpenAIBackend(OpenAIConfig(base_url=base_url, concurrency=2), served(model))
     out = backend.generate([QUESTION, OTHER], GenParams(max_tokens=16, stop=["."], deadline=Deadline(NEVER_S)))
     assert all(len(samples) == 1 and samples[0].text and "." not in samples[0].text for samples in out)
     assert "paris" in out[0][0].text.lower()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,11 +14,12 @@ from models.gate.answer_gate import gate_settings
 from models.llm import hf
 from models.llm.backend import GenParams
 from models.llm.hf import HFBackend
+from models.llm.profile import ModelProfile, load_profile
 from models.loading import load_config
 from models.retrieval.r2former_head import load_checkpoint
 from models.system import CragSystem
 from tests.conftest import SAMPLE, to_batch
-from tests.integration.conftest import unhurried
+from tests.integration.conftest import same_llm, unhurried
 from tools.train_r2former import main as train_main
 
 
@@ -30,11 +32,14 @@ def llm() -> HFBackend:
 
 @pytest.fixture
 def tools_share_the_r2ag_llm(monkeypatch, llm) -> None:
-    """tools/train_r2former.py --lm builds an HFBackend of its config: the module's, where that is the embedded
-    default."""
+    """tools/train_r2former.py --lm builds an HFBackend of its config and profile: the module's, where that is the
+    embedded default."""
     build = hf.HFBackend
-    monkeypatch.setattr(hf, "HFBackend", lambda config: llm if config.model is None and config.device == "cpu"
-                        else build(config))
+
+    def backend(config: HFConfig, profile: ModelProfile | None = None) -> HFBackend:
+        return llm if same_llm(config, profile or load_profile()) else build(config, profile)
+
+    monkeypatch.setattr(hf, "HFBackend", backend)
 
 
 def conversations(placeholder: str) -> list[list[dict[str, str]]]:
@@ -80,7 +85,7 @@ def test_a_cut_prompt_keeps_the_embeddings_of_the_placeholders_that_stay(llm):
     conversation = [{"role": "user", "content": f"[A] {placeholder} head. {middle} [Z] {placeholder} tail?"}]
     rows = np.arange(42, dtype=np.float32)[:, None].repeat(llm.hidden_size, axis=1)
     cut = HFBackend.__new__(HFBackend)
-    cut.__dict__.update(llm.__dict__, config=HFConfig(max_input_tokens=120))
+    cut.__dict__.update(llm.__dict__, profile=replace(llm.profile, prompt_tokens=120))
     ids, kept = cut.prompt_ids(conversation, rows)
     token = llm.tokenizer.convert_tokens_to_ids(placeholder)
     assert len(ids) == 120 and ids.count(token) == len(kept) < 42

@@ -8,6 +8,7 @@ import json
 import re
 
 import pytest
+import yaml
 
 from models.config import REPO_ROOT
 from models.loading import load_config
@@ -75,9 +76,11 @@ def test_answers_a_batch_from_data(user_model, sample_examples):
 
 def test_openai_config_sends_prompts_to_the_server(served_model, embedder, sample_examples, tmp_path, monkeypatch):
     base_url, model, log = served_model
+    profile = tmp_path / "served.yaml"  # the model under the server's name, its weights the server's only
+    profile.write_text(yaml.safe_dump({"name": model, "weights": None}), encoding="utf-8")
     path = write_config(tmp_path / "openai.yaml", {
-        "llm": {"backend": "openai", "openai": {"base_url": base_url, "model": model,
-                                                "request_timeout_s": UNHURRIED_S}},  # else a request is sent again
+        "llm": {"backend": "openai", "profile": str(profile),
+                "openai": {"base_url": base_url, "request_timeout_s": UNHURRIED_S}},  # else a request is sent again
         "references": {"cache_dir": str(tmp_path / "cache"), "timeout_s": UNHURRIED_S},
         "attributes": {"method": "none"},  # no dynamic pre-check: both queries reach the LLM stages
         "knowledge": {"enabled": True},  # on, so that three stages send requests

@@ -8,16 +8,18 @@ regenerate the extract for the new version; a keyword the release does not take 
 import inspect
 import json
 import re
+import shlex
 import sys
 import types
 from pathlib import Path
 
 import pytest
 
-from models.config import LLMConfig, VLLMConfig
+from models.config import VLLMConfig
 from models.llm.backend import GenParams
-from models.llm.backends import create_llm
-from tests.vllm_fake import FakeLLMEngine, install_config
+from models.llm.profile import ModelProfile, folder_profile, load_profile
+from models.llm.vllm import VLLMBackend
+from tests.vllm_fake import FakeLLMEngine, LoRARequest, install_config, model_folder
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,7 +39,7 @@ def api():
 
 
 @pytest.fixture
-def passed(monkeypatch):
+def passed(monkeypatch, tmp_path):
     """The keyword arguments VLLMBackend gives vllm.LLM and vllm.SamplingParams, recorded by a fake vllm."""
     calls = {}
 
@@ -52,9 +54,17 @@ def passed(monkeypatch):
             self.llm_engine = FakeLLMEngine()
 
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams))
-    # every optional field set, so no keyword is left out for being None
-    config = VLLMConfig(model="/w/llama", tensor_parallel_size=4, quantization="gptq", dtype="float16")
-    llm = create_llm(LLMConfig(backend="vllm", vllm=config))
+    monkeypatch.setitem(sys.modules, "vllm.lora", types.SimpleNamespace())
+    monkeypatch.setitem(sys.modules, "vllm.lora.request", types.SimpleNamespace(LoRARequest=LoRARequest))
+    install_config(monkeypatch)  # the backend checks the folder's config.json as the engine reads it
+    folder = model_folder(tmp_path / "llama")
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 8}))
+    # every optional field of the profile and the config set, so no keyword is left out for being None or off
+    profile = folder_profile(folder, quantization="gptq", tokenizer=str(folder), dtype="bfloat16")
+    llm = VLLMBackend(VLLMConfig(tensor_parallel_size=4, dtype="float16", lora=str(adapter)), profile)
+    assert {"quantization", "tokenizer", "enable_lora", "max_lora_rank"} <= set(calls["init"])
     llm.sampling_params(GenParams(max_tokens=9, temperature=0.7, n=3, stop=["X"], seed=5, top_logprobs=2))
     llm.sampling_params(GenParams())
     return calls
@@ -156,7 +166,7 @@ def test_the_backend_s_prompts_follow_the_release_s_schemas(api, monkeypatch, tm
     import numpy as np
     import torch
 
-    from tests.vllm_fake import FakeLLMEngine, FakeTokenizer, SamplingParams, model_folder
+    from tests.vllm_fake import FakeLLMEngine, FakeTokenizer, SamplingParams
 
     engine = FakeLLMEngine()
 
@@ -170,8 +180,7 @@ def test_the_backend_s_prompts_follow_the_release_s_schemas(api, monkeypatch, tm
 
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=SamplingParams))
     install_config(monkeypatch)
-    config = VLLMConfig(model=str(model_folder(tmp_path / "m")), enable_prompt_embeds=True)
-    llm = create_llm(LLMConfig(backend="vllm", vllm=config))
+    llm = VLLMBackend(VLLMConfig(enable_prompt_embeds=True), folder_profile(model_folder(tmp_path / "m")))
     llm.generate([[{"role": "user", "content": "q"}]], GenParams(max_tokens=1))
     mark = llm.retrieval_placeholder()
     llm.generate_with_embeddings([[{"role": "user", "content": f"q {mark}"}]], [np.ones((1, 8))],
@@ -187,52 +196,51 @@ def test_the_backend_s_prompts_follow_the_release_s_schemas(api, monkeypatch, tm
     assert isinstance(embeds, torch.Tensor) and embeds.ndim == 2 and embeds.shape[1] == 8
 
 
-def serve_command(path: Path) -> list[str]:
-    """The `vllm serve ...` command written in a config's header comment (lines continued with a backslash)."""
-    text, command, taking = path.read_text(encoding="utf-8"), [], False
-    for line in text.splitlines():
-        body = line.lstrip("#").strip()
-        if body.startswith("vllm serve "):
-            taking = True
-        if taking:
-            command.extend(body.rstrip("\\").split())
-            if not body.endswith("\\"):
-                break
-    return command
-
-
-def test_the_single_gpu_config_s_vllm_serve_flags_exist_in_the_release(api):
-    """configs/gpu1-llama3-8b-w4a16.yaml's `vllm serve` line (also in docs/how-to/gpu-submission.md) uses flags the
-    release's serve parser has: its own, FrontendArgs' and EngineArgs' (a boolean flag also as --no-...)."""
-    from models.loading import load_config
-
-    path = ROOT / "configs" / "gpu1-llama3-8b-w4a16.yaml"
-    command = serve_command(path)
-    assert command[:2] == ["vllm", "serve"] and len(command) > 3, f"{path.name}: no `vllm serve` line in its header"
+def unknown_serve_flags(api, command: list[str]) -> list[str]:
+    """The flags of a `vllm serve` command the release's serve parser lacks: its own, FrontendArgs' and EngineArgs'
+    (a boolean flag also as --no-...)."""
     cli = api["serve_cli"]
     known = set(cli["parser_flags"]) | set(cli["frontend_flags"]) | set(cli["engine_flags"])
     flags = [word.split("=")[0] for word in command if word.startswith("--")]
-    unknown = [f for f in flags if f not in known and not (f.startswith("--no-") and "--" + f[5:] in known)]
+    return [f for f in flags if f not in known and not (f.startswith("--no-") and "--" + f[5:] in known)]
+
+
+@pytest.mark.parametrize("name", ["gpu1-llama3-8b-w4a16.yaml", "t4x4-llama3-70b-gptq.yaml"])
+def test_each_gpu_config_s_printed_vllm_serve_command_runs_on_the_release(api, name):
+    """What `local_evaluation.py serve-command --config CONFIG` prints (docs/how-to/gpu-submission.md) uses flags
+    the release's serve parser has, serves the profile's model under the name the openai backend asks for, where
+    llm.openai.base_url points, with a context that holds the reasoning prompt."""
+    from evaluation.llm_server import printed_serve_command
+    from models.loading import load_config
+
+    config = load_config(ROOT / "configs" / name)
+    command = shlex.split(printed_serve_command(config))
+    assert command[:2] == ["vllm", "serve"] and len(command) > 3, f"{name}: no `vllm serve` command"
+    unknown = unknown_serve_flags(api, command)
     assert not unknown, f"vllm {api['version']} serve takes no {unknown}"
-    config = load_config(path)
+    profile = load_profile(config.llm.profile)
     served = command[command.index("--served-model-name") + 1]
     port = command[command.index("--port") + 1]
-    assert config.llm.openai.model == served and config.llm.openai.base_url.endswith(f":{port}/v1")
+    assert served == profile.name and config.llm.openai.base_url.endswith(f":{port}/v1")
+    assert int(command[command.index("--max-model-len") + 1]) == profile.max_model_len
     # the context holds the reasoning prompt's references (about 4 characters a token) and its answer
-    length = int(command[command.index("--max-model-len") + 1])
-    assert length >= config.reasoning.max_reference_chars // 4 + config.reasoning.max_tokens
+    assert profile.max_model_len >= config.reasoning.max_reference_chars // 4 + config.reasoning.max_tokens
 
 
 def test_the_served_engine_s_flags_exist_in_the_release(api):
     """evaluation/llm_server.py's `vllm serve` (make eval's engine) uses flags the release's serve parser has, the
-    ones that make its answers independent of load among them."""
+    ones that make its answers independent of load among them; so does a GPU's command with every optional flag
+    on (a profile's quantization, tokenizer and chat template, the config's parallelism, KV cache and eager mode)."""
     from evaluation.llm_server import LOAD_INVARIANT, serve_command
-    from models.llm.profile import load_profile
 
-    cli = api["serve_cli"]
-    known = set(cli["parser_flags"]) | set(cli["frontend_flags"]) | set(cli["engine_flags"])
-    command = serve_command(Path("/m"), load_profile(), 8000)
+    command = serve_command(Path("/m"), load_profile(), VLLMConfig(), "127.0.0.1", 8000, cpu=True)
     assert command[-len(LOAD_INVARIANT):] == LOAD_INVARIANT
-    flags = [word for word in command if word.startswith("--")]
-    unknown = [f for f in flags if f not in known and not (f.startswith("--no-") and "--" + f[5:] in known)]
+    unknown = unknown_serve_flags(api, command)
+    assert not unknown, f"vllm {api['version']} serve takes no {unknown}"
+    profile = ModelProfile(name="m", weights=None, quantization="gptq", tokenizer="/t", chat_template="/t.jinja")
+    engine = VLLMConfig(tensor_parallel_size=4, kv_cache_dtype="fp8", enforce_eager=True)
+    command = serve_command(Path("/m"), profile, engine, "127.0.0.1", 8000)
+    assert {"--quantization", "--tokenizer", "--chat-template", "--tensor-parallel-size", "--kv-cache-dtype",
+            "--enforce-eager", "--gpu-memory-utilization"} <= set(command)
+    unknown = unknown_serve_flags(api, command)
     assert not unknown, f"vllm {api['version']} serve takes no {unknown}"

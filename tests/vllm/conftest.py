@@ -21,12 +21,20 @@ SMOLLM2 = Path(os.environ.get("CRAG_VLLM_MODEL", RUNS / "smollm2"))
 SMOLLM2_W4A16 = Path(os.environ.get("CRAG_VLLM_W4A16", RUNS / "smollm2-w4a16"))
 MINILM = Path(os.environ.get("CRAG_VLLM_EMBEDDER", RUNS / "minilm"))
 MAX_MODEL_LEN = 1024
+PROMPT_TOKENS = 768  # the backend cuts a longer prompt to this, under MAX_MODEL_LEN
 
 
 def folder(path: Path) -> Path:
     if not (path / "config.json").is_file():
         pytest.fail(f"{path}: no model folder; `make test-vllm` writes it before the suite runs")
     return path
+
+
+def profile(path: Path, **settings):
+    """The model profile of the folder `path` at the suite's lengths (`settings` over them)."""
+    from models.llm.profile import folder_profile
+
+    return folder_profile(path, **{"max_model_len": MAX_MODEL_LEN, "prompt_tokens": PROMPT_TOKENS, **settings})
 
 
 @pytest.fixture(scope="session")
@@ -48,8 +56,8 @@ def real(smollm2):
     from tests.vllm_scenarios import StepClock
 
     assert "vllm_fake" not in str(getattr(sys.modules.get("vllm"), "__file__", "")), "the real vllm is needed"
-    backend = VLLMBackend(VLLMConfig(model=str(smollm2), dtype="float32", max_model_len=MAX_MODEL_LEN,
-                                     enforce_eager=True, enable_prompt_embeds=True, seed=0))
+    backend = VLLMBackend(VLLMConfig(dtype="float32", enforce_eager=True, enable_prompt_embeds=True, seed=0),
+                          profile(smollm2))
     clock = StepClock(backend.engine.llm_engine)
     yield backend, clock
     backend.close()

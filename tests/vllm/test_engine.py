@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from models.config import VLLMConfig
-from models.llm.backend import STOP, GenParams
+from models.llm.backend import LENGTH, STOP, GenParams
 from models.llm.vllm import VLLMBackend, load_input_embeddings
 from tests import vllm_fake
-from tests.vllm.conftest import MAX_MODEL_LEN
-from tests.vllm_scenarios import EXPECTED, SCENARIOS, SHORT, STORY, WORDS, StepClock
+from tests.vllm.conftest import MAX_MODEL_LEN, PROMPT_TOKENS, profile
+from tests.vllm_scenarios import EXPECTED, POEM, SCENARIOS, SHORT, STORY, WORDS, StepClock
 
 TOO_LONG = MAX_MODEL_LEN + 100  # words, each at least one token
 # Teacher forcing in transformers (float32, torch's attention) against the engine's float32 CPU kernels: the two
@@ -20,20 +20,53 @@ TOO_LONG = MAX_MODEL_LEN + 100  # words, each at least one token
 LOGPROB_TOLERANCE = 2e-3
 
 
-def run(name: str, llm, clock) -> list:
-    scenario = SCENARIOS[name]
-    return scenario(llm, clock, TOO_LONG) if name == "refused" else scenario(llm, clock)
+def fake_backend(monkeypatch, smollm2, name: str, **engine) -> tuple[VLLMBackend, StepClock]:
+    """VLLMBackend on the fake engine scripted for the scenario `name`, at the real one's profile, and its clock."""
+    fake = vllm_fake.FakeLLMEngine(words=WORDS[name])
+    vllm_fake.install(monkeypatch, fake)
+    return VLLMBackend(VLLMConfig(**engine), profile(smollm2)), StepClock(fake)
 
 
-@pytest.mark.parametrize("name", sorted(SCENARIOS))
+# "refused" sends a token prompt over max_model_len, which the backend cuts to the profile's prompt_tokens before
+# either engine sees it; it has its own tests below.
+@pytest.mark.parametrize("name", sorted(set(SCENARIOS) - {"refused"}))
 def test_the_fake_and_the_real_engine_agree(name, real, smollm2, monkeypatch):
     backend, clock = real
-    found_real = run(name, backend, clock)
-    engine = vllm_fake.FakeLLMEngine(words=WORDS[name])
-    vllm_fake.install(monkeypatch, engine)
-    fake = VLLMBackend(VLLMConfig(model=str(smollm2), max_model_len=MAX_MODEL_LEN))
-    found_fake = run(name, fake, StepClock(engine))
+    found_real = SCENARIOS[name](backend, clock)
+    found_fake = SCENARIOS[name](*fake_backend(monkeypatch, smollm2, name))
     assert found_real == found_fake == EXPECTED[name]
+
+
+def test_a_token_prompt_over_the_engine_s_length_is_cut_and_answered_on_both_engines(real, smollm2, monkeypatch):
+    """The "refused" scenario's prompt of TOO_LONG words goes cut to the profile's prompt_tokens (its head and tail
+    kept), so neither engine refuses it: every conversation gets its sample. (What SmolLM2 says to a cut run of
+    one word is its own: it may end at once.)"""
+    backend, clock = real
+    found_real = SCENARIOS["refused"](backend, clock, TOO_LONG)
+    found_fake = SCENARIOS["refused"](*fake_backend(monkeypatch, smollm2, "refused"), TOO_LONG)
+    for found in (found_real, found_fake):
+        assert found[0] == found[2] == [(LENGTH, True)] and len(found[1]) == 1, found
+    long = [{"role": "user", "content": "word " * TOO_LONG}]
+    assert len(backend._prompt_ids(backend.engine.get_tokenizer(), long)) == PROMPT_TOKENS
+
+
+def refused_embeds(llm, too_long: int) -> list:
+    """An R2AG prompt of `too_long` words and one placeholder, between two token prompts: it goes as input
+    embeddings, which the prompt cut does not shorten."""
+    long = [{"role": "user", "content": "word " * too_long + llm.retrieval_placeholder()}]
+    none = np.zeros((0, llm.hidden_size), dtype=np.float32)
+    rows = [none, np.zeros((1, llm.hidden_size), dtype=np.float32), none]
+    result = llm.generate_with_embeddings([SHORT, long, POEM], rows, GenParams(max_tokens=3))
+    return [[(s.finish_reason, bool(s.text.strip())) for s in conversation] for conversation in result]
+
+
+def test_a_prompt_the_engine_refuses_costs_its_conversation_only_on_both_engines(real, smollm2, monkeypatch):
+    """Input embeddings over max_model_len: both engines refuse the prompt, which gets no sample, and answer the
+    others (EXPECTED["refused"])."""
+    backend, _ = real
+    found_real = refused_embeds(backend, TOO_LONG)
+    fake, _ = fake_backend(monkeypatch, smollm2, "refused", enable_prompt_embeds=True)
+    assert found_real == refused_embeds(fake, TOO_LONG) == EXPECTED["refused"]
 
 
 def spy_outputs(monkeypatch, engine) -> dict:

@@ -14,7 +14,7 @@ import torch
 from models.config import VLLMConfig
 from models.llm.backend import GenParams
 from models.llm.vllm import VLLMBackend
-from tests.vllm.conftest import MAX_MODEL_LEN, RUNS, folder
+from tests.vllm.conftest import RUNS, folder, profile
 from utils.model_folders import weights_hash
 
 TUNED = Path(os.environ.get("CRAG_VLLM_TUNED", RUNS / "smollm2-tuned"))
@@ -28,8 +28,9 @@ def merged() -> Path:
     return folder(TUNED / "merged")
 
 
-def greedy(config: VLLMConfig) -> tuple[str, ...]:
-    backend = VLLMBackend(config)
+def greedy(model: Path, **engine) -> tuple[str, ...]:
+    """The greedy tokens of the folder `model` on the engine, in float32 (`engine`: llm.vllm settings)."""
+    backend = VLLMBackend(VLLMConfig(dtype="float32", enforce_eager=True, seed=0, **engine), profile(model))
     try:
         sample = backend.generate([QUESTION], GenParams(max_tokens=TOKENS, logprobs=True))[0][0]
     finally:
@@ -55,9 +56,8 @@ def test_the_merged_folder_names_its_base_and_loads_in_the_image_s_transformers(
 def test_vllm_serves_the_merged_folder_and_the_adapter_on_its_base_alike(merged, smollm2):
     """The adapter applied by the engine (enable_lora, a LoRARequest per request) gives the merged folder's greedy
     tokens, both in float32."""
-    common = dict(dtype="float32", max_model_len=MAX_MODEL_LEN, enforce_eager=True, seed=0)
-    from_merged = greedy(VLLMConfig(model=str(merged), **common))
-    from_adapter = greedy(VLLMConfig(model=str(smollm2), lora=str(folder_of_adapter()), **common))
+    from_merged = greedy(merged)
+    from_adapter = greedy(smollm2, lora=str(folder_of_adapter()))
     assert from_merged and from_adapter == from_merged
 
 

@@ -1,6 +1,6 @@
-"""`vllm serve` from the rehearsal venv, started with the single-GPU config's documented command (the weights
-swapped for SmolLM2, the port a free one, the GPU's memory share left out), as the real OpenAI-compatible server
-behind the openai backend, the LLM judge and UserModel with that config."""
+"""`vllm serve` from the rehearsal venv, started with the command `local_evaluation.py serve-command` prints for the
+single-GPU config (the weights swapped for SmolLM2, the port a free one, the GPU's memory share left out), as the real
+OpenAI-compatible server behind the openai backend, the LLM judge and UserModel with that config."""
 
 from __future__ import annotations
 
@@ -15,40 +15,37 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
 import pytest
 
+from evaluation.llm_server import printed_serve_command
 from models.config import REPO_ROOT
 from models.llm.backend import LENGTH, STOP, BackendUnavailable, GenParams
 from models.llm.openai import OpenAIBackend
+from models.llm.profile import ModelProfile, Weights, load_profile, write_profile
 from models.loading import load_config
 from tests.servers import free_port, running
+from tests.vllm.conftest import SMOLLM2
 from tests.vllm.test_submission import GPU1
 from tests.vllm_scenarios import SHORT, STORY
 
 GPU_ONLY = {"--gpu-memory-utilization"}  # the CPU build sizes its cache by VLLM_CPU_KVCACHE_SPACE instead
 
 
-def documented_command(config: Path) -> list[str]:
-    """The `vllm serve ...` lines of the config's header comment, as argv."""
-    lines, inside = [], False
-    for line in config.read_text().splitlines():
-        text = line.lstrip("#").strip()
-        inside = inside or text.startswith("vllm serve")
-        if inside:
-            lines.append(text.rstrip("\\").strip())
-            if not text.endswith("\\"):
-                break
-    assert lines, f"{config}: no `vllm serve` command in its header"
-    return shlex.split(" ".join(lines))
+def gpu1_profile(name: str | None = None) -> ModelProfile:
+    """The single-GPU config's profile with its weights swapped for SmolLM2, as the server serves them; `name`:
+    another in place of its own."""
+    model = load_profile(load_config(GPU1).llm.profile)
+    return replace(model, weights=Weights(path=str(SMOLLM2)), name=name or model.name)
 
 
 @pytest.fixture(scope="module")
 def server(smollm2, tmp_path_factory):
-    """(base_url, served model name, log path) of `vllm serve` run from the documented command."""
-    argv = documented_command(GPU1)
+    """(base_url, served model name, log path) of `vllm serve` run from the command serve-command prints."""
+    argv = shlex.split(printed_serve_command(load_config(GPU1)))
     assert argv[:2] == ["vllm", "serve"]
     flags, kept = argv[3:], []
     while flags:
@@ -68,18 +65,21 @@ def server(smollm2, tmp_path_factory):
         yield f"http://127.0.0.1:{port}/v1", name, log_path
 
 
-def backend(server, **changes) -> OpenAIBackend:
-    """The openai backend with the single-GPU config's settings, pointed at the server."""
+def backend(server, model: str | None = None, **changes) -> OpenAIBackend:
+    """The openai backend with the single-GPU config's settings and profile (the weights SmolLM2's, so prompts are
+    cut with its tokenizer), pointed at the server; `model`: another name to ask for."""
     url, _, _ = server
     config = load_config(GPU1).llm.openai
     config.base_url = url
     for key, value in changes.items():
         setattr(config, key, value)
-    return OpenAIBackend(config)
+    return OpenAIBackend(config, gpu1_profile(model))
 
 
-def test_the_config_s_model_name_is_the_server_s(server):
-    backend(server).probe()
+def test_the_profile_s_model_name_is_the_server_s(server):
+    llm = backend(server)
+    assert llm.model == server[1] == load_profile(load_config(GPU1).llm.profile).name
+    llm.probe()
 
 
 def test_n_samples_in_one_request_each_with_its_finish_reason_and_log_probabilities(server):
@@ -139,6 +139,7 @@ def test_user_model_with_the_single_gpu_config_answers_through_the_server(server
     url, _, _ = server
     config = yaml.safe_load(GPU1.read_text())
     config["llm"]["openai"]["base_url"] = url
+    config["llm"]["profile"] = str(write_profile(tmp_path / "profile.yaml", gpu1_profile(), SMOLLM2))
     config["embedder"] = {**config["embedder"], "model": None, "device": "cpu"}
     config["references"]["rerank"]["device"] = "cpu"
     config["references"]["workers"] = 1
@@ -164,9 +165,10 @@ SERVED_BY_AN_EVALUATION = '''
 import sys, time
 from pathlib import Path
 from evaluation.llm_server import served_llm
+from models.config import VLLMConfig
 from models.llm.profile import load_profile
 
-with served_llm(Path(sys.argv[1]), load_profile()) as url:
+with served_llm(Path(sys.argv[1]), load_profile(), VLLMConfig()) as url:
     print(url, flush=True)
     time.sleep(600)
 '''

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from models.llm.profile import load_profile
 from models.llm.vllm import engine_kwargs
 from models.loading import load_config
-from tests.vllm.conftest import REPO, SMOLLM2_W4A16
+from tests.vllm.conftest import REPO, SMOLLM2_W4A16, profile
 
 T4 = REPO / "configs" / "t4x4-llama3-70b-gptq.yaml"
 GPU1 = REPO / "configs" / "gpu1-llama3-8b-w4a16.yaml"
@@ -103,15 +104,17 @@ def cli_flags(kwargs: dict) -> list[str]:
 
 
 def test_the_t4_config_s_engine_arguments_build_an_engine_config_on_this_platform(smollm2):
-    """VLLMBackend's keywords for the T4 config, tensor parallelism 1 and the weights swapped, through the
-    release's own EngineArgs.create_engine_config (the CPU platform checks dtype, lengths and the cache)."""
+    """VLLMBackend's keywords for the T4 config and its profile, tensor parallelism 1 and the weights swapped,
+    through the release's own EngineArgs.create_engine_config (the CPU platform checks dtype, lengths and the
+    cache)."""
     from vllm.engine.arg_utils import EngineArgs
 
-    vllm_config = load_config(T4).llm.vllm
-    vllm_config.model, vllm_config.tensor_parallel_size = str(smollm2), 1
-    built = EngineArgs(**engine_kwargs(vllm_config)).create_engine_config()
-    assert built.model_config.max_model_len == vllm_config.max_model_len
-    assert str(built.model_config.dtype) == "torch.float16"
+    config = load_config(T4)
+    vllm_config, model = config.llm.vllm, load_profile(config.llm.profile)
+    vllm_config.tensor_parallel_size = 1
+    built = EngineArgs(**engine_kwargs(vllm_config, model, smollm2)).create_engine_config()
+    assert built.model_config.max_model_len == model.max_model_len
+    assert str(built.model_config.dtype) == "torch.float16"  # the T4s' forced dtype over the profile's auto
 
 
 def test_the_t4_config_s_engine_arguments_as_the_release_s_parser_reads_them(smollm2):
@@ -121,9 +124,8 @@ def test_the_t4_config_s_engine_arguments_as_the_release_s_parser_reads_them(smo
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    vllm_config = load_config(T4).llm.vllm
-    vllm_config.model = str(smollm2)
-    kwargs = engine_kwargs(vllm_config)
+    config = load_config(T4)
+    kwargs = engine_kwargs(config.llm.vllm, load_profile(config.llm.profile), smollm2)
     assert kwargs["tensor_parallel_size"] == 4
     parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
     parsed = EngineArgs.from_cli_args(parser.parse_args(cli_flags(kwargs)))
@@ -151,10 +153,12 @@ ENGINE_SCRIPT = """
     import psutil
     from models.config import VLLMConfig
     from models.llm.backend import GenParams
+    from models.llm.profile import folder_profile
     from models.llm.vllm import VLLMBackend
 
     def main():
-        llm = VLLMBackend(VLLMConfig(model=sys.argv[1], dtype="float32", max_model_len=512, enforce_eager=True))
+        llm = VLLMBackend(VLLMConfig(dtype="float32", enforce_eager=True),
+                          folder_profile(sys.argv[1], max_model_len=512, prompt_tokens=256))
         print("PIDS", json.dumps([p.pid for p in psutil.Process().children(recursive=True)]), flush=True)
         print(llm.generate([[{"role": "user", "content": "Say hi."}]], GenParams(max_tokens=4))[0][0].text, flush=True)
         if sys.argv[2] == "close":
@@ -230,7 +234,8 @@ def test_the_real_engine_answers_with_the_quantizer_s_w4a16(smollm2):
     from models.llm.backend import GenParams
     from models.llm.vllm import VLLMBackend
 
-    llm = VLLMBackend(VLLMConfig(model=str(SMOLLM2_W4A16), dtype="bfloat16", max_model_len=512, enforce_eager=True))
+    llm = VLLMBackend(VLLMConfig(dtype="bfloat16", enforce_eager=True),
+                      profile(SMOLLM2_W4A16, max_model_len=512, prompt_tokens=256))
     try:
         [[answer]] = llm.generate([[{"role": "user", "content": "What is the capital of France?"}]],
                                   GenParams(max_tokens=8))
