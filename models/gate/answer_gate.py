@@ -59,10 +59,9 @@ def signal_setup(config: dict[str, Any], prompt_digests: dict[str, str],
                  weights: dict[str, str] | None = None) -> dict[str, Any]:
     """What produces the signals a gate reads, from a resolved config as plain JSON (a run manifest's
     `answers.config`), the prompts' digests and the weights' (a run manifest's `answers.weights`; None: hashed
-    now, models/llm/weights.py): the LLM (backend, in-process dtype, the profile and its weights' fingerprint or the
-server's report), the reasoning settings, the
-    reasoning prompts it renders (`answering`) and the KG stage's method, which makes the `kg.*` signals. A gate fit
-    on one setup is refused by a config of another."""
+    now, models/llm/weights.py): the LLM (backend, in-process dtype, the profile and its weights' fingerprint or
+    the server's report), the reasoning settings, the reasoning prompts it renders (`answering`) and the KG stage's
+    method, which makes the `kg.*` signals. A gate fit on one setup is refused by a config of another."""
     llm = config.get("llm") or {}
     backend = llm.get("backend")
     model = {"backend": backend}
