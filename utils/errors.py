@@ -16,3 +16,8 @@ class ConfigError(HarnessError, ValueError):
 
 class BackendUnavailable(HarnessError, RuntimeError):
     """A model backend whose model or library is missing; the message says how to fix it."""
+
+
+def one_line(err: BaseException, limit: int = 160) -> str:
+    """An error's message on one line, at most `limit` characters: for a log line or a one-line CLI error."""
+    return " ".join(str(err).split())[:limit]

@@ -29,6 +29,7 @@ from models.llm.backend import (
     cut_at_stop,
 )
 from models.llm.profile import ModelProfile
+from utils.errors import one_line
 from utils.retry import backoff
 from utils.time_budget import Deadline
 from utils.token_cut import kept_spans
@@ -43,7 +44,7 @@ class NoReply(RuntimeError):
 
 
 def _short(err: Exception) -> str:
-    return " ".join(str(err).split())[:160]
+    return one_line(err)
 
 
 class ReplyRefused(RuntimeError):
@@ -110,28 +111,6 @@ def tokenizer_folder(profile: ModelProfile):
         raise BackendUnavailable(f"{err}: the openai backend counts prompt tokens with the profile's tokenizer; copy "
                                  "the folder's tokenizer files here and name them in the profile's tokenizer:") \
             from None
-
-
-def server_report(config: OpenAIConfig, name: str) -> dict[str, Any]:
-    """What the server at llm.openai.base_url says it serves under `name`, from its GET /models (vLLM's
-    show_available_models, vllm/entrypoints/openai/serving_models.py: a ModelCard's id, root and max_model_len).
-    BackendUnavailable where it cannot be reached or serves no such model."""
-    url = config.base_url.rstrip("/") + "/models"
-    key = os.environ.get(config.api_key_env) or "EMPTY"
-    try:
-        reply = httpx.get(url, headers={"Authorization": f"Bearer {key}"}, timeout=config.request_timeout_s)
-        reply.raise_for_status()
-        cards = reply.json().get("data") or []
-    except (httpx.HTTPError, ValueError, AttributeError) as err:
-        raise BackendUnavailable(f"{url}: no list of served models ({_short(err)}); start the server "
-                                 "(`local_evaluation.py serve-command` prints its command) or fix "
-                                 "llm.openai.base_url") from None
-    card = next((c for c in cards if isinstance(c, dict) and c.get("id") == name), None)
-    if card is None:
-        served = ", ".join(str(c.get("id")) for c in cards if isinstance(c, dict)) or "none"
-        raise BackendUnavailable(f"{url} serves no model {name!r} (it serves: {served}); serve the profile's "
-                                 "model under its name, or name the served one in the profile")
-    return {"id": card.get("id"), "root": card.get("root"), "max_model_len": card.get("max_model_len")}
 
 
 class OpenAIBackend:

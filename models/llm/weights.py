@@ -139,7 +139,7 @@ def weights_of(llm: dict[str, Any]) -> dict[str, Any]:
     if backend == "openai" and (llm.get("openai") or {}).get("weights", "server") == "server":
         from models.config import OpenAIConfig
         from models.config.validation import validate
-        from models.llm.openai import server_report
+        from models.llm.served import server_report
 
         try:
             found["server"] = server_report(validate(OpenAIConfig, llm.get("openai") or {}, "llm.openai"),

@@ -110,17 +110,17 @@ def reasoning_conversation(prompt: Prompt, state: QueryState, max_chars: int, ma
 
 
 def shown_evidence_chars(config: SystemConfig, prompt: Prompt) -> int:
-    """The most characters the evidence blocks `prompt` shows can bring from the config's stages
-    (`Stage.evidence_chars`): a block it names, or every listed block where it has the `evidence` variable, as
-    render_with_evidence renders them."""
-    from models.loading import pipeline_stages  # the strategy's stage classes (models.loading imports this module)
-
+    """The most characters the evidence blocks `prompt` shows can bring from the stages of the config's strategy
+    that it switches on (`Stage.evidence_chars`; the planner has imported any stage module the config names): a
+    block it names, or every listed block where it has the `evidence` variable, as render_with_evidence renders
+    them."""
     def shows(spec: Any) -> bool:
         return spec.evidence is not None and (spec.name in prompt.variables or (
             EVIDENCE in prompt.variables and spec.evidence.listed))
 
-    return sum(stage.evidence_chars(config) for stage in pipeline_stages(config)
-               if any(shows(spec) for spec in stage.fields))
+    stages = [STAGES.get(name) for name in config.strategy_names() if name in STAGES]
+    return sum(stage.evidence_chars(config) for stage in stages
+               if stage.active(config) and any(shows(spec) for spec in stage.fields))
 
 
 def summariser_conversation(prompt: Prompt, state: QueryState, max_chars: int) -> Messages:

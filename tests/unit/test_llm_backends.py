@@ -10,6 +10,7 @@ import pytest
 from models.config import OpenAIConfig
 from models.llm.backend import DEADLINE, FAILED, LENGTH, BackendUnavailable, GenParams, cut_at_stop, cut_short
 from models.llm.openai import OpenAIBackend
+from models.llm.profile import ModelProfile
 from tests.fakes import texts
 from tests.openai_fake import ChatServer
 from utils.time_budget import Deadline
@@ -28,7 +29,8 @@ def chat_server(request):
 
 
 def _backend(url: str, **overrides) -> OpenAIBackend:
-    return OpenAIBackend(OpenAIConfig(base_url=url, model="m", backoff_s=0.01, **overrides))
+    """The openai backend asking a server-only model "m" (no weights here: prompts go uncut)."""
+    return OpenAIBackend(OpenAIConfig(base_url=url, backoff_s=0.01, **overrides), ModelProfile(name="m", weights=None))
 
 
 def test_openai_sends_prompts_cuts_stop_and_uses_env_key(chat_server, monkeypatch):

@@ -86,10 +86,13 @@ def test_reasoning_prompt_leaves_out_empty_sections():
 
 
 def test_evidence_a_prompt_does_not_show_is_in_the_record():
-    # the summariser shows the references alone: the KG's rows it leaves out are named on the query's record
+    # the summariser lists every listed block (the KG's rows), not another agent's answer (listed=False): that
+    # block is named on the query's record
     state = _state(kg=["movie: Inception, director: Nolan"], knowledge="nolan")
-    render_with_evidence(PromptLibrary().get("summariser"), state, query="q", query_time="t", references=[])
-    assert state.unshown == ["summariser: kg_results", "summariser: knowledge"]
+    user = render_with_evidence(PromptLibrary().get("summariser"), state, query="q", query_time="t",
+                                references=[])[1]["content"]
+    assert "Knowledge graph:\n- movie: Inception, director: Nolan" in user
+    assert state.unshown == ["summariser: knowledge"]
     assert state.record()["unshown"] == state.unshown
 
 
