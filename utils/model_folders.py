@@ -17,7 +17,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from utils.errors import HarnessError
 
@@ -250,3 +250,27 @@ def weights_hash(folder: str | Path) -> str:
             for block in iter(lambda: handle.read(1 << 20), b""):
                 digest.update(block)
     return digest.hexdigest()
+
+
+# The longest header the safetensors library reads (safetensors/src/tensor.rs MAX_HEADER_SIZE).
+SAFETENSORS_HEADER_MAX = 100_000_000
+
+
+def safetensors_header(handle: BinaryIO, size: int) -> tuple[dict[str, Any], int] | None:
+    """A safetensors file's tensors (name -> dtype, shape, data_offsets; "__metadata__" left out) and the offset
+    where their bytes start, read from the start of `handle` (a file of `size` bytes); None where it does not read
+    as safetensors."""
+    handle.seek(0)
+    head = handle.read(8)
+    if len(head) < 8:
+        return None
+    length = int.from_bytes(head, "little")
+    if not 0 < length <= min(size - 8, SAFETENSORS_HEADER_MAX):
+        return None
+    try:
+        header = json.loads(handle.read(length))
+    except ValueError:
+        return None
+    if not isinstance(header, dict):
+        return None
+    return {name: entry for name, entry in header.items() if name != "__metadata__"}, 8 + length

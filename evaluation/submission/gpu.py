@@ -12,7 +12,7 @@ from evaluation.submission import Check
 from evaluation.submission.files import submission_model, submission_path, submission_profile
 from models.llm.profile import engine_dtype
 from models.stages.r2ag import R2AGSettings
-from utils.model_folders import FolderError, check_folder
+from utils.model_folders import FolderError, check_folder, safetensors_header
 
 # The grader's GPU: a T4 (16 GB board; nvidia-smi reports 15109 MiB with ECC on, as on AWS g4dn). An assumption:
 # the ECC-off figure is 15360 MiB.
@@ -129,17 +129,18 @@ def check_quantization(repo: Path, config: Any) -> Check | None:
 
 
 def safetensors_bytes(folder: Path) -> int | None:
-    """The tensor bytes the folder's *.safetensors declare (their headers' data offsets), or None without any."""
+    """The tensor bytes the folder's *.safetensors declare (their headers' data offsets), or None without any or
+    where one does not read as safetensors (the plan then estimates from config.json)."""
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         return None
     total = 0
     for file in files:
         with file.open("rb") as handle:
-            size = int.from_bytes(handle.read(8), "little")
-            header = json.loads(handle.read(size))
-        total += sum(end - start for name, entry in header.items() if name != "__metadata__"
-                     for start, end in [entry["data_offsets"]])
+            read = safetensors_header(handle, file.stat().st_size)
+        if read is None:
+            return None
+        total += sum(end - start for entry in read[0].values() for start, end in [entry["data_offsets"]])
     return total
 
 

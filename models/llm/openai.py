@@ -71,9 +71,6 @@ class PromptLimit:
     def __init__(self, profile: ModelProfile) -> None:
         from models.llm.profile import load_tokenizer
 
-        if profile.tokenizer is None and profile.weights is None:
-            raise BackendUnavailable(f"{profile.source or profile.name}: names no weights and no tokenizer to count "
-                                     "prompt tokens with")
         folder = None if profile.tokenizer else tokenizer_folder(profile)
         self.tokenizer: Any = load_tokenizer(folder, profile)
         self.limit = profile.prompt_tokens

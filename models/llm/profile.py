@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -112,8 +112,7 @@ class ModelProfile:
     def settings(self) -> dict[str, Any]:
         """What of the profile changes answers besides the weights' content: for a run's manifest and a gate."""
         template = self.chat_template_text()
-        return {"name": self.name, "max_model_len": self.max_model_len, "prompt_tokens": self.prompt_tokens,
-                "dtype": self.dtype, "quantization": self.quantization, "tokenizer": self.tokenizer,
+        return {**{key: value for key, value in asdict(self).items() if key not in ("weights", "source")},
                 "chat_template": None if template is None else hashlib.sha256(template.encode()).hexdigest()}
 
 
@@ -178,9 +177,8 @@ def write_profile(path: Path, base: ModelProfile, weights: str | Path, name: str
     """A profile file at `path` for the folder `weights`: `base`'s settings with those weights (and `name`), as
     for a merged fine-tune of `base` or a folder a benchmark derives from it. A run names it with
     `--set llm.profile=PATH`."""
-    data = {"name": name or base.name, "weights": {"path": str(Path(weights).resolve())},
-            "max_model_len": base.max_model_len, "prompt_tokens": base.prompt_tokens, "dtype": base.dtype,
-            "quantization": base.quantization, "tokenizer": base.tokenizer, "chat_template": base.chat_template}
+    data = {**{key: value for key, value in asdict(base).items() if key != "source"},
+            "name": name or base.name, "weights": {"path": str(Path(weights).resolve())}}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"# {base.source or base.name}'s settings, other weights\n" + yaml.safe_dump(data, sort_keys=False),
                     encoding="utf-8")

@@ -9,14 +9,13 @@ docs/decisions/weights-fingerprint.md."""
 from __future__ import annotations
 
 import hashlib
-import json
-import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from models.config import resolve_path
 from models.llm.backend import BackendUnavailable
 from models.llm.profile import ModelProfile, load_profile
+from utils.model_folders import safetensors_header
 
 # The embedded converter's output format, in its folder's cache key and in the weights' record: a folder written by
 # an older converter is converted again, and what was fit or run on it is not taken for the new one.
@@ -38,23 +37,16 @@ def _windows(start: int, end: int, places: int) -> list[tuple[int, int]]:
     return [(start + round(k * step), start + round(k * step) + WINDOW) for k in range(places)]
 
 
-def _safetensors_windows(handle, size: int) -> list[tuple[int, int]] | None:
+def _safetensors_windows(handle: BinaryIO, size: int) -> list[tuple[int, int]] | None:
     """The header whole, and PLACES windows inside each tensor's bytes (by the header's data_offsets); None when the
     file does not read as safetensors."""
-    head = handle.read(8)
-    if len(head) < 8:
+    read = safetensors_header(handle, size)
+    if read is None:
         return None
-    (length,) = struct.unpack("<Q", head)
-    if not 0 < length <= min(size - 8, 100 << 20):
-        return None
-    try:
-        header = json.loads(handle.read(length))
-    except ValueError:
-        return None
-    base = 8 + length
+    tensors, base = read
     windows = [(0, base)]
-    for name in sorted(k for k in header if k != "__metadata__"):
-        begin, end = header[name].get("data_offsets", (0, 0))
+    for name in sorted(tensors):
+        begin, end = tensors[name].get("data_offsets", (0, 0))
         windows.extend(_windows(base + begin, base + end, PLACES))
     return windows
 
