@@ -8,7 +8,9 @@ profile and the fingerprint of the weights this machine runs, or what a server o
 serves), the hash of every prompt file the
 config uses, the data file's hash, and the time limit. A resume compares that part and names every key that
 differs. The rest is a record: the selection, the judge and its prompt, the project commit, package versions,
-times. A change of judge only re-judges.
+times. A change of judge only re-judges. An openai run whose weights are fingerprinted here (`weights: profile`,
+--serve-llm among them) also records, as `served`, what the server said it served once it was up: its port and a
+converted folder's place change every run, so it is a record, not part of `answers`.
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ from loguru import logger
 
 from evaluation.data import Selection, data_pieces
 from models.config import REPO_ROOT, SystemConfig
-from models.llm.profile import served_config
+from models.llm.profile import load_profile, served_config
+from models.llm.served import server_report
 from models.llm.weights import weights_of
 from models.prompting import PromptLibrary
 from utils.durable_io import write_atomic
+from utils.errors import BackendUnavailable
 
 MANIFEST = "manifest.json"
 # Config keys that change where files go, how work is spread or what is recorded, never an answer.
@@ -79,6 +83,19 @@ def answer_inputs(config: SystemConfig, data: Path, time_limit_s: float | None, 
         "data": {"name": data.name, "sha256": file_hash(data)},
         "time_limit_s": time_limit_s,
     }
+
+
+def note_served(folder: Path, manifest: dict[str, Any], config: SystemConfig) -> None:
+    """Record in the run folder's manifest what the server answering this run reports it serves, when `answers`
+    does not already hold it (an openai run with `weights: profile`); a server that does not say is recorded as
+    such, and the backend's own probe then stops the run."""
+    if config.llm.backend != "openai" or config.llm.openai.weights != "profile":
+        return
+    try:
+        manifest["served"] = server_report(config.llm.openai, load_profile(config.llm.profile).name)
+    except BackendUnavailable as err:
+        manifest["served"] = f"unreachable: {err}"
+    write(folder, manifest)
 
 
 def _folder_hash(folder: Path) -> str:

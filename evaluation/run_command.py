@@ -47,6 +47,7 @@ def run(folder: RunFolder, answering: Answering = Answering()) -> int:
         check_resume(session.out_dir, predictions, run_manifest, answering.force_resume)
         manifest.write(session.out_dir, run_manifest)
         with kg_for_run(config, answering.serve_kg) as config, llm_for_run(config, answering.serve_llm) as config:
+            manifest.note_served(session.out_dir, run_manifest, config)
             records = answer(config, folder.data, answering, session.stats, session.selection, predictions, cluster)
         session.config = config
         return conclude(session, records, run_manifest, folder.data)

@@ -206,6 +206,28 @@ def test_a_run_against_another_machine_s_server_records_its_report_and_no_local_
         config.resolved()))["llm"])["server"]
 
 
+def test_a_run_against_a_served_second_folder_records_its_fingerprint_and_the_server_s_report(
+        monkeypatch, tmp_path, tiny):
+    """A run whose served weights are this machine's (`weights: profile`, as --serve-llm sets it) names the served
+    folder twice: `answers` holds its fingerprint, `served` what the server reported once it was up (the fake follows
+    vLLM's /v1/models); no hash of SmolLM2's GGUF anywhere."""
+    import local_evaluation
+    from evaluation import run_command
+    from tests.unit.test_hostile_inputs import ScriptedModel
+
+    server = ChatServer(models={"tiny": (str(tiny), 512)})
+    monkeypatch.setattr(run_command, "user_model", lambda config: ScriptedModel())
+    out = tmp_path / "run"
+    assert local_evaluation.main(["run", "--data", str(SAMPLE), "--out", str(out), "--limit", "1", "--time-limit",
+                                  "0", "--set", f"llm.profile={tiny_profile(tmp_path, tiny)}", "--set",
+                                  "llm.backend=openai", "--set", f"llm.openai.base_url={server.url}", "--set",
+                                  "llm.openai.weights=profile", "--set", "answer.gate=null"]) == 0
+    written = json.loads((out / "manifest.json").read_text())
+    assert written["answers"]["weights"]["fingerprint"] == fingerprint(tiny)[0]
+    assert written["served"] == {"id": "tiny", "root": str(tiny), "max_model_len": 512}
+    assert fingerprint(load_profile().weights_path())[0] not in json.dumps(written)
+
+
 @pytest.mark.parametrize("backend", ["hf", "openai", "vllm"])
 def test_a_gate_fit_on_smollm2_is_refused_for_the_second_folder_on_every_backend(tmp_path, tiny, backend):
     sets = [f"llm.backend={backend}", "llm.openai.weights=profile"]

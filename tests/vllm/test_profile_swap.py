@@ -1,11 +1,13 @@
 """docs/how-to/swap-the-model.md on the real CPU engine: a second model folder (the merged fine-tuned SmolLM2 that
 `make test-vllm` writes) and a profile naming it, served by `--serve-llm` and loaded by the in-process vllm backend.
-Each run's manifest names that folder's fingerprint, never the embedded SmolLM2's."""
+Each run's manifest names that folder's fingerprint, never the embedded SmolLM2's; the served run's also what the
+server reported it serves."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -28,7 +30,8 @@ def merged_profile(tmp_path_factory):
     return path
 
 
-def test_serve_llm_serves_the_profile_s_folder_and_the_run_records_its_fingerprint(merged_profile, smollm2, tmp_path):
+def test_serve_llm_serves_the_profile_s_folder_and_the_run_records_its_fingerprint_and_report(
+        merged_profile, smollm2, tmp_path):
     out = tmp_path / "run"
     done = subprocess.run([str(VENV_PYTHON), "local_evaluation.py", "--data", "data/crag_sample.jsonl", "--overlay",
                            "configs/overlays/vllm-cpu.yaml", "--set", f"llm.profile={merged_profile}", "--set",
@@ -36,8 +39,12 @@ def test_serve_llm_serves_the_profile_s_folder_and_the_run_records_its_fingerpri
                           capture_output=True, text=True, timeout=900, cwd=REPO_ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"({MERGED.name} as smollm2, vLLM CPU build" in done.stderr  # the profile's folder is what was served
-    weights = json.loads((out / "manifest.json").read_text())["answers"]["weights"]
-    assert weights["fingerprint"] == fingerprint(MERGED)[0] != fingerprint(smollm2)[0]
+    written = json.loads((out / "manifest.json").read_text())
+    assert written["answers"]["weights"]["fingerprint"] == fingerprint(MERGED)[0] != fingerprint(smollm2)[0]
+    served = written["served"]  # what the engine's GET /v1/models said once it was up
+    assert served["id"] == "smollm2" and served["max_model_len"] == MAX_MODEL_LEN
+    assert Path(served["root"]).resolve() == MERGED.resolve()
+    assert fingerprint(smollm2)[0] not in json.dumps(written)
     assert len((out / "predictions.jsonl").read_text().splitlines()) == 1
 
 
