@@ -3,7 +3,8 @@
 Commands (`local_evaluation.py COMMAND --help` lists the flags of one): run (the default) answers the selected
 questions, resuming an interrupted run; rejudge judges a run folder again; merge combines shard folders; calibrate
 shows how often a judge agrees with a person; compare A B gives run B's score difference from run A with a paired
-interval and the questions that flipped; gate fits or applies the answer gate; serve-command prints the `vllm serve`
+interval and the questions that flipped; ablate sets variants of the config side by side (what each module is
+worth); gate fits or applies the answer gate; serve-command prints the `vllm serve`
 command for a config's model profile. Each calls its module in evaluation/ (evaluation/run_command.py, ...).
 """
 
@@ -15,8 +16,10 @@ import shlex
 import sys
 from pathlib import Path
 
+from evaluation.ablation import DEFAULT_OUT as ABLATION_OUT
+from evaluation.ablation import ablate, read_variants
 from evaluation.calibrate_command import calibrate
-from evaluation.choices import Answering, Filters, JudgeChoice, RunFolder
+from evaluation.choices import DEFAULT_DATA, Answering, ConfigChoice, Filters, JudgeChoice, RunFolder
 from evaluation.compare_command import compare
 from evaluation.data import parse_shard
 from evaluation.gate_command import eval_command, fit_command
@@ -30,7 +33,7 @@ from utils.cli import CommandParser, command, interrupted
 
 WRITE_FAILED = 1  # a run stopped by a write the system refused (ENOSPC, EACCES); its saved answers stay
 
-COMMANDS = ("run", "rejudge", "merge", "calibrate", "compare", "gate", "serve-command")
+COMMANDS = ("run", "rejudge", "merge", "calibrate", "compare", "ablate", "gate", "serve-command")
 RUN_HELP = "answer the selected questions (resuming the run folder), judge them, write the report (the default)"
 
 
@@ -63,6 +66,29 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("b", type=Path, help="run folder B")
     compare.add_argument("--out", type=Path, default=None, help="where compare.json goes (default: folder B)")
     compare.add_argument("--show", type=int, default=10, help="flipped questions printed per kind")
+    ablate = sub.add_parser("ablate", parents=[judge], help="what each module is worth: the config and variants of "
+                            "it, answered and judged alike, side by side", description="Rows: the config, then each "
+                            "variant (-STAGE leaves a stage out, +STAGE switches one on, KEY=VALUE sets a key); each "
+                            "against the full system (leave-one-out) or, with --incremental, on top of the row "
+                            "before and against it. Every row answers with the answer gate off; the stages before "
+                            "the first one a row changes come from the stage cache. docs/how-to/which-modules-pay.md")
+    ablate.add_argument("--data", type=Path, default=DEFAULT_DATA, help="CRAG .jsonl or .jsonl.bz2 file")
+    add_config_arguments(ablate)
+    ablate.add_argument("--variant", action="append", default=[], dest="variants", metavar="'NAME: EDITS'",
+                        help="a row: a name, a colon, then edits (-STAGE, +STAGE, KEY=VALUE), e.g. "
+                        "'no KG: -kg' (repeatable; in order)")
+    ablate.add_argument("--variants", type=Path, default=None, dest="variants_file", metavar="FILE",
+                        help="rows from a YAML list of 'NAME: EDITS' lines, before any --variant")
+    ablate.add_argument("--incremental", action="store_true", help="each row on top of the one before, set against "
+                        "it (the seed paper's Table 2); default: each against the full system")
+    ablate.add_argument("--by", default="", metavar="KEYS", help="also by question_type, domain or "
+                        "static_or_dynamic (comma-separated)")
+    ablate.add_argument("--limit", type=int, default=None, help="the first N questions")
+    ablate.add_argument("--serve-kg", action="store_true", help="start the fixture KG server (as run does)")
+    ablate.add_argument("--serve-llm", action="store_true", help="serve the profile's model with vLLM's CPU build "
+                        "(as run does; with configs/overlays/vllm-cpu.yaml)")
+    ablate.add_argument("--out", type=Path, default=ABLATION_OUT, help="where the table and the rows' run folders "
+                        "go (default: runs/ablation)")
     gate = sub.add_parser("gate", help="the answer gate: fit one on judged runs, or see what one does to a run",
                           description="P(correct | the signals on each record), learnt from judged run folders; an "
                           "answer under the threshold would become \"i don't know\". gate eval shows that on a "
@@ -121,6 +147,11 @@ def dispatch(args: argparse.Namespace) -> int:
     if args.command == "compare":
         return compare(args.a, args.b, Filters.from_args(args), JudgeChoice.from_args(args), args.out,
                                 args.show)
+    if args.command == "ablate":
+        texts = (read_variants(args.variants_file) if args.variants_file else []) + args.variants
+        return ablate(ConfigChoice(args.config, tuple(args.overlay), tuple(args.sets)), args.data, texts,
+                      args.incremental, JudgeChoice.from_args(args), args.out, args.limit, args.serve_kg,
+                      args.serve_llm, [key.strip() for key in args.by.split(",") if key.strip()])
     if args.command == "gate":
         if args.gate_command == "fit":
             return fit_command(args.runs, args.out, args.rules_wrong_is_wrong)

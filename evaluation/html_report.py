@@ -352,6 +352,34 @@ def compare_html(result: dict[str, Any], name_a: str, name_b: str) -> str:
     return _page(f"compare {name_b} against {name_a}", body, panels)
 
 
+def ablation_html(table: dict[str, Any], title: str) -> str:
+    """The page of `ablate`: each row's verdicts and score (with its interval), and the table of rows with each
+    one's paired difference against the row it is set against."""
+    chart = score_chart("each row's verdicts and score", {row["name"]: row["overall"] for row in table["rows"]})
+    head = ("<tr><th>row</th><th>edits</th><th>correct</th><th>missing</th><th>hallucination</th><th>score</th>"
+            "<th>Δ score</th><th>95% CI</th><th>against</th><th>LLM calls / q</th><th>s / q</th></tr>")
+    lines = []
+    for row in table["rows"]:
+        s, diff = row["overall"], row.get("difference") or {}
+        ci = diff.get("ci95")
+        calls = row.get("llm_calls_per_question")
+        cells = [row["name"], " ".join(row["edits"]) or "-", _pct(s["accuracy"]), _pct(s["missing"]),
+                 _pct(s["hallucination"]), f"{s['score']:+.3f}",
+                 f"{diff['difference']:+.3f}" if diff else "-",
+                 f"[{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else "-", str(row.get("against") or "-"),
+                 "-" if calls is None else f"{calls:.2f}", f"{row['seconds_per_question']:.2f}"]
+        lines.append("<tr>" + "".join(f"<td>{escape(cell)}</td>" for cell in cells) + "</tr>")
+    shown = table.get("smallest_shown")
+    note = (f"On these {table['questions']} questions a difference within ±{shown:.3f} is not shown (the median "
+            "half-width of the rows' paired intervals)." if shown is not None else "Too few questions for an interval.")
+    body = (f"<header><h1>{escape(title)}</h1><p class=\"meta\">{escape(table['mode'])} · {table['questions']} "
+            f"questions · judge {escape(str(table['judge']))} · every row answered with the answer gate off</p>"
+            f"</header><section id=\"summary\">{chart}<p class=\"note\">{escape(note)}</p></section>"
+            f"<section id=\"rows\"><h2>Rows</h2><table><thead>{head}</thead><tbody>{''.join(lines)}</tbody></table>"
+            "</section>")
+    return _page(title, body, [])
+
+
 def write_html(page: str, path: Path) -> Path:
     return write_atomic(path, page)
 

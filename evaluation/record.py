@@ -135,6 +135,12 @@ class Record:
         return int((self.trace or {}).get("steps") or 0)
 
     @property
+    def llm_calls(self) -> int | None:
+        """The LLM conversations the system sent for this question; None in a run that did not record them."""
+        calls = (self.trace or {}).get("llm_calls")
+        return int(calls) if isinstance(calls, int) else None
+
+    @property
     def signals(self) -> dict[str, Any] | None:
         """The answer gate's inputs (the trace's `signals`), None where the run recorded none."""
         signals = (self.trace or {}).get("signals")

@@ -54,7 +54,8 @@ def failed_lines(summary: dict[str, Any]) -> list[str]:
 
 
 def score_records(lines: list[dict[str, Any]]) -> dict[str, Any]:
-    """Scores of judged records (each has "verdict"), by breakdown; latency per query and per stage.
+    """Scores of judged records (each has "verdict"), by breakdown; latency per query and per stage; the LLM calls per
+    question where the records hold them.
 
     A breakdown whose field no record has (popularity outside Task 1/2 data) is left out. Records judged by
     the organisers' rules too ("organisers_verdict") get the same scores under "organisers". Latency is each
@@ -77,6 +78,7 @@ def score_records(lines: list[dict[str, Any]]) -> dict[str, Any]:
         for stage in record.stages:
             if stage.get("status") == "ok":
                 per_stage[stage["stage"]].append(float(stage.get("seconds", 0.0)) / size)
+    calls = [c for r in records if (c := r.llm_calls) is not None]
     organisers = records and all(r.has("organisers_verdict") for r in records)
     confidences = [r.judge_confidence for r in records if isinstance(r.judge_confidence, float)]
     # Why the pipeline said "i don't know": a backend or a stage that started failing mid-run shows up here.
@@ -99,6 +101,7 @@ def score_records(lines: list[dict[str, Any]]) -> dict[str, Any]:
         "cut_by_grader": sum(bool(r.cut_by_grader) for r in records),
         "timed_out": sum(bool(r.timed_out) for r in records),
         "latency_s": {"per_query": latency(per_query), "per_stage": {k: latency(v) for k, v in per_stage.items()}},
+        **({"llm_calls_per_query": sum(calls) / len(calls)} if calls else {}),
         **({"routes": dict(routes), "steps_by_question_type": {
             k: {"queries": len(v), "mean": sum(v) / len(v), "max": max(v)} for k, v in sorted(steps.items())}}
            if steps else {}),

@@ -33,13 +33,16 @@ class Resource:
     """A resource: `build(config, prompts, built)` makes it from the config and the resources already built (those in
     `depends` among them); it may return None where the config leaves it out. `first`: built before every other
     (it loads no model). `drops`: None means a service did not answer, and the stages that need it leave the
-    pipeline (the KG client)."""
+    pipeline (the KG client). `sections`: the config sections its builder reads, so that two configs equal in
+    those share one (`local_evaluation.py ablate`) and a cached stage's key holds them (evaluation/stage_cache.py);
+    None where it reads the whole config."""
 
     build: Builder
     depends: tuple[str, ...] = ()
     doc: str = ""
     first: bool = False
     drops: bool = False
+    sections: tuple[str, ...] | None = None
 
 
 RESOURCES: dict[str, tuple[str, Resource]] = {}  # name -> (declaring module, resource), in build order
@@ -110,9 +113,10 @@ def _reranker(config: SystemConfig, prompts: PromptLibrary, built: dict[str, Any
 
 
 for _name, _resource in {
-    "pages": Resource(_pages, doc="the page workers and their cache"),
-    "llm": Resource(_llm, doc="the LLM backend of `llm.backend`"),
-    "embedder": Resource(_embedder, doc="the sentence embedder"),
-    "reranker": Resource(_reranker, doc="the cross-encoder of `references.rerank` (None without a model)"),
+    "pages": Resource(_pages, doc="the page workers and their cache", sections=("references",)),
+    "llm": Resource(_llm, doc="the LLM backend of `llm.backend`", sections=("llm",)),
+    "embedder": Resource(_embedder, doc="the sentence embedder", sections=("embedder",)),
+    "reranker": Resource(_reranker, doc="the cross-encoder of `references.rerank` (None without a model)",
+                         sections=("references",)),
 }.items():
     add_resource(_name, _resource, __name__)

@@ -161,6 +161,8 @@ class QueryState:
     dynamism: str | None = None       # attributes: static, slow-changing, fast-changing, real-time
     # The LLM steps the query used (each distinct query of a ctx.generate call counts one).
     steps: int = 0
+    # The LLM conversations sent for this query, one per conversation of a ctx.generate call it owns.
+    llm_calls: int = 0
     # Each LLM call of this query that got no reply, as "stage: why" (StageContext.generate): its answer is not
     # final, and a resumed run asks again.
     llm_failures: list[str] = field(default_factory=list)
@@ -200,17 +202,17 @@ class QueryState:
     def record(self) -> dict[str, Any]:
         """What the query went through, for the run folder's per-question record: the reason for its answer,
         each stage's status and seconds, the predicted attributes, the references chosen for the prompt (best
-        first; the prompt takes them while they fit), the LLM steps, the confidence signals, the LLM calls that
-        failed (`llm_failures`; no such key when none did); with `record_prompts` on, every LLM conversation and
-        its replies (`prompts`; no such key when none was recorded); the evidence a prompt left out (`unshown`,
-        likewise); then the fields stages add (`Stage.fields`), as each declares."""
+        first; the prompt takes them while they fit), the LLM steps and calls, the confidence signals, the LLM
+        calls that failed (`llm_failures`; no such key when none did); with `record_prompts` on, every LLM
+        conversation and its replies (`prompts`; no such key when none was recorded); the evidence a prompt left out
+        (`unshown`, likewise); then the fields stages add (`Stage.fields`), as each declares."""
         record = {"interaction_id": self.interaction_id, "reason": self.done_reason,
                   "stages": [dataclasses.asdict(r) for r in self.trace],
                   "predicted": {"domain": self.domain, "dynamism": self.dynamism},
                   "references": [{"page": r.page_name, "url": r.page_url, "updated": r.page_last_modified,
                                   "kind": r.kind, "score": round(r.score, 4), "relevance": r.relevance,
                                   "text": r.text} for r in self.references],
-                  "steps": self.steps, "signals": self.signals}
+                  "steps": self.steps, "llm_calls": self.llm_calls, "signals": self.signals}
         for name in ("llm_failures", "prompts", "unshown"):
             if value := getattr(self, name):
                 record[name] = value
@@ -251,8 +253,8 @@ QUERY_STATE_FIELDS = frozenset(f.name for f in dataclasses.fields(QueryState))
 _RECORD_KEYS = frozenset({"reason", "stages", "predicted"})  # record() keys that are not field names
 # Read and written by any stage: the batch's inputs are read-only to all (their writes are checked), the answer and
 # what ctx.generate and the runner keep (steps, failed calls, prompts, the trace, signals) are every stage's.
-OPEN_READS = BATCH_INPUTS | {"answer", "done", "done_reason", "steps", "llm_failures", "prompts", "signals", "trace",
-                             "unshown", "added"}
+OPEN_READS = BATCH_INPUTS | {"answer", "done", "done_reason", "steps", "llm_calls", "llm_failures", "prompts",
+                             "signals", "trace", "unshown", "added"}
 OPEN_WRITES = OPEN_READS - BATCH_INPUTS - {"added"}
 
 

@@ -60,10 +60,7 @@ class CragSystem:
 
     def close(self) -> None:
         """Stop the page workers and an in-process engine (both also stop when the process exits)."""
-        if (pages := self.resource("pages")) is not None:
-            pages.close()
-        if isinstance(llm := self.resource("llm"), Closable):
-            llm.close()
+        close_resources(self.resources)
 
     def batch(self, size: int, prompts: PromptLibrary | None = None) -> Batch:
         """What the stages of one batch share: this system's resources and a fresh batch deadline."""
@@ -94,6 +91,14 @@ class CragSystem:
             if state.done_reason:
                 logger.info("{} answered '{}': {}", state.interaction_id, state.answer, state.done_reason)
         return BatchResult([state.answer or IDK for state in states], [state.record() for state in states])
+
+
+def close_resources(resources: Mapping[str, Any]) -> None:
+    """Stop the page workers and an in-process engine among `resources` (by name)."""
+    if (pages := resources.get("pages")) is not None:
+        pages.close()
+    if isinstance(llm := resources.get("llm"), Closable):
+        llm.close()
 
 
 # A query is cut here as a page's HTML is cut at its max_page_chars: CRAG's questions are a sentence or two,

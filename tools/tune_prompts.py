@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -46,51 +45,25 @@ from evaluation.llm_server import llm_for_run
 from evaluation.metrics import POINTS, paired_difference
 from evaluation.report import score_records
 from evaluation.run_command import kg_for_run
+from evaluation.stage_cache import (
+    example_key,
+    pages_of,
+    prefix_signature,
+    read_sections,
+    state_from_json,
+    state_to_json,
+)
 from evaluation.verdicts import CORRECT, FACTS, MISS, UNJUDGED, WRONG
 from models.config import REPO_ROOT, ConfigError, SystemConfig, add_config_arguments
 from models.loading import config_from_args, load_config
 from models.prompting import PromptLibrary
-from models.stages.stage import Batch, Stage, run_stage
-from models.state import ADDED_FIELDS, QueryState, Reference, StageRecord
+from models.stages.stage import Batch, run_stage
+from models.state import QueryState
 from models.system import CragSystem, unpack_batch
 from training.judged_data import fold_of
 from utils.batch import make_batch
-from utils.cache import JsonCache, cache_root, content_key
+from utils.cache import JsonCache, cache_root
 from utils.cli import CommandParser, check_out, command, interrupted
-
-STAGE_CACHE_VERSION = "stages-3"
-
-
-def state_to_json(state: QueryState) -> dict[str, Any]:
-    data = dataclasses.asdict(state)
-    data.pop("pages")  # the input: given back from the data file when the state is loaded
-    data.pop("query_vector")  # embeddings stay in memory: the stages after the tuned prompt's never read them
-    data.pop("reference_vectors")
-    data.pop("candidate_vectors")  # the multi-hop strategies' retriever embeds the candidates again when needed
-    return data
-
-
-def state_from_json(data: dict[str, Any], pages: list[dict[str, Any]]) -> QueryState:
-    fields = dict(data, pages=pages)
-    fields["references"] = [Reference(**r) for r in data["references"]]
-    fields["candidates"] = [Reference(**r) for r in data.get("candidates", [])]
-    fields["added"] = {name: load(value) if (load := ADDED_FIELDS[name][1].load) else value
-                       for name, value in data.get("added", {}).items() if name in ADDED_FIELDS}
-    fields["trace"] = [StageRecord(**r) for r in data["trace"]]
-    return QueryState(**fields)
-
-
-def upstream_key(example: dict[str, Any], config: SystemConfig, stage_names: list[str],
-                 prompt_digests: list[str], downstream_sections: frozenset[str] = frozenset()) -> str:
-    """Everything the upstream stages' output depends on: the question and its pages, the config (prompt
-    overrides aside, and the `downstream_sections` only later stages read) and the digests of the prompts those
-    stages use."""
-    settings = config.resolved()
-    for name in {"prompts", "source"} | downstream_sections:
-        settings.pop(name)
-    return content_key(STAGE_CACHE_VERSION, json.dumps(settings, sort_keys=True), *stage_names, *prompt_digests,
-                       example["interaction_id"], example["query"], example["query_time"],
-                       json.dumps(example["search_results"], sort_keys=True))
 
 
 class Tuner:
@@ -108,17 +81,12 @@ class Tuner:
         self.system, self.prompt, self.cache = system, prompt, cache
         self.key_config = key_config or system.config
         self.upstream, self.downstream = stages[:split], stages[split:]
-        digests = [system.prompts.get(n).digest for s in self.upstream for n in s.prompts]
         # a setting of a section only the tuned stages read (a summariser budget) answers from the same cache
-        self.downstream_only = frozenset(self.sections(self.downstream) - self.sections(self.upstream))
-        self._key_parts = ([s.name for s in self.upstream], digests, self.downstream_only)
-
-    @staticmethod
-    def sections(stages: list[Stage]) -> set[str]:
-        return {name for stage in stages for name in stage.sections}
+        self.downstream_only = frozenset(read_sections(self.downstream) - read_sections(self.upstream))
+        self._signature = prefix_signature(self.key_config, system.prompts, self.upstream)
 
     def upstream_states(self, examples: list[dict[str, Any]]) -> list[QueryState]:
-        keys = [upstream_key(e, self.key_config, *self._key_parts) for e in examples]
+        keys = [example_key(self._signature, e) for e in examples]
         cached = [self.cache.get(key) for key in keys]
         missing = [i for i, value in enumerate(cached) if value is None]
         batch_size = self.system.config.batch_size
@@ -136,7 +104,7 @@ class Tuner:
         states = []
         for value, example in zip(cached, examples):
             assert value is not None  # each one missing was computed above
-            states.append(state_from_json(value, [p for p in example["search_results"] if isinstance(p, dict)]))
+            states.append(state_from_json(value, pages_of(example)))
         return states
 
     def check_setting(self, key: str) -> None:
@@ -144,7 +112,7 @@ class Tuner:
         section = key.partition(".")[0]
         if section not in self.downstream_only:
             raise ConfigError(f"--setting {key}: only a section of the stages from {self.downstream[0].name} on can "
-                              f"vary ({sorted(self.sections(self.downstream))}); run "
+                              f"vary ({sorted(read_sections(self.downstream))}); run "
                               "local_evaluation.py with --set for any other")
 
     def variant_answers(self, states: list[QueryState], variant: str, label: str = "",

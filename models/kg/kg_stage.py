@@ -92,7 +92,8 @@ class KGStage(Stage):
     prompts = ("kg_entities", "kg_functions")
     settings = KGSettings
     fields = (KG_RESULTS, KG_CALLS)
-    resources = {"kg": Resource(build_client, doc="the KG client (None when no server answered)", drops=True)}
+    resources = {"kg": Resource(build_client, doc="the KG client (None when no server answered)", drops=True,
+                                 sections=("kg",))}
     may_read = frozenset({"domain"})  # the rules path's entity prompt names the predicted domain where there is one
     writes = frozenset({"kg_results", "kg_calls"})
     needs = frozenset({"llm", "kg", "embedder"})

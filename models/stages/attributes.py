@@ -145,6 +145,7 @@ class AttributesStage(Stage):
     needs = frozenset({"llm", "embedder"})
     signals = {"attributes.domain_share": "icl: the share of the samples that voted the predicted domain",
                "attributes.dynamism_share": "icl: the share of the samples that voted the predicted dynamism"}
+    switch_on = ("attributes.method=svm",)
 
     @classmethod
     def estimate(cls, config: SystemConfig, prompts: PromptLibrary) -> list[StagePlan]:

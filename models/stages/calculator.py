@@ -95,6 +95,7 @@ class CalculatorStage(Stage):
     may_read = frozenset({EVIDENCE})
     writes = frozenset({"calculations"})
     needs = frozenset({"llm"})
+    switch_on = ("calculator.enabled=true",)
 
     @classmethod
     def estimate(cls, config: SystemConfig, prompts: PromptLibrary) -> list[StagePlan]:

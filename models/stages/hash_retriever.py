@@ -166,7 +166,8 @@ PROPOSITIONS = StateField[list[Proposition]](
 class HashRetriever(Retriever):
     settings = HashKeys
     fields = (PROPOSITIONS,)
-    resources = {"hash_model": Resource(build_hash_model, ("embedder",), "HASH-RAG's hash layer (retriever hash only)")}
+    resources = {"hash_model": Resource(build_hash_model, ("embedder",), "HASH-RAG's hash layer (retriever hash only)",
+                                        sections=("references",))}
     prompts = ("propositions",)  # used only with references.hash.units: llm
     needs = frozenset({"hash_model", "llm"})
 

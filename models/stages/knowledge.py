@@ -30,6 +30,7 @@ class KnowledgeStage(Stage):
     writes = frozenset({"knowledge"})
     needs = frozenset({"llm"})
     signals = {"knowledge.agrees": "whether the knowledge extractor's answer equals the answer (None without one)"}
+    switch_on = ("knowledge.enabled=true",)
 
     @classmethod
     def estimate(cls, config: SystemConfig, prompts: PromptLibrary) -> list[StagePlan]:

@@ -25,6 +25,7 @@ class MultiHopHandoff(Stage):
     writes = frozenset({"route", "sub_queries", "steps", "answer"})
     needs = frozenset({"llm", "embedder"})
     signals = ROUTE_SIGNAL
+    switch_on = ("multihop=hanrag",)
 
     @classmethod
     def outcome(cls, state: QueryState) -> dict[str, Signal]:

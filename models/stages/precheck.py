@@ -29,6 +29,7 @@ class DynamicPrecheck(Stage):
     reads = frozenset({"dynamism"})
     may_read = frozenset({EVIDENCE})
     writes = frozenset({"answer"})
+    switch_on = ("answer.dynamic_idk=true",)
 
     @classmethod
     def active(cls, config: SystemConfig) -> bool:

@@ -98,10 +98,12 @@ RETRIEVAL_FEATURES = StateField[list[list[float]] | None](
 class R2AGStage(Stage):
     settings = R2AGSettings
     fields = (RETRIEVAL_FEATURES,)
-    resources = {"r2former": Resource(build_r2former, ("llm", "embedder"), "the R2AG head (r2ag.enabled only)")}
+    resources = {"r2former": Resource(build_r2former, ("llm", "embedder"), "the R2AG head (r2ag.enabled only)",
+                                       sections=("r2ag", "llm"))}
     reads = frozenset({"references", "reference_vectors", "query_vector"})
     writes = frozenset({"references", "reference_vectors", "retrieval_features"})
     needs = frozenset({"r2former"})
+    switch_on = ("r2ag.enabled=true",)
 
     @classmethod
     def active(cls, config: SystemConfig) -> bool:

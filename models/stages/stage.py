@@ -16,6 +16,7 @@ A stage is one class in one file:
         writes = frozenset({"my_field"})    # QueryState fields it sets
         needs = frozenset({"llm", "my_index"})  # resources it uses (models/resources.py)
         signals = {"my_stage.score": "what it means"}  # the answer gate's signals it writes
+        switch_on = ("my_stage.enabled=true",)  # where `active` can be False: the settings that turn it on
         closing = False                 # True: runs after the answer step, listed in no strategy (the gate)
 
         @classmethod
@@ -89,6 +90,8 @@ class Stage:
     writes: ClassVar[frozenset[str]] = frozenset()
     needs: ClassVar[frozenset[str]] = frozenset()
     signals: ClassVar[dict[str, str]] = {}
+    # The settings (as --set takes them) that switch it on where `active` is False: `ablate`'s +STAGE.
+    switch_on: ClassVar[tuple[str, ...]] = ()
     # A closing stage runs after the answer step, on every query, when active (the answer gate); no strategy lists it.
     closing: ClassVar[bool] = False
 
@@ -317,6 +320,7 @@ class StageContext:
                               else llm.generate_with_embeddings(conversations, embeddings, params),
                               len(conversations), self.stage.name)
         for owner, samples in zip(owners, outputs):
+            owner.llm_calls += 1
             owner.llm_failures += [f"{self.stage.name}: {s.failure}" for s in samples if s.finish_reason == FAILED]
         if self._record_prompts:
             for owner, conversation, samples in zip(owners, conversations, outputs):

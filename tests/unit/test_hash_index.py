@@ -435,7 +435,7 @@ def test_hash_model_for_another_embedder_fails_at_load(make_system, hash_config,
 def test_propositions_survive_the_tuning_cache(hash_config, sample_examples):
     import json
 
-    from tools.tune_prompts import state_from_json, state_to_json
+    from evaluation.stage_cache import state_from_json, state_to_json
 
     state = run_references(hash_config, ScriptedLLM(), sample_examples[0])
     restored = state_from_json(json.loads(json.dumps(state_to_json(state))), state.pages)

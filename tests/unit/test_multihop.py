@@ -334,14 +334,16 @@ def test_hybrid_hands_complex_questions_to_dualrag(make_system, cpu_config, samp
     assert len(calls_of(llm, "dualrag_answer")) == 1 and len(calls_of(llm, "reasoning")) == 1
 
 
-def test_states_from_the_tuning_cache_are_searchable_again(make_system, cpu_config, sample_examples):
-    from tools.tune_prompts import state_from_json, state_to_json
+def test_states_from_the_stage_cache_are_searchable_again(make_system, cpu_config, sample_examples):
+    from evaluation.stage_cache import state_from_json, state_to_json
 
     system = make_system(ScriptedLLM())
     (state,) = [QueryState(0, "q0", LENNON, "", example(sample_examples, LENNON)["search_results"])]
     run_stage(stage_of(system, "references"), [state], system.batch(1))  # candidates and their vectors
     restored = state_from_json(json.loads(json.dumps(state_to_json(state))), state.pages)
-    assert restored.candidate_vectors is None and len(restored.candidates) == len(state.candidates) > 0
+    assert len(restored.candidates) == len(state.candidates) > 0  # their vectors kept exactly
+    assert restored.candidate_vectors.dtype == state.candidate_vectors.dtype
+    assert (restored.candidate_vectors == state.candidate_vectors).all()
     retriever = LocalRetriever(system.resource("embedder"))
     question = "when was lennon born"
     fresh, cached = retriever.search([Request(state, question), Request(restored, question)], k=3)

@@ -1,0 +1,569 @@
+"""`local_evaluation.py ablate`: what each module is worth on a competitor's model and data.
+
+A variant is the config with a few edits, each one of
+- `-STAGE`: the stage left out of the strategy;
+- `+STAGE`: the stage switched on (its `Stage.switch_on` settings) or, where the strategy does not list it, added at
+  its place in the seed system's order;
+- `KEY=VALUE`: a setting, as --set takes it (a strategy swapped is `strategy=hanrag`, a retriever swapped
+  `references.retriever=hash`).
+
+Leave-one-out (the default) applies each variant's edits to the config and sets each row against the full system;
+`incremental` applies them in turn, each on top of the last, and sets each row against the row before it, as the
+seed paper's Table 2 adds one module at a time. Every row answers with the answer gate off, since a gate is fit on
+one setup; the config's gate is applied beside each row whose setup it was fit on.
+
+Every row is answered in this process over the same questions and judged by one judge. The stages before the first
+one a row changes are not run again: their query states come from the stage cache (evaluation/stage_cache.py),
+which keeps the states at every point where two rows' pipelines part. Each row is a run folder under
+`<out>/rows/` (predictions.jsonl and manifest.json, as `run` writes them), written once the row is answered, so
+`compare` reads any two of them, and a killed ablation started again answers only the rows not written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shlex
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from evaluation import manifest
+from evaluation.choices import ConfigChoice, JudgeChoice
+from evaluation.compare import compare_records
+from evaluation.compare_command import corrected_comparison
+from evaluation.data import Selection, check_data_file, read_examples
+from evaluation.html_report import ablation_html, write_html
+from evaluation.judge import judge_records
+from evaluation.metrics import MIN_FOR_INTERVAL, paired_difference
+from evaluation.report import score_records
+from evaluation.runner import RECORD_FIELDS, load_predictions
+from evaluation.stage_cache import example_key, pages_of, prefix_signature, state_from_json, state_to_json
+from models.config import DEFAULT_STRATEGIES, REPO_ROOT, ConfigError, SystemConfig, resolve_path
+from models.gate.answer_gate import gate_settings
+from models.llm.profile import served_config
+from models.loading import load_config, pipeline_stages
+from models.prompting import PromptLibrary
+from models.resources import RESOURCES
+from models.stages import STAGES
+from models.stages.stage import run_stage
+from models.state import QueryState
+from models.system import CragSystem, close_resources, unpack_batch
+from utils.answers import IDK
+from utils.batch import make_batch
+from utils.cache import JsonCache, cache_root, content_key
+from utils.cli import check_out
+from utils.durable_io import json_line, write_atomic
+from utils.names import did_you_mean
+
+NO_GATE = "answer.gate=null"
+DEFAULT_OUT = REPO_ROOT / "runs" / "ablation"
+FULL = "full system"
+BASE = "base"
+EDIT = re.compile(r"^(?P<sign>[+-])(?P<stage>[A-Za-z_][\w]*)$")
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row: its name, the edits as given and the --set assignments they come to over the base config."""
+
+    name: str
+    edits: tuple[str, ...]
+    sets: tuple[str, ...]
+    config: SystemConfig = field(compare=False, repr=False)
+
+    @property
+    def folder(self) -> str:
+        """Its run folder's name: readable, and another for any other setting."""
+        slug = re.sub(r"[^A-Za-z0-9]+", "-", self.name).strip("-").lower()[:40] or "row"
+        return f"{slug}-{content_key(*self.sets)[:8]}"
+
+
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    """`NAME: EDIT EDIT ...` (or the edits alone, named by themselves) as (name, edits); edits split as a shell
+    splits words, so a value with spaces is quoted."""
+    name, sep, rest = text.partition(":")
+    if not sep or "=" in name or name.strip().startswith(("+", "-")):
+        name, rest = text, text
+    try:
+        edits = shlex.split(rest)
+    except ValueError as err:
+        raise ConfigError(f"--variant {text!r}: {err}; quote a value with spaces once") from None
+    if not edits:
+        raise ConfigError(f"--variant {text!r}: no edit; give -STAGE, +STAGE or KEY=VALUE after the name")
+    return name.strip(), edits
+
+
+def read_variants(path: Path) -> list[str]:
+    """A variants file: a YAML list, each item `NAME: EDITS` (a string) or {name: EDITS} (a one-key mapping)."""
+    import yaml
+
+    try:
+        items = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as err:
+        raise ConfigError(f"--variants {path}: unreadable ({err})") from None
+    if not isinstance(items, list) or not items:
+        raise ConfigError(f"--variants {path}: write a YAML list of 'NAME: EDITS' lines")
+    texts = []
+    for number, item in enumerate(items, start=1):
+        if isinstance(item, dict) and len(item) == 1:
+            (name, edits), = item.items()
+            edits = " ".join(edits) if isinstance(edits, list) else edits
+            texts.append(f"{name}: {edits}")
+        elif isinstance(item, str):
+            texts.append(item)
+        else:
+            raise ConfigError(f"--variants {path}: item {number} is neither 'NAME: EDITS' nor a one-key mapping")
+    return texts
+
+
+def _strategy_set(config: SystemConfig, names: list[str]) -> str:
+    return f"strategies.{config.strategy}=[{', '.join(names)}]"
+
+
+def edit_sets(edit: str, config: SystemConfig, label: str) -> list[str]:
+    """The --set assignments of one edit on `config`; a ConfigError (naming `label`, the variant) where it names no
+    stage, or turns off a stage that is not on, or on one that is."""
+    if "=" in edit and not edit.startswith(("+", "-")):
+        return [edit]
+    match = EDIT.match(edit)
+    if match is None:
+        raise ConfigError(f"{label}: {edit!r} is no edit; write -STAGE, +STAGE or KEY=VALUE")
+    stage, listed = match["stage"], config.strategy_names()
+    on = [cls.name for cls in pipeline_stages(config)]
+    if stage not in STAGES or STAGES.get(stage).closing:
+        raise ConfigError(f"{label}: {edit}: no stage {stage!r} can be listed in a strategy"
+                          f"{did_you_mean(stage, [n for n in STAGES if not STAGES.get(n).closing])}")
+    cls = STAGES.get(stage)
+    if match["sign"] == "-":
+        if stage not in on:
+            why = "is not in" if stage not in listed else "is switched off in"
+            raise ConfigError(f"{label}: {edit}: stage {stage} {why} strategy {config.strategy} "
+                              f"(it runs: {', '.join(on)}); the row would be the one it is set against")
+        return [_strategy_set(config, [name for name in listed if name != stage])]
+    if stage in on:
+        raise ConfigError(f"{label}: {edit}: stage {stage} already runs in strategy {config.strategy}")
+    sets: list[str] = []
+    if stage not in listed:
+        sets.append(_strategy_set(config, _placed(stage, listed, label, edit)))
+    if not cls.active(config):
+        if not cls.switch_on:
+            raise ConfigError(f"{label}: {edit}: stage {stage} is switched off by a setting it does not name; give "
+                              "the setting that turns it on as KEY=VALUE")
+        sets.extend(cls.switch_on)
+    return sets
+
+
+def _placed(stage: str, listed: list[str], label: str, edit: str) -> list[str]:
+    """`listed` with `stage` inserted where the seed system's strategy puts it, after the listed stages before it."""
+    order = DEFAULT_STRATEGIES["hybrid"]
+    if stage not in order:
+        raise ConfigError(f"{label}: {edit}: stage {stage} has no place in the seed system's order "
+                          f"({', '.join(order)}); swap the strategy (strategy=NAME) or list it with "
+                          f"strategies.NAME=[...]")
+    before = set(order[:order.index(stage)])
+    at = max((i + 1 for i, name in enumerate(listed) if name in before), default=0)
+    return [*listed[:at], stage, *listed[at:]]
+
+
+def build_variants(texts: Sequence[str], load: Callable[[Sequence[str]], SystemConfig], incremental: bool,
+                   serve_llm: bool = False) -> list[Variant]:
+    """The rows: the config itself, then one per variant text; each config loaded (`load(sets)`) and its pipeline
+    checked before anything runs, so that an unknown setting or a stage left without a field it reads is a
+    one-line error naming the variant."""
+    base = load([NO_GATE])
+    pipeline_stages(base)
+    rows = [Variant(BASE if incremental else FULL, (), (), base)]
+    for text in texts:
+        name, edits = parse_variant(text)
+        label = f"--variant {name!r}"
+        if name in {row.name for row in rows}:
+            raise ConfigError(f"{label}: another row has that name; name each variant once")
+        previous = rows[-1] if incremental else rows[0]
+        sets, config = list(previous.sets), previous.config
+        for edit in edits:
+            sets += edit_sets(edit, config, label)
+            config = _load(load, sets, label)
+            try:
+                runs = {cls.name for cls in pipeline_stages(config)}
+            except ConfigError as err:
+                raise ConfigError(f"{label}: {err}") from None
+            if (match := EDIT.match(edit)) and (match["stage"] in runs) != (match["sign"] == "+"):
+                raise ConfigError(f"{label}: {edit}: stage {match['stage']} is still "
+                                  f"{'off' if match['sign'] == '+' else 'on'} after it; set what else it needs "
+                                  "(its `active` reads more settings)")
+        if serve_llm and config.llm.profile != base.llm.profile:
+            raise ConfigError(f"{label}: --serve-llm serves the config's profile ({base.llm.profile}), not "
+                              f"{config.llm.profile}; ablate another model without --serve-llm")
+        if _settings(config) == _settings(previous.config):
+            raise ConfigError(f"{label}: {' '.join(edits)} changes no setting of the row it is set against")
+        rows.append(Variant(name, tuple(edits), tuple(sets), config))
+    return rows
+
+
+def _settings(config: SystemConfig) -> dict[str, Any]:
+    return {key: value for key, value in config.resolved().items() if key != "source"}
+
+
+def _load(load: Callable[[Sequence[str]], SystemConfig], sets: Sequence[str], label: str) -> SystemConfig:
+    try:
+        return load([*sets, NO_GATE])
+    except ConfigError as err:
+        raise ConfigError(f"{label}: {err}") from None
+
+
+def cache_points(signatures: Sequence[Sequence[str]]) -> set[str]:
+    """The prefix signatures worth keeping: for each row, the longest prefix (of one stage or more) another row
+    shares. `signatures[r][i]`: row r's signature after its first i stages."""
+    points = set()
+    for r, own in enumerate(signatures):
+        others = {s for o, sigs in enumerate(signatures) if o != r for s in sigs[1:]}
+        shared = [s for s in own[1:] if s in others]
+        if shared:
+            points.add(shared[-1])
+    return points
+
+
+class ResourcePool:
+    """The resources rows share: one per resource and setting of the sections its builder reads
+    (`Resource.sections`), so that a row changing a stage's setting loads no model again."""
+
+    def __init__(self, given: Mapping[str, Any] | None = None) -> None:
+        self.given = dict(given or {})  # by name, for every row (tests pass fakes)
+        self.built: dict[tuple[str, str], Any] = {}
+
+    @staticmethod
+    def key(name: str, config: SystemConfig) -> tuple[str, str]:
+        resolved = config.resolved()
+        sections = RESOURCES[name][1].sections
+        parts = {s: resolved.get(s) for s in sections} if sections is not None else resolved
+        return name, json.dumps(parts, sort_keys=True, default=str)
+
+    def system(self, config: SystemConfig) -> CragSystem:
+        """`config`'s system, built with the resources an earlier row built from the same settings."""
+        pooled = {name: resource for name in RESOURCES if (resource := self.built.get(self.key(name, config)))}
+        system = CragSystem(config, given={**pooled, **self.given})
+        for name, resource in system.resources.items():
+            if resource is not None:
+                self.built.setdefault(self.key(name, config), resource)
+        return system
+
+    def close(self) -> None:
+        for (name, _), resource in self.built.items():
+            close_resources({name: resource})
+
+
+def answer_row(system: CragSystem, key_config: SystemConfig, examples: list[dict[str, Any]], cache: JsonCache,
+               points: set[str], label: str) -> list[dict[str, Any]]:
+    """The records of `system`'s answers to `examples`, as `run` writes them: each batch resumes from the deepest
+    cached prefix all its questions have, and its states are kept at every point in `points`. A batch's seconds
+    count its cached stages' seconds too, and so does its deadline. `key_config`: the config the keys read (before
+    a served KG or LLM put a port in it)."""
+    pipeline = system.pipeline
+    signatures = [prefix_signature(key_config, system.prompts, pipeline[:i]) for i in range(len(pipeline) + 1)]
+    size = system.config.batch_size
+    records: list[dict[str, Any]] = []
+    for start in tqdm(range(0, len(examples), size), desc=label, unit="batch", disable=None, dynamic_ncols=True):
+        chunk = examples[start:start + size]
+        began, spent, states = _cached(cache, signatures, points, chunk)
+        started = time.perf_counter()
+        shared = system.batch(len(states))
+        shared = dataclasses.replace(shared, deadline=shared.deadline.reserve(spent))  # the cached stages' time
+        for index in range(began, len(pipeline)):
+            run_stage(pipeline[index], states, shared)
+            if signatures[index + 1] in points:
+                seconds = spent + time.perf_counter() - started
+                for example, state in zip(chunk, states):
+                    cache.put(example_key(signatures[index + 1], example),
+                              {"state": state_to_json(state), "seconds": seconds})
+        for stage in [system.answer_stage, *system.closing]:
+            run_stage(stage, states, shared, always=True)
+        seconds = spent + time.perf_counter() - started
+        for example, state in zip(chunk, states):
+            record = {key: example.get(key) for key in RECORD_FIELDS}
+            record.update(prediction=state.answer or IDK, batch_seconds=round(seconds, 3), batch_size=len(chunk),
+                          timed_out=False, trace=state.record())
+            records.append(record)
+    return records
+
+
+def _cached(cache: JsonCache, signatures: list[str], points: set[str],
+            chunk: list[dict[str, Any]]) -> tuple[int, float, list[QueryState]]:
+    """(stages done, their seconds, the states) of the deepest kept prefix every question of `chunk` has; none done
+    and fresh states where none has."""
+    for done in range(len(signatures) - 1, 0, -1):
+        if signatures[done] not in points:
+            continue
+        found = [cache.get(example_key(signatures[done], example)) for example in chunk]
+        entries = [entry for entry in found if entry is not None]
+        if len(entries) == len(chunk):
+            return (done, max(entry["seconds"] for entry in entries),
+                    [state_from_json(entry["state"], pages_of(e)) for entry, e in zip(entries, chunk)])
+    return 0, 0.0, unpack_batch(make_batch(chunk))
+
+
+@dataclass
+class Ablation:
+    """One ablation's inputs, checked: its rows, the questions, the judge, where it is written."""
+
+    rows: list[Variant]
+    data: Path
+    examples: list[dict[str, Any]]
+    judge: JudgeChoice
+    out: Path
+    incremental: bool
+    gate_file: str | None = None  # the config's own gate (answer.gate), applied beside the rows it was fit for
+    serve_kg: bool = False
+    serve_llm: bool = False
+    by: tuple[str, ...] = ()
+
+    def folder(self, row: Variant) -> Path:
+        return self.out / "rows" / row.folder
+
+    def against(self, index: int) -> int:
+        """The row `index` is set against: the one before it (incremental), else the full system."""
+        return index - 1 if self.incremental else 0
+
+    def inputs(self, row: Variant) -> dict[str, Any]:
+        """What changes the row's answers, as a run's manifest records it."""
+        return manifest.answer_inputs(row.config, self.data, None, self.serve_kg and row.config.task > 1,
+                                      self.serve_llm)
+
+    def finished(self, row: Variant) -> list[dict[str, Any]] | None:
+        """The row's judged records, where its folder holds an answer to every question from the same setup."""
+        folder = self.folder(row)
+        old = manifest.load(folder)
+        if old is None or old.get("answers") != self.inputs(row) or not (folder / PREDICTIONS).exists():
+            return None
+        done = load_predictions(folder / PREDICTIONS)
+        ids = [example["interaction_id"] for example in self.examples]
+        return [done[i] for i in ids] if all(i in done for i in ids) else None
+
+
+PREDICTIONS = "predictions.jsonl"
+
+
+def served(config: SystemConfig, like: SystemConfig, kg: bool, llm: bool) -> SystemConfig:
+    """`config` pointed at the KG and LLM servers `like` (the base config, served) was pointed at."""
+    if kg and config.task > 1:
+        config = config.with_keys("kg", base_url=like.section("kg").base_url)
+    return served_config(config, like.llm.openai.base_url) if llm else config
+
+
+def write_manifest(ablation: Ablation) -> Path:
+    """ablation-manifest.json: every row's edits, --set assignments, folder and resolved config."""
+    return write_atomic(ablation.out / "ablation-manifest.json", json.dumps({
+        "mode": "incremental" if ablation.incremental else "leave-one-out",
+        "data": {"name": ablation.data.name, "sha256": manifest.file_hash(ablation.data),
+                 "questions": len(ablation.examples)},
+        "judge": {"spec": ablation.judge.spec, "model": ablation.judge.model},
+        "gate": ablation.gate_file,
+        "rows": [{"name": row.name, "edits": list(row.edits), "sets": list(row.sets),
+                  "folder": str(ablation.folder(row).relative_to(ablation.out)), "config": row.config.resolved()}
+                 for row in ablation.rows]}, indent=2, default=str) + "\n")
+
+
+def run_rows(ablation: Ablation, cache: JsonCache, served_base: SystemConfig,
+             given: Mapping[str, Any] | None = None) -> list[list[dict[str, Any]]]:
+    """Every row's judged records: those of a finished row read back, the others answered, each judged by the
+    ablation's judge and its folder written. `given`: resources by name every row uses as they are."""
+    from evaluation.judge import build_judge
+
+    judge = build_judge(ablation.judge.spec, ablation.judge.model)
+    rows = ablation.rows
+    signatures = [[prefix_signature(row.config, PromptLibrary(row.config.prompts), stages[:i])
+                   for i in range(len(stages) + 1)]
+                  for row in rows for stages in [pipeline_stages(row.config)]]
+    points = cache_points(signatures)
+    pool = ResourcePool(given)
+    judged: list[list[dict[str, Any]]] = []
+    try:
+        for number, row in enumerate(rows, start=1):
+            records = ablation.finished(row)
+            if records is not None:
+                print(f"row {number}/{len(rows)} {row.name}: answered before ({ablation.folder(row)})",
+                      file=sys.stderr)
+            else:
+                system = pool.system(served(row.config, served_base, ablation.serve_kg, ablation.serve_llm))
+                records = answer_row(system, row.config, ablation.examples, cache, points,
+                                     f"row {number}/{len(rows)} {row.name}")
+            judge_records(records, judge)  # every row by this judge, those answered before too
+            _write_row(ablation, row, records)
+            judged.append(records)
+    finally:
+        pool.close()
+    return judged
+
+
+def _write_row(ablation: Ablation, row: Variant, records: list[dict[str, Any]]) -> None:
+    folder = ablation.folder(row)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_atomic(folder / PREDICTIONS, "".join(json_line(record) for record in records))
+    judge_record = {"spec": ablation.judge.spec, "model": ablation.judge.model,
+                    "prompt_sha256": manifest.file_hash(PromptLibrary().get("judge").path)}
+    manifest.write(folder, manifest.finish(manifest.build(ablation.inputs(row), Selection(), judge_record)))
+
+
+def seconds_per_question(records: list[dict[str, Any]]) -> float:
+    shares = [r["batch_seconds"] / max(int(r.get("batch_size") or 1), 1) for r in records
+              if isinstance(r.get("batch_seconds"), (int, float))]
+    return sum(shares) / len(shares) if shares else 0.0
+
+
+def tabulate(ablation: Ablation, judged: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    """The table's data: each row's rates, score, paired difference (and corrected one) against the row it is set
+    against, LLM calls and seconds per question, by breakdown on request; the gated rows; the smallest difference
+    the questions show."""
+    rows = []
+    for index, (row, records) in enumerate(zip(ablation.rows, judged)):
+        summary = score_records(records)
+        entry: dict[str, Any] = {
+            "name": row.name, "edits": list(row.edits), "folder": str(ablation.folder(row)),
+            "overall": summary["overall"], "llm_calls_per_question": summary.get("llm_calls_per_query"),
+            "seconds_per_question": seconds_per_question(records),
+            **{key: summary[key] for key in summary if key.startswith("by_")}}
+        if index:
+            base = ablation.against(index)
+            difference = compare_records(judged[base], records)
+            difference.update(corrected_comparison(judged[base], records, ablation.judge))
+            entry["against"] = ablation.rows[base].name
+            entry["difference"] = difference
+            entry["by"] = {key: _group_differences(judged[base], records, key) for key in ablation.by}
+        rows.append(entry)
+    first = next((r["difference"].get("corrected") for r in rows[1:]), None)
+    if first is not None:
+        rows[0]["corrected_score"] = first["score_a"]
+    for entry in rows[1:]:
+        if corrected := entry["difference"].get("corrected"):
+            entry["corrected_score"] = corrected["score_b"]
+    widths = sorted((ci[1] - ci[0]) / 2 for r in rows[1:] if (ci := r["difference"]["ci95"]))
+    return {"mode": "incremental" if ablation.incremental else "leave-one-out", "data": ablation.data.name,
+            "questions": len(ablation.examples), "judge": ablation.judge.spec, "rows": rows,
+            "gated": gated_rows(ablation, judged),
+            "smallest_shown": widths[len(widths) // 2] if widths else None}
+
+
+def _group_differences(a: list[dict[str, Any]], b: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    groups = sorted({str(r.get(key)) for r in a if r.get(key) not in (None, "")})
+    return {group: {k: v for k, v in compare_records([r for r in a if str(r.get(key)) == group],
+                                                     [r for r in b if str(r.get(key)) == group]).items()
+                    if k != "flipped"}
+            for group in groups}
+
+
+def gated_rows(ablation: Ablation, judged: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The config's gate applied to each row whose setup it was fit on (`gate eval`'s reading of a judged run)."""
+    if not ablation.gate_file:
+        return []
+    from evaluation.gate_command import gated_verdicts, setup_of
+    from evaluation.metrics import Scores
+    from models.gate.answer_gate import Gate, answering
+    from utils.trees import differences
+
+    gate = Gate.load(Path(ablation.gate_file))
+    fit_on = answering(gate.fit_on.get("setup") or {})
+    found = []
+    for row, records in zip(ablation.rows, judged):
+        record = manifest.load(ablation.folder(row)) or {}
+        if differences(fit_on, setup_of(record)):
+            continue
+        before, after, withheld = gated_verdicts(gate, records)
+        found.append({"name": f"{row.name}, gated", "of": row.name, "withheld": withheld,
+                      "overall": Scores.of(after).as_dict(), "difference": paired_difference(before, after)})
+    return found
+
+
+def _interval(result: dict[str, Any]) -> str:
+    ci = result.get("ci95")
+    return f"[{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else f"n<{MIN_FOR_INTERVAL}"
+
+
+def _difference(result: dict[str, Any] | None) -> str:
+    return "-" if not result else f"{result['difference']:+.3f} {_interval(result)}"
+
+
+def _number(value: float | None, form: str) -> str:
+    return "-" if value is None else format(value, form)
+
+
+def format_table(table: dict[str, Any]) -> str:
+    """Markdown: one line per row (and per gated row), then the breakdowns asked for, then the smallest
+    difference the questions can show."""
+    against = "the row before" if table["mode"] == "incremental" else "the full system"
+    lines = [f"| row | edits | correct | missing | hallucination | score | Δ score (95% CI) against {against} | "
+             "corrected score | corrected Δ (95% CI) | LLM calls / q | s / q |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for entry in table["rows"]:
+        s, diff = entry["overall"], entry.get("difference")
+        lines.append(f"| {entry['name']} | {' '.join(entry['edits']) or '-'} | {s['accuracy']:.3f} | "
+                     f"{s['missing']:.3f} | {s['hallucination']:.3f} | {s['score']:+.3f} | {_difference(diff)} | "
+                     f"{_number(entry.get('corrected_score'), '+.3f')} | "
+                     f"{_difference((diff or {}).get('corrected'))} | "
+                     f"{_number(entry['llm_calls_per_question'], '.2f')} | {entry['seconds_per_question']:.2f} |")
+    for entry in table["gated"]:
+        s = entry["overall"]
+        lines.append(f"| {entry['name']} | the config's gate withholds {entry['withheld']} | {s['accuracy']:.3f} | "
+                     f"{s['missing']:.3f} | {s['hallucination']:.3f} | {s['score']:+.3f} | "
+                     f"{_difference(entry['difference'])} against {entry['of']} | - | - | - | - |")
+    for entry in table["rows"][1:]:
+        for key, groups in (entry.get("by") or {}).items():
+            for group, diff in groups.items():
+                lines.append(f"| {entry['name']} | {key}={group} ({diff['questions']} questions) | | | | "
+                             f"{diff['score_b']:+.3f} | {_difference(diff)} | | | | |")
+    shown = table["smallest_shown"]
+    note = (f"On these {table['questions']} questions a difference within ±{shown:.3f} is not shown (the median "
+            "half-width of the rows' paired intervals): a row whose interval holds 0 moved no more than chance."
+            if shown is not None else f"Under {MIN_FOR_INTERVAL} questions: no interval.")
+    return "\n".join(lines) + "\n\n" + note + "\n"
+
+
+BREAKDOWNS = ("domain", "question_type", "static_or_dynamic")
+
+
+def ablate(config: ConfigChoice, data: Path, texts: Sequence[str], incremental: bool = False,
+           judge: JudgeChoice = JudgeChoice(), out: Path = DEFAULT_OUT, limit: int | None = None,
+           serve_kg: bool = False, serve_llm: bool = False, by: Sequence[str] = (),
+           given: Mapping[str, Any] | None = None) -> int:
+    """`ablate`: every input checked (the flags, the data, the judge, each row's config and pipeline) before any
+    model loads; then the rows answered, judged and tabulated. `given`: resources by name for every row, used as
+    they are (tests pass fakes)."""
+    from evaluation.judge import check_judge
+    from evaluation.llm_server import llm_for_run
+    from evaluation.run_command import kg_for_run
+
+    check_out(out)
+    check_data_file(data, examples=True)
+    check_judge(judge.spec, judge.model)
+    if limit is not None and limit < 1:
+        raise ConfigError(f"--limit {limit}: give a positive number of questions, or leave it out for all")
+    for key in by:
+        if key not in BREAKDOWNS:
+            raise ConfigError(f"--by {key}: break down by {', '.join(BREAKDOWNS)}")
+    if not texts:
+        raise ConfigError("give the rows: --variant 'NAME: EDITS' (repeatable) or --variants FILE")
+    as_given = config.load()
+    rows = build_variants(texts, lambda sets: load_config(config.path, config.overlays, [*config.sets, *sets]),
+                          incremental, serve_llm)
+    examples = list(read_examples(data, limit=limit))
+    gate = gate_settings(as_given).gate
+    ablation = Ablation(rows, data, examples, judge, out, incremental, str(resolve_path(gate)) if gate else None,
+                        serve_kg, serve_llm, tuple(by))
+    write_manifest(ablation)
+    with kg_for_run(rows[0].config, serve_kg) as base, llm_for_run(base, serve_llm) as base:
+        judged = run_rows(ablation, JsonCache(cache_root(None) / "stages"), base, given)
+    table = tabulate(ablation, judged)
+    text = format_table(table)
+    write_atomic(out / "ablation.json", json.dumps(table, indent=2, ensure_ascii=False, default=str) + "\n")
+    title = f"{'Incremental' if incremental else 'Leave-one-out'} ablation of {as_given.source} on {data.name}"
+    write_atomic(out / "ablation.md", f"# {title}\n\n{text}")
+    page = write_html(ablation_html(table, title), out / "ablation.html")
+    print(text)
+    print(f"written: {out / 'ablation.md'}, ablation.json, {page.name} (open it in a browser); each row's run folder "
+          f"under {out / 'rows'} (`local_evaluation.py compare A B` reads any two)")
+    return 0

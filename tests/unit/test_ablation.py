@@ -1,0 +1,204 @@
+"""`local_evaluation.py ablate` (evaluation/ablation.py): rows answered over the stage cache, judged alike, set side
+by side. The scripted LLM answers the summariser from what the knowledge extractor said, so switching the extractor
+on or off moves the score; counting proxies stand for the page workers and the embedder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import local_evaluation
+from evaluation import ablation as ablation_module
+from evaluation.ablation import ablate, build_variants, cache_points, parse_variant
+from evaluation.choices import ConfigChoice
+from evaluation.compare_command import compare
+from models.config import REPO_ROOT, ConfigError
+from models.loading import load_config
+from tests.conftest import write_config
+from tests.fakes import SEED_REPLY, HashEmbedder, ScriptedLLM, by_prompt, prompt_name
+from utils.cache import CACHE_ENV
+from utils.web_pages import PageProcessor, PageSettings
+
+QUESTIONS = 12
+ICL = REPO_ROOT / "configs" / "overlays" / "attributes-icl.yaml"
+KNOWN = "known to me"
+
+
+def example(i: int) -> dict[str, Any]:
+    page = f"<html><body><h1>Item {i}</h1><p>The code of item {i} is c{i}. It was made in {1990 + i}.</p></body></html>"
+    return {"interaction_id": f"q{i:02d}", "query": f"what is the code of item {i}?", "query_time": "03/01/2024",
+            "answer": f"c{i}", "alt_answers": [], "domain": ["movie", "music"][i % 2],
+            "question_type": ["simple", "comparison"][i % 2], "static_or_dynamic": "static",
+            "search_results": [{"page_name": f"Item {i}", "page_url": f"https://example.org/{i}",
+                                "page_snippet": f"item {i}", "page_result": page, "page_last_modified": ""}]}
+
+
+class Counting:
+    """`inner` with a count of the calls of each method that does work (`process` of the page workers, `encode` of
+    the embedder)."""
+
+    def __init__(self, inner: Any, *methods: str) -> None:
+        self._inner, self.calls = inner, dict.fromkeys(methods, 0)
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._inner, name)
+        if name not in self.calls:
+            return value
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] += 1
+            return value(*args, **kwargs)
+        return counted
+
+
+def reason(conversation) -> str:
+    """The reasoning prompt's reply: the code where the knowledge extractor's answer reached the prompt (a wrong one
+    for every third item), else "i don't know"."""
+    text = " ".join(str(m["content"]) for m in conversation)
+    item = int(text.split("code of item ")[-1].split("?")[0])
+    answer = ("c999" if item % 3 == 0 else f"c{item}") if KNOWN in text.lower() else "i don't know"
+    return SEED_REPLY.replace("paris", answer)
+
+
+@pytest.fixture
+def setup(tmp_path, monkeypatch):
+    """The data, a config (the icl attributes and the knowledge extractor call the LLM before the reasoning prompt,
+    which shows the extractor's answer) and the fakes every row uses."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(example(i)) + "\n" for i in range(QUESTIONS)), encoding="utf-8")
+    config = write_config(tmp_path / "config.yaml", {"task": 1, "knowledge": {"enabled": True},
+                                                     "reasoning": {"max_tokens": 96},
+                                                     "references": {"workers": 1, "cache_dir": str(tmp_path / "c")}})
+    llm = ScriptedLLM(by_prompt(reasoning=reason, knowledge=SEED_REPLY.replace("paris", KNOWN)))
+    settings = PageSettings.from_config(load_config(config).references)
+    fakes = {"llm": llm, "embedder": Counting(HashEmbedder(), "encode"),
+             "pages": Counting(PageProcessor(settings, 0, None), "process")}
+    return data, ConfigChoice(config, (ICL,)), fakes
+
+
+def run(setup, tmp_path, *variants: str, incremental: bool = False, out: str = "ablation") -> dict[str, Any]:
+    data, config, fakes = setup
+    assert ablate(config, data, list(variants), incremental, out=tmp_path / out, given=fakes) == 0
+    return json.loads((tmp_path / out / "ablation.json").read_text())
+
+
+def test_a_row_that_changes_the_last_stage_runs_no_stage_before_it(setup, tmp_path, monkeypatch):
+    """The full row calls the LLM for the attributes, the knowledge extractor and the reasoning prompt; the row that
+    changes only the reasoning prompt's budget makes no call but its own, parses no page and embeds nothing."""
+    _, _, fakes = setup
+    llm, embedder, pages = fakes["llm"], fakes["embedder"], fakes["pages"]
+    seen: list[dict[str, Any]] = []
+    answer_row = ablation_module.answer_row
+
+    def counted(system, *args, **kwargs):
+        before = {"llm": len(llm.calls), "encode": embedder.calls["encode"], "process": pages.calls["process"]}
+        records = answer_row(system, *args, **kwargs)
+        prompts = {prompt_name(c) for conversations, _ in llm.calls[before["llm"]:] for c in conversations}
+        seen.append({"prompts": prompts, "encode": embedder.calls["encode"] - before["encode"],
+                     "process": pages.calls["process"] - before["process"]})
+        return records
+
+    monkeypatch.setattr(ablation_module, "answer_row", counted)
+    table = run(setup, tmp_path, "budget: reasoning.max_tokens=128")
+    full, budget = seen
+    assert {"attributes", "knowledge", "reasoning"} <= full["prompts"] and full["encode"] and full["process"]
+    assert budget == {"prompts": {"reasoning"}, "encode": 0, "process": 0}
+    calls = [row["llm_calls_per_question"] for row in table["rows"]]
+    assert calls[0] == calls[1] > 2  # the row's cost counts its cached stages' calls too
+
+
+def test_a_killed_ablation_resumes_and_answers_no_finished_row_again(setup, tmp_path, monkeypatch):
+    answered: list[str] = []
+    answer_row = ablation_module.answer_row
+
+    def killed_at_the_third(system, *args, **kwargs):
+        answered.append(kwargs.get("label") or args[-1])
+        if len(answered) == 3:
+            raise KeyboardInterrupt
+        return answer_row(system, *args, **kwargs)
+
+    monkeypatch.setattr(ablation_module, "answer_row", killed_at_the_third)
+    variants = ("no knowledge: -knowledge", "budget: reasoning.max_tokens=128")
+    with pytest.raises(KeyboardInterrupt):
+        run(setup, tmp_path, *variants)
+    manifest = json.loads((tmp_path / "ablation" / "ablation-manifest.json").read_text())
+    assert [row["name"] for row in manifest["rows"]] == ["full system", "no knowledge", "budget"]
+    assert manifest["rows"][2]["sets"] == ["reasoning.max_tokens=128"] and manifest["rows"][2]["config"]
+    answered.clear()
+    table = run(setup, tmp_path, *variants)
+    assert len(answered) == 1 and "budget" in answered[0]  # the two finished rows are read back
+    assert [row["name"] for row in table["rows"]] == ["full system", "no knowledge", "budget"]
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+def test_each_row_s_difference_is_the_one_compare_gives_for_its_two_run_folders(setup, tmp_path, incremental):
+    variants = (["knowledge: +knowledge", "budget: reasoning.max_tokens=128"] if incremental else
+                ["no knowledge: -knowledge", "budget: reasoning.max_tokens=128"])
+    data, config, fakes = setup
+    if incremental:  # from the config without the extractor, each module switched on in turn
+        config = ConfigChoice(config.path, config.overlays, ("knowledge.enabled=false",))
+    table = run((data, config, fakes), tmp_path, *variants, incremental=incremental)
+    rows = table["rows"]
+    assert rows[1]["difference"]["difference"] != 0  # the extractor moves the score either way
+    for index, row in enumerate(rows[1:], start=1):
+        against = rows[index - 1 if incremental else 0]
+        assert row["against"] == against["name"]
+        out = tmp_path / f"compare-{index}"
+        assert compare(Path(against["folder"]), Path(row["folder"]), out=out) == 0
+        found = json.loads((out / "compare.json").read_text())
+        for key in ("questions", "score_a", "score_b", "difference", "ci95"):
+            assert row["difference"][key] == found[key], key
+        assert row["difference"]["corrected"] == found["corrected"]
+    markdown = (tmp_path / "ablation" / "ablation.md").read_text()
+    assert "against the row before" in markdown if incremental else "against the full system" in markdown
+    assert f"On these {QUESTIONS} questions a difference within" in markdown
+    assert (tmp_path / "ablation" / "ablation.html").read_text().count("<tr>") == len(rows) + 1
+
+
+@pytest.mark.parametrize(("variant", "message"), [
+    ("x: -nosuch", "--variant 'x': -nosuch: no stage 'nosuch' can be listed in a strategy"),
+    ("x: -calculator", "--variant 'x': -calculator: stage calculator is switched off in strategy hybrid"),
+    ("x: reasoning.nosuch=1", "--variant 'x': "),
+    ("x: -references", "--variant 'x': "),
+    ("x: knowledge", "--variant 'x': 'knowledge' is no edit; write -STAGE, +STAGE or KEY=VALUE"),
+    ("x: reasoning.max_tokens=96", "changes no setting of the row it is set against"),
+])
+def test_a_bad_variant_is_a_one_line_error_before_anything_runs(setup, tmp_path, capsys, variant, message):
+    data, config, _ = setup
+    out = tmp_path / "out"
+    argv = ["ablate", "--data", str(data), "--config", str(config.path), "--overlay", str(ICL), "--variant", variant,
+            "--out", str(out)]
+    assert local_evaluation.main(argv) != 0
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and "Traceback" not in err
+    assert not (out / "rows").exists()
+
+
+def test_the_unknown_setting_and_the_starved_stage_are_named():
+    load = lambda sets: load_config(REPO_ROOT / "configs" / "cpu.yaml", (), sets)  # noqa: E731
+    with pytest.raises(ConfigError, match=r"unknown key.*nosuch"):
+        build_variants(["x: reasoning.nosuch=1"], load, False)
+    with pytest.raises(ConfigError, match=r"reads \['references'\], which no earlier stage writes"):
+        build_variants(["x: -references"], load, False)
+    bare = lambda sets: load(["attributes.method=none", *sets])  # noqa: E731
+    with pytest.raises(ConfigError, match=r"\+precheck: stage precheck is still off after it"):
+        build_variants(["x: +precheck"], bare, False)  # the pre-check needs an attributes method too
+
+
+def test_plus_places_a_stage_where_the_seed_system_runs_it_and_switches_it_on():
+    load = lambda sets: load_config(REPO_ROOT / "configs" / "cpu.yaml", (), sets)  # noqa: E731
+    rows = build_variants(["calc: +calculator", "no kg: -kg", "kg back: +kg"], load, incremental=True)
+    assert rows[1].sets == ("calculator.enabled=true",) and rows[1].config.calculator.enabled
+    listed = rows[2].config.strategy_names()
+    assert "kg" not in listed and rows[2].config.calculator.enabled  # on top of the row before
+    assert rows[3].config.strategy_names() == rows[1].config.strategy_names()  # back in its place
+    assert parse_variant("-kg") == ("-kg", ["-kg"]) and parse_variant("a b: x=1 -kg") == ("a b", ["x=1", "-kg"])
+
+
+def test_the_cache_keeps_each_row_s_deepest_prefix_another_row_shares():
+    rows = [["", "a", "ab", "abc"], ["", "a", "ab", "abd"], ["", "a", "ax"]]
+    assert cache_points(rows) == {"ab", "a"}
