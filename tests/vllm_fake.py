@@ -194,8 +194,9 @@ class FakeLLMEngine:
     follows). add_request checks a prompt as the release does (vllm/inputs/preprocess.py _process_embeds,
     vllm/v1/engine/input_processor.py _validate_model_input): a TokensPrompt or an EmbedsPrompt (their keys are the
     release's TypedDict fields), prompt_embeds only with enable_prompt_embeds, a (seq_len, hidden_size) tensor
-    ((1, seq_len, hidden) squeezed), a non-empty prompt shorter than max_model_len. Where the release would crash
-    the engine (embeddings of the wrong hidden size), this one raises."""
+    ((1, seq_len, hidden) squeezed), a non-empty prompt shorter than max_model_len (one of that length leaves no
+    room for the token every request generates: refused with its own message). Where the release would crash the
+    engine (embeddings of the wrong hidden size), this one raises."""
 
     TOKENS_PROMPT = {"prompt_token_ids", "prompt", "token_type_ids", "multi_modal_data", "mm_processor_kwargs",
                      "multi_modal_uuids", "cache_salt"}
@@ -243,9 +244,14 @@ class FakeLLMEngine:
         if not isinstance(request_id, str):
             raise TypeError(f"request_id must be a string, got {type(request_id)}")
         length, limit = self._prompt_length(prompt), self.engine_args.get("max_model_len", 4096)
-        if length >= limit:
+        if length > limit:
             raise ValueError(f"The decoder prompt (length {length}) is longer than the maximum model length of "
                              f"{limit}. Make sure that `max_model_len` is no smaller than the number of text tokens.")
+        if length == limit:  # no room for the one token every request generates
+            raise ValueError(f"The decoder prompt (length {length}) plus the number of requested output tokens (at "
+                             f"least 1) is longer than the maximum model length of {limit}. Make sure that "
+                             "`max_model_len` is no smaller than the number of text tokens (prompt + requested output "
+                             "tokens).")
         if lora_request is not None and not self.engine_args.get("enable_lora"):  # input_processor.py _validate_lora
             raise ValueError(f"Got lora_request {lora_request} but LoRA is not enabled!")
         if request_id in self._running or request_id in self._parents:

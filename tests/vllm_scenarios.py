@@ -17,7 +17,8 @@ from utils.time_budget import Deadline
 STORY = [{"role": "user", "content": "Write a long story about a dragon who learns to bake bread."}]
 POEM = [{"role": "user", "content": "Write a long poem about the sea, the wind and the ships."}]
 SHORT = [{"role": "user", "content": "What is the capital of France? Answer with one word."}]
-WORDS = {"samples": 50, "stop_by_itself": 3, "stop_string": 50, "deadline": 50, "refused": 50, "seed": 50}
+WORDS = {"samples": 50, "stop_by_itself": 3, "stop_string": 50, "deadline": 50, "over_long": 50, "refused": 50,
+         "seed": 50}
 
 
 class StepClock:
@@ -73,8 +74,9 @@ def deadline(llm, clock: StepClock) -> list:
             for conversation in result]
 
 
-def refused(llm, clock: StepClock, too_long: int) -> list:
-    """A prompt over max_model_len (`too_long` words) gets [] while the others are answered."""
+def over_long(llm, clock: StepClock, too_long: int) -> list:
+    """A token prompt of `too_long` words, over max_model_len, between two short ones: the backend cuts it to the
+    profile's prompt_tokens, so the engine answers all three."""
     long = [{"role": "user", "content": "word " * too_long}]
     result = llm.generate([SHORT, long, POEM], GenParams(max_tokens=3))
     return [[(s.finish_reason, bool(s.text.strip())) for s in conversation] for conversation in result]
@@ -88,12 +90,12 @@ def seed(llm, clock: StepClock) -> list:
 
 
 SCENARIOS: dict[str, Callable] = {"samples": samples, "stop_by_itself": stop_by_itself, "stop_string": stop_string,
-                                  "deadline": deadline, "refused": refused, "seed": seed}
+                                  "deadline": deadline, "over_long": over_long, "seed": seed}
 EXPECTED = {  # what both engines must give (the differential test compares them; this pins the pair)
     "samples": [[[(LENGTH, 4, 4, True)] * n] * 2 for n in (1, 3, 5)],
     "stop_by_itself": [[STOP]],
     "stop_string": [LENGTH, STOP, True],
     "deadline": [[(DEADLINE, True, True)] * 2] * 2,
-    "refused": [[(LENGTH, True)], [], [(LENGTH, True)]],
+    "refused": [[(LENGTH, True)], [], [(LENGTH, True)]],  # input embeddings over max_model_len (test_engine.py)
     "seed": [3, True],
 }

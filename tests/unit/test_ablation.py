@@ -202,3 +202,25 @@ def test_plus_places_a_stage_where_the_seed_system_runs_it_and_switches_it_on():
 def test_the_cache_keeps_each_row_s_deepest_prefix_another_row_shares():
     rows = [["", "a", "ab", "abc"], ["", "a", "ab", "abd"], ["", "a", "ax"]]
     assert cache_points(rows) == {"ab", "a"}
+
+
+def test_the_config_s_gate_is_applied_beside_the_rows_whose_setup_it_was_fit_on(setup, tmp_path):
+    """The rows answer ungated; a gate fit on the full system's setup reads its records (as `gate eval` does), and
+    not those of a row that changes what makes the signals (the reasoning prompt's budget)."""
+    import json as json_module
+
+    from models.gate.answer_gate import Column, Gate, signal_setup
+    from models.prompting import PromptLibrary
+
+    data, config, fakes = setup
+    full = load_config(config.path, config.overlays, ["answer.gate=null"])
+    fit_on = signal_setup(json_module.loads(json_module.dumps(full.resolved())), PromptLibrary(full.prompts).digests())
+    gate = tmp_path / "gate.json"  # a P(correct) under its threshold for every answer: each one withheld
+    Gate([Column("answer.number", "missing")], [0.0], [1.0], [1.0], -1.0, 0.5, fit_on={"setup": fit_on}).save(gate)
+    gated = ConfigChoice(config.path, config.overlays, (f"answer.gate={gate}",))
+    table = run((data, gated, fakes), tmp_path, "budget: reasoning.max_tokens=128")
+    (row,) = table["gated"]
+    assert row["of"] == "full system" and row["name"] == "full system, gated"
+    full_row = table["rows"][0]["overall"]
+    assert row["withheld"] == round((full_row["accuracy"] + full_row["hallucination"]) * QUESTIONS) > 0
+    assert row["overall"]["missing"] == 1.0 and row["difference"]["score_a"] == full_row["score"]

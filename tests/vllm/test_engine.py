@@ -27,9 +27,8 @@ def fake_backend(monkeypatch, smollm2, name: str, **engine) -> tuple[VLLMBackend
     return VLLMBackend(VLLMConfig(**engine), profile(smollm2)), StepClock(fake)
 
 
-# "refused" sends a token prompt over max_model_len, which the backend cuts to the profile's prompt_tokens before
-# either engine sees it; it has its own tests below.
-@pytest.mark.parametrize("name", sorted(set(SCENARIOS) - {"refused"}))
+# "over_long" takes the length of its prompt; it has its own test below.
+@pytest.mark.parametrize("name", sorted(set(SCENARIOS) - {"over_long"}))
 def test_the_fake_and_the_real_engine_agree(name, real, smollm2, monkeypatch):
     backend, clock = real
     found_real = SCENARIOS[name](backend, clock)
@@ -38,12 +37,12 @@ def test_the_fake_and_the_real_engine_agree(name, real, smollm2, monkeypatch):
 
 
 def test_a_token_prompt_over_the_engine_s_length_is_cut_and_answered_on_both_engines(real, smollm2, monkeypatch):
-    """The "refused" scenario's prompt of TOO_LONG words goes cut to the profile's prompt_tokens (its head and tail
-    kept), so neither engine refuses it: every conversation gets its sample. (What SmolLM2 says to a cut run of
+    """The "over_long" scenario's prompt of TOO_LONG words goes cut to the profile's prompt_tokens (its head and
+    tail kept), so neither engine refuses it: every conversation gets its sample. (What SmolLM2 says to a cut run of
     one word is its own: it may end at once.)"""
     backend, clock = real
-    found_real = SCENARIOS["refused"](backend, clock, TOO_LONG)
-    found_fake = SCENARIOS["refused"](*fake_backend(monkeypatch, smollm2, "refused"), TOO_LONG)
+    found_real = SCENARIOS["over_long"](backend, clock, TOO_LONG)
+    found_fake = SCENARIOS["over_long"](*fake_backend(monkeypatch, smollm2, "over_long"), TOO_LONG)
     for found in (found_real, found_fake):
         assert found[0] == found[2] == [(LENGTH, True)] and len(found[1]) == 1, found
     long = [{"role": "user", "content": "word " * TOO_LONG}]
