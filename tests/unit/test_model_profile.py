@@ -313,6 +313,30 @@ def test_serve_command_prints_what_serves_each_gpu_config_s_profile(capsys):
         printed_serve_command(config)
 
 
+@pytest.mark.parametrize("name", ["gpu1-llama3-8b-w4a16.yaml", "t4x4-llama3-70b-gptq.yaml"])
+def test_the_how_to_s_gpu_swap_touches_one_profile_file_and_one_config_line(tmp_path, capsys, name):
+    """docs/how-to/swap-the-model.md for a GPU config, as written: your own profile (the shipped one with another
+    folder and name) and the config's one `llm.profile` line changed; the printed server command and the record's
+    profile then name your model."""
+    shipped = REPO_ROOT / "configs" / name
+    base = load_profile(load_config(shipped).llm.profile)
+    mine = write_profile(tmp_path / "mine.yaml", base, tmp_path / "models" / "mine", name="mine")
+    lines = shipped.read_text().splitlines()
+    changed = [re.sub(r"^(\s+)profile: \S+", rf"\g<1>profile: {mine}", line) for line in lines]
+    assert sum(a != b for a, b in zip(lines, changed)) == 1  # one config line
+    config_file = tmp_path / name
+    config_file.write_text("\n".join(changed) + "\n")
+    from local_evaluation import main
+
+    assert main(["serve-command", "--config", str(config_file)]) == 0
+    printed = capsys.readouterr().out.split()
+    assert printed[2] == str(tmp_path / "models" / "mine")
+    assert printed[printed.index("--served-model-name") + 1] == "mine"
+    assert printed[printed.index("--max-model-len") + 1] == str(base.max_model_len)
+    recorded = weights_of(json.loads(json.dumps(load_config(config_file).resolved()))["llm"])["profile"]
+    assert recorded["name"] == "mine"
+
+
 def test_a_profile_whose_weights_are_missing_is_recorded_so_and_refused_by_the_backend(tmp_path):
     profile = profile_file(tmp_path / "p.yaml", "name: x\nweights: {path: gone}\n")
     config = load_config(REPO_ROOT / "configs" / "cpu.yaml", sets=[f"llm.profile={profile}"])
