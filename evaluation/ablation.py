@@ -35,7 +35,7 @@ from typing import Any
 from tqdm import tqdm
 
 from evaluation import manifest
-from evaluation.choices import ConfigChoice, JudgeChoice
+from evaluation.choices import ConfigChoice, JudgeChoice, log_to_stderr
 from evaluation.compare import compare_records
 from evaluation.compare_command import corrected_comparison
 from evaluation.data import Selection, check_data_file, read_examples
@@ -529,7 +529,7 @@ BREAKDOWNS = ("domain", "question_type", "static_or_dynamic")
 def ablate(config: ConfigChoice, data: Path, texts: Sequence[str], incremental: bool = False,
            judge: JudgeChoice = JudgeChoice(), out: Path = DEFAULT_OUT, limit: int | None = None,
            serve_kg: bool = False, serve_llm: bool = False, by: Sequence[str] = (),
-           given: Mapping[str, Any] | None = None) -> int:
+           log_level: str = "WARNING", given: Mapping[str, Any] | None = None) -> int:
     """`ablate`: every input checked (the flags, the data, the judge, each row's config and pipeline) before any
     model loads; then the rows answered, judged and tabulated. `given`: resources by name for every row, used as
     they are (tests pass fakes)."""
@@ -537,6 +537,7 @@ def ablate(config: ConfigChoice, data: Path, texts: Sequence[str], incremental: 
     from evaluation.llm_server import llm_for_run
     from evaluation.run_command import kg_for_run
 
+    log_to_stderr(log_level)
     check_out(out)
     check_data_file(data, examples=True)
     check_judge(judge.spec, judge.model)

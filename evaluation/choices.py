@@ -11,6 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from loguru import logger
+from tqdm import tqdm
+
 from evaluation.data import QUESTION_TYPES, Selection, parse_choices
 from evaluation.verdicts import FACTS
 from models.config import DOMAINS, DYNAMISM, REPO_ROOT, ConfigError, SystemConfig, add_config_arguments, config_path
@@ -217,10 +220,21 @@ def check_answering(folder: RunFolder, answering: Answering) -> None:
         except ImportError:
             raise ConfigError(f"--ray: Ray is not installed in {sys.prefix}; run `make ray` (it installs "
                               "requirements-ray.txt), or leave --ray out for a local run") from None
-    level = answering.log_level.upper()
+    check_log_level(answering.log_level)
+
+
+def check_log_level(given: str) -> str:
+    """--log-level's level in loguru's spelling; a ConfigError where it is none."""
+    level = given.upper()
     if level not in LOG_LEVELS:
-        raise ConfigError(f"--log-level {answering.log_level!r} is not a log level"
-                          f"{did_you_mean(level, LOG_LEVELS)}")
+        raise ConfigError(f"--log-level {given!r} is not a log level{did_you_mean(level, LOG_LEVELS)}")
+    return level
+
+
+def log_to_stderr(level: str) -> None:
+    """The log on stderr from `level` up, written above a progress bar rather than through it."""
+    logger.remove()
+    logger.add(lambda message: tqdm.write(message, end="", file=sys.stderr), level=check_log_level(level))
 
 
 def check_prompts(overrides: dict[str, str], source: str) -> None:

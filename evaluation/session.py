@@ -11,13 +11,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from loguru import logger
-from tqdm import tqdm
-
 from evaluation import manifest
 from evaluation.attribution import attribute_records, page_texts
 from evaluation.calibration import calibration_for, check_calibration, drift_warnings, judged_by_judge
-from evaluation.choices import Answering, JudgeChoice, RunFolder, check_answering, check_prompts
+from evaluation.choices import Answering, JudgeChoice, RunFolder, check_answering, check_prompts, log_to_stderr
 from evaluation.correction import corrected
 from evaluation.data import ReadStats, Selection, check_data_file, parse_shard
 from evaluation.judge import build_judge, check_judge, judge_records
@@ -53,8 +50,7 @@ def prepare(command: str, folder: RunFolder, answering: Answering, resources: co
     data file's first example, the run folder, the selection and the judge; with --ray, the cluster joined
     (`resources` disconnects it)."""
     check_answering(folder, answering)
-    logger.remove()
-    logger.add(lambda message: tqdm.write(message, end="", file=sys.stderr), level=answering.log_level.upper())
+    log_to_stderr(answering.log_level)
     config = folder.config.load()
     if answering.record_prompts:
         config = replace(config, record_prompts=True)

@@ -80,9 +80,10 @@ def setup(tmp_path, monkeypatch):
     return data, ConfigChoice(config, (ICL,)), fakes
 
 
-def run(setup, tmp_path, *variants: str, incremental: bool = False, out: str = "ablation") -> dict[str, Any]:
+def run(setup, tmp_path, *variants: str, incremental: bool = False, out: str = "ablation",
+        by: tuple[str, ...] = ()) -> dict[str, Any]:
     data, config, fakes = setup
-    assert ablate(config, data, list(variants), incremental, out=tmp_path / out, given=fakes) == 0
+    assert ablate(config, data, list(variants), incremental, out=tmp_path / out, by=by, given=fakes) == 0
     return json.loads((tmp_path / out / "ablation.json").read_text())
 
 
@@ -141,7 +142,7 @@ def test_each_row_s_difference_is_the_one_compare_gives_for_its_two_run_folders(
     data, config, fakes = setup
     if incremental:  # from the config without the extractor, each module switched on in turn
         config = ConfigChoice(config.path, config.overlays, ("knowledge.enabled=false",))
-    table = run((data, config, fakes), tmp_path, *variants, incremental=incremental)
+    table = run((data, config, fakes), tmp_path, *variants, incremental=incremental, by=("question_type",))
     rows = table["rows"]
     assert rows[1]["difference"]["difference"] != 0  # the extractor moves the score either way
     for index, row in enumerate(rows[1:], start=1):
@@ -153,6 +154,10 @@ def test_each_row_s_difference_is_the_one_compare_gives_for_its_two_run_folders(
         for key in ("questions", "score_a", "score_b", "difference", "ci95"):
             assert row["difference"][key] == found[key], key
         assert row["difference"]["corrected"] == found["corrected"]
+        groups = row["by"]["question_type"]  # --by: the same pairing within each group
+        assert sum(group["questions"] for group in groups.values()) == row["difference"]["questions"]
+        assert sum(group["difference"] * group["questions"] for group in groups.values()) == pytest.approx(
+            row["difference"]["difference"] * row["difference"]["questions"])
     markdown = (tmp_path / "ablation" / "ablation.md").read_text()
     assert "against the row before" in markdown if incremental else "against the full system" in markdown
     assert f"On these {QUESTIONS} questions a difference within" in markdown
