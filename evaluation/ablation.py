@@ -198,9 +198,9 @@ def build_variants(texts: Sequence[str], load: Callable[[Sequence[str]], SystemC
                 raise ConfigError(f"{label}: {edit}: stage {match['stage']} is still "
                                   f"{'off' if match['sign'] == '+' else 'on'} after it; set what else it needs "
                                   "(its `active` reads more settings)")
-        if serve_llm and config.llm.profile != base.llm.profile:
-            raise ConfigError(f"{label}: --serve-llm serves the config's profile ({base.llm.profile}), not "
-                              f"{config.llm.profile}; ablate another model without --serve-llm")
+        if serve_llm and config.resolved()["llm"] != base.resolved()["llm"]:
+            raise ConfigError(f"{label}: --serve-llm serves the config's model and engine settings to every row; "
+                              "vary llm.* without --serve-llm, against a server of your own per setting")
         if _settings(config) == _settings(previous.config):
             raise ConfigError(f"{label}: {' '.join(edits)} changes no setting of the row it is set against")
         rows.append(Variant(name, tuple(edits), tuple(sets), config))

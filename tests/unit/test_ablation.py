@@ -189,6 +189,8 @@ def test_the_unknown_setting_and_the_starved_stage_are_named():
         build_variants(["x: reasoning.nosuch=1"], load, False)
     with pytest.raises(ConfigError, match=r"reads \['references'\], which no earlier stage writes"):
         build_variants(["x: -references"], load, False)
+    with pytest.raises(ConfigError, match=r"--serve-llm serves the config's model and engine settings"):
+        build_variants(["x: llm.vllm.dtype=float32"], load, False, serve_llm=True)
     bare = lambda sets: load(["attributes.method=none", *sets])  # noqa: E731
     with pytest.raises(ConfigError, match=r"\+precheck: stage precheck is still off after it"):
         build_variants(["x: +precheck"], bare, False)  # the pre-check needs an attributes method too
