@@ -442,7 +442,8 @@ def tabulate(ablation: Ablation, judged: list[list[dict[str, Any]]]) -> dict[str
     for entry in rows[1:]:
         if corrected := entry["difference"].get("corrected"):
             entry["corrected_score"] = corrected["score_b"]
-    widths = sorted((ci[1] - ci[0]) / 2 for r in rows[1:] if (ci := r["difference"]["ci95"]))
+    # a row that changed no verdict has the interval [0, 0], which says nothing of what the questions can show
+    widths = sorted((ci[1] - ci[0]) / 2 for r in rows[1:] if (ci := r["difference"]["ci95"]) and ci[1] > ci[0])
     return {"mode": "incremental" if ablation.incremental else "leave-one-out", "data": ablation.data.name,
             "questions": len(ablation.examples), "judge": ablation.judge.spec, "rows": rows,
             "gated": gated_rows(ablation, judged),
@@ -517,9 +518,14 @@ def format_table(table: dict[str, Any]) -> str:
                 lines.append(f"| {entry['name']} | {key}={group} ({diff['questions']} questions) | | | | "
                              f"{diff['score_b']:+.3f} | {_difference(diff)} | | | | |")
     shown = table["smallest_shown"]
-    note = (f"On these {table['questions']} questions a difference within ±{shown:.3f} is not shown (the median "
-            "half-width of the rows' paired intervals): a row whose interval holds 0 moved no more than chance."
-            if shown is not None else f"Under {MIN_FOR_INTERVAL} questions: no interval.")
+    if shown is not None:
+        note = (f"On these {table['questions']} questions a difference within ±{shown:.3f} is not shown (the median "
+                "half-width of the intervals of the rows that changed a verdict): a row whose interval holds 0 moved "
+                "no more than chance.")
+    elif table["questions"] < MIN_FOR_INTERVAL:
+        note = f"Under {MIN_FOR_INTERVAL} questions: no interval."
+    else:
+        note = "No row changed a verdict of the row it is set against."
     return "\n".join(lines) + "\n\n" + note + "\n"
 
 

@@ -371,7 +371,8 @@ def ablation_html(table: dict[str, Any], title: str) -> str:
         lines.append("<tr>" + "".join(f"<td>{escape(cell)}</td>" for cell in cells) + "</tr>")
     shown = table.get("smallest_shown")
     note = (f"On these {table['questions']} questions a difference within ±{shown:.3f} is not shown (the median "
-            "half-width of the rows' paired intervals)." if shown is not None else "Too few questions for an interval.")
+            "half-width of the intervals of the rows that changed a verdict)." if shown is not None
+            else "No interval: too few questions, or no row changed a verdict.")
     body = (f"<header><h1>{escape(title)}</h1><p class=\"meta\">{escape(table['mode'])} · {table['questions']} "
             f"questions · judge {escape(str(table['judge']))} · every row answered with the answer gate off</p>"
             f"</header><section id=\"summary\">{chart}<p class=\"note\">{escape(note)}</p></section>"

@@ -231,3 +231,11 @@ def test_the_config_s_gate_is_applied_beside_the_rows_whose_setup_it_was_fit_on(
     full_row = table["rows"][0]["overall"]
     assert row["withheld"] == round((full_row["accuracy"] + full_row["hallucination"]) * QUESTIONS) > 0
     assert row["overall"]["missing"] == 1.0 and row["difference"]["score_a"] == full_row["score"]
+
+
+def test_rows_that_change_no_verdict_claim_no_smallest_difference():
+    from evaluation.ablation import format_table
+
+    table = {"mode": "leave-one-out", "questions": 68, "rows": [], "gated": [], "smallest_shown": None}
+    assert format_table(table).strip().endswith("No row changed a verdict of the row it is set against.")
+    assert "Under 10 questions" in format_table({**table, "questions": 5})
