@@ -239,3 +239,22 @@ def test_rows_that_change_no_verdict_claim_no_smallest_difference():
     table = {"mode": "leave-one-out", "questions": 68, "rows": [], "gated": [], "smallest_shown": None}
     assert format_table(table).strip().endswith("No row changed a verdict of the row it is set against.")
     assert "Under 10 questions" in format_table({**table, "questions": 5})
+
+
+def test_a_prefix_s_key_holds_what_its_stages_and_their_resources_read_and_no_later_stage_s_section():
+    from evaluation.stage_cache import prefix_signature
+    from models.loading import pipeline_stages
+    from models.prompting import PromptLibrary
+
+    def signature(*sets: str, through: str = "evidence") -> str:
+        config = load_config(REPO_ROOT / "configs" / "cpu.yaml", (), sets)
+        stages = pipeline_stages(config)
+        names = [stage.name for stage in stages]
+        return prefix_signature(config, PromptLibrary(config.prompts), stages[:names.index(through) + 1])
+
+    assert signature() == signature("knowledge.enabled=true")  # read only after the prefix
+    assert signature() == signature("reasoning.summariser_max_tokens=32")
+    assert signature() != signature("references.top_k=20")  # the references stage's own
+    assert signature() != signature("embedder.batch_size=8")  # no stage declares it: every prefix reads it
+    # the reasoning stage needs the R2AG head, built from the r2ag section
+    assert signature(through="reasoning") != signature("r2ag.mode=prompt", through="reasoning")
