@@ -168,6 +168,11 @@ def dispatch(args: argparse.Namespace) -> int:
 def saved_after_interrupt(args: argparse.Namespace, argv: list[str]) -> str:
     """What Ctrl-C (or a failed write) left behind and the command that goes on from there (a run resumes:
     --restart is left out)."""
+    if args.command == "ablate":
+        rows = args.out / "rows"
+        kept = sum(1 for folder in rows.iterdir() if (folder / "manifest.json").exists()) if rows.is_dir() else 0
+        return (f"{kept} answered rows are kept in {rows}; the same command answers only the others" if kept
+                else "no row was answered")
     if args.command not in ("run", "rejudge", "merge"):
         return "nothing was written"
     predictions = (

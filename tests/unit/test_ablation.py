@@ -129,6 +129,9 @@ def test_a_killed_ablation_resumes_and_answers_no_finished_row_again(setup, tmp_
     manifest = json.loads((tmp_path / "ablation" / "ablation-manifest.json").read_text())
     assert [row["name"] for row in manifest["rows"]] == ["full system", "no knowledge", "budget"]
     assert manifest["rows"][2]["sets"] == ["reasoning.max_tokens=128"] and manifest["rows"][2]["config"]
+    said = local_evaluation.saved_after_interrupt(local_evaluation.parse_args(
+        ["ablate", "--out", str(tmp_path / "ablation")]), [])
+    assert said.startswith("2 answered rows are kept in")
     answered.clear()
     table = run(setup, tmp_path, *variants)
     assert len(answered) == 1 and "budget" in answered[0]  # the two finished rows are read back
