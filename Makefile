@@ -164,7 +164,7 @@ bench: $(STAMP) $(RAY_STAMP) $(QSTAMP) $(VSTAMP)
 	$(PY) -m benchmarks.judging
 	$(PY) -m benchmarks.fingerprint
 	rm -rf runs/bench-ablation
-	$(PY) -m benchmarks.ablation --out runs/bench-ablation
+	$(PY) -m benchmarks.small_ablation --out runs/bench-ablation
 	rm -rf runs/bench-gate
 	$(PY) -m benchmarks.gate --runs runs/bench-gate --record-prompts --damaged
 	$(PY) -m benchmarks.finetune --base runs/bench-gate --runs runs/finetune --no-train

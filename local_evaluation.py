@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 
 from evaluation.ablation import DEFAULT_OUT as ABLATION_OUT
-from evaluation.ablation import ablate, read_variants
+from evaluation.ablation import ablate
+from evaluation.ablation_rows import read_variants
 from evaluation.calibrate_command import calibrate
 from evaluation.choices import DEFAULT_DATA, Answering, ConfigChoice, Filters, JudgeChoice, RunFolder
 from evaluation.compare_command import compare

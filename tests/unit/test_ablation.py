@@ -12,7 +12,8 @@ import pytest
 
 import local_evaluation
 from evaluation import ablation as ablation_module
-from evaluation.ablation import ablate, build_variants, cache_points, parse_variant
+from evaluation.ablation import ablate, cache_points
+from evaluation.ablation_rows import build_variants, parse_variant
 from evaluation.choices import ConfigChoice
 from evaluation.compare_command import compare
 from models.config import REPO_ROOT, ConfigError

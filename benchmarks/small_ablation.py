@@ -4,7 +4,7 @@ of 32 tokens, each row answered with the gate off, judged by the default judge a
 The stage cache serves the third and fourth rows the stages before the one they change; the table, then its last
 line: the smallest difference these questions show.
 
-    python -m benchmarks.ablation [--out runs/bench-ablation]
+    python -m benchmarks.small_ablation [--out runs/bench-ablation]
 """
 
 from __future__ import annotations
