@@ -42,7 +42,7 @@ from evaluation.html_report import ablation_html, write_html
 from evaluation.judge import judge_records
 from evaluation.metrics import MIN_FOR_INTERVAL, paired_difference
 from evaluation.report import score_records
-from evaluation.runner import RECORD_FIELDS, load_predictions
+from evaluation.runner import load_predictions, prediction_record
 from evaluation.stage_cache import example_key, pages_of, prefix_signature, state_from_json, state_to_json
 from models.config import REPO_ROOT, ConfigError, SystemConfig, resolve_path
 from models.gate.answer_gate import gate_settings
@@ -83,19 +83,20 @@ class ResourcePool:
         self.built: dict[tuple[str, str], Any] = {}
 
     @staticmethod
-    def key(name: str, config: SystemConfig) -> tuple[str, str]:
-        resolved = config.resolved()
+    def key(name: str, resolved: dict[str, Any]) -> tuple[str, str]:
+        """The resource `name` under a resolved config: the settings of the sections its builder reads."""
         sections = RESOURCES[name][1].sections
         parts = {s: resolved.get(s) for s in sections} if sections is not None else resolved
         return name, json.dumps(parts, sort_keys=True, default=str)
 
     def system(self, config: SystemConfig) -> CragSystem:
         """`config`'s system, built with the resources an earlier row built from the same settings."""
-        pooled = {name: resource for name in RESOURCES if (resource := self.built.get(self.key(name, config)))}
+        resolved = config.resolved()
+        pooled = {name: resource for name in RESOURCES if (resource := self.built.get(self.key(name, resolved)))}
         system = CragSystem(config, given={**pooled, **self.given})
         for name, resource in system.resources.items():
             if resource is not None:
-                self.built.setdefault(self.key(name, config), resource)
+                self.built.setdefault(self.key(name, resolved), resource)
         return system
 
     def close(self) -> None:
@@ -129,11 +130,8 @@ def answer_row(system: CragSystem, key_config: SystemConfig, examples: list[dict
         for stage in [system.answer_stage, *system.closing]:
             run_stage(stage, states, shared, always=True)
         seconds = spent + time.perf_counter() - started
-        for example, state in zip(chunk, states):
-            record = {key: example.get(key) for key in RECORD_FIELDS}
-            record.update(prediction=state.answer or IDK, batch_seconds=round(seconds, 3), batch_size=len(chunk),
-                          timed_out=False, trace=state.record())
-            records.append(record)
+        records += [prediction_record(example, state.answer or IDK, seconds, len(chunk), False, state.record())
+                    for example, state in zip(chunk, states)]
     return records
 
 
@@ -249,9 +247,8 @@ def _write_row(ablation: Ablation, row: Variant, records: list[dict[str, Any]]) 
     folder = ablation.folder(row)
     folder.mkdir(parents=True, exist_ok=True)
     write_atomic(folder / PREDICTIONS, "".join(json_line(record) for record in records))
-    judge_record = {"spec": ablation.judge.spec, "model": ablation.judge.model,
-                    "prompt_sha256": manifest.file_hash(PromptLibrary().get("judge").path)}
-    manifest.write(folder, manifest.finish(manifest.build(ablation.inputs(row), Selection(), judge_record)))
+    judged_by = manifest.judge_record(ablation.judge.spec, ablation.judge.model)
+    manifest.write(folder, manifest.finish(manifest.build(ablation.inputs(row), Selection(), judged_by)))
 
 
 def seconds_per_question(records: list[dict[str, Any]]) -> float:

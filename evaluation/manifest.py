@@ -126,6 +126,11 @@ def _versions() -> dict[str, str]:
     return found
 
 
+def judge_record(spec: str, model: str | None) -> dict[str, Any]:
+    """What judged a run: the judge, its model, and the hash of the judge prompt an LLM judge renders."""
+    return {"spec": spec, "model": model, "prompt_sha256": file_hash(PromptLibrary().get("judge").path)}
+
+
 def build(answers: dict[str, Any], selection: Selection, judge: dict[str, Any]) -> dict[str, Any]:
     """A new manifest: `answers` (answer_inputs), the selection, the judge, commit, versions, the start time."""
     return {"answers": answers, "selection": dataclasses.asdict(selection) | {

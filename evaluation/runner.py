@@ -188,17 +188,24 @@ class PredictionLog:
         """Append the records of one answered batch (`traces`: the model's trace records, by interaction_id)."""
         assert self._out is not None and self.bar is not None, "add() belongs inside appending()"
         by_id = {t.get("interaction_id"): t for t in traces or []}
-        records: dict[str, dict[str, Any]] = {}
-        for example, answer in zip(batch, answers, strict=True):
-            record = {key: example.get(key) for key in RECORD_FIELDS}
-            record.update(prediction=answer, batch_seconds=round(seconds, 3), batch_size=len(batch),
-                          timed_out=timed_out, trace=by_id.get(example["interaction_id"]))
-            records[example["interaction_id"]] = record
+        records = {example["interaction_id"]: prediction_record(example, answer, seconds, len(batch), timed_out,
+                                                                by_id.get(example["interaction_id"]))
+                   for example, answer in zip(batch, answers, strict=True)}
         append_lines(self._out, [json_line(record) for record in records.values()])  # the batch whole, or none
         self.done.update(records)
         if self.bar.total is None and "total" in self._counted:
             self.bar.total = self._counted["total"]
         self.bar.update(len(batch))
+
+
+def prediction_record(example: dict[str, Any], answer: str, seconds: float, batch_size: int, timed_out: bool,
+                      trace: dict[str, Any] | None) -> dict[str, Any]:
+    """A question's line of predictions.jsonl: its example's fields, the answer, its batch's seconds and size,
+    whether the batch ran over its limit, and the model's trace record."""
+    record = {key: example.get(key) for key in RECORD_FIELDS}
+    record.update(prediction=answer, batch_seconds=round(seconds, 3), batch_size=batch_size, timed_out=timed_out,
+                  trace=trace)
+    return record
 
 
 def run_model(model: Any, examples: Iterable[dict[str, Any]], predictions_path: Path,

@@ -23,7 +23,6 @@ from evaluation.runner import EvaluationError, save_judgements
 from evaluation.verdicts import CONTAINS, FACTS, UNJUDGED
 from models.config import SystemConfig
 from models.llm.profile import load_profile
-from models.prompting import PromptLibrary
 from utils.cli import check_out
 from utils.durable_io import held
 from utils.errors import HarnessError
@@ -74,8 +73,7 @@ def prepare(command: str, folder: RunFolder, answering: Answering, resources: co
 
         cluster = resources.enter_context(ray_runner.connected(answering.ray))
         print(f"Ray: {cluster.describe()}", file=sys.stderr)
-    judge_record = {"spec": judge_spec, "model": judge_model,
-                    "prompt_sha256": manifest.file_hash(PromptLibrary().get("judge").path)}
+    judge_record = manifest.judge_record(judge_spec, judge_model)
     return Session(folder, answering, config, out_dir, out_dir / "predictions.jsonl", selection, judge, judge_record,
                    cluster, ReadStats())
 
