@@ -81,10 +81,15 @@ def _strategy_set(config: SystemConfig, names: list[str]) -> str:
     return f"strategies.{config.strategy}=[{', '.join(names)}]"
 
 
+def _assigns(edit: str) -> bool:
+    """Whether `edit` is KEY=VALUE (else -STAGE or +STAGE)."""
+    return "=" in edit and not edit.startswith(("+", "-"))
+
+
 def edit_sets(edit: str, config: SystemConfig, label: str) -> list[str]:
     """The --set assignments of one edit on `config`; a ConfigError (naming `label`, the variant) where it names no
     stage, or turns off a stage that is not on, or on one that is."""
-    if "=" in edit and not edit.startswith(("+", "-")):
+    if _assigns(edit):
         return [edit]
     match = EDIT.match(edit)
     if match is None:
@@ -141,7 +146,8 @@ def build_variants(texts: Sequence[str], load: Callable[[Sequence[str]], SystemC
             raise ConfigError(f"{label}: another row has that name; name each variant once")
         previous = rows[-1] if incremental else rows[0]
         sets, config = list(previous.sets), previous.config
-        for edit in edits:
+        # settings first: a stage switched on then loads with them (`+r2ag r2ag.checkpoint=FILE` needs its file)
+        for edit in sorted(edits, key=lambda edit: not _assigns(edit)):
             sets += edit_sets(edit, config, label)
             config = _load(load, sets, label)
             try:

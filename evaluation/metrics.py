@@ -104,13 +104,17 @@ def paired_difference(a: list[str], b: list[str], seed: int = 0) -> dict[str, An
                               "score_b": float(np.mean([y for _, y in pairs])) if pairs else 0.0,
                               "difference": float(differences.mean()) if pairs else 0.0, "ci95": None}
     if len(pairs) >= MIN_FOR_INTERVAL:
-        if not differences.any():  # every question scored the same: the interval is the point
-            result["ci95"] = [0.0, 0.0]
-        else:
-            found = bootstrap((differences,), np.mean, vectorized=True, method="percentile", n_resamples=RESAMPLES,
-                              random_state=np.random.default_rng(seed))
-            result["ci95"] = [float(found.confidence_interval.low), float(found.confidence_interval.high)]
+        result["ci95"] = mean_interval(differences, seed)
     return result
+
+
+def mean_interval(values: np.ndarray, seed: int = 0) -> list[float]:
+    """The percentile bootstrap 95% interval of the mean of paired `values` (one a question)."""
+    if np.all(values == values[0]):  # every question the same: the interval is the point
+        return [float(values[0]), float(values[0])]
+    found = bootstrap((values,), np.mean, vectorized=True, method="percentile", n_resamples=RESAMPLES,
+                      random_state=np.random.default_rng(seed))
+    return [float(found.confidence_interval.low), float(found.confidence_interval.high)]
 
 
 CURVE_POINTS = 25  # the risk-coverage curve's points in report.json (evenly spaced over the answers)

@@ -13,6 +13,14 @@ Without --lm only the query-document-matching head is trained (no LLM needed; `r
 projected retrieval embeddings injected into the reasoning prompt (`r2ag.mode: prompt`); the checkpoint then
 records the LLM's hidden size. Each epoch prints train and validation loss and reference-level validation AUC;
 the weights of the epoch with the lowest validation loss are saved.
+
+With --folds K the questions are split into K folds (seeded): each fold's checkpoint is trained on the other
+folds (with its own validation split) and ranks the fold's lists, so every figure is out of fold. It prints the
+recall of a gold-bearing reference at each --k for the retriever's order and the R2-Former's, pooled over the
+folds, with the paired difference's 95% interval; the checkpoints go beside --out as NAME.foldI.pt, and
+NAME.folds.json names each fold's questions and checkpoint and holds the figures:
+
+    python tools/train_r2former.py --data data/gate_dev.jsonl --folds 4 --out runs/r2former/gate.pt
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from loguru import logger
 from tqdm import tqdm
 
 from evaluation.data import DataError, alternative_answers, check_data_file, is_crag_format, read_examples
+from evaluation.metrics import mean_interval
 from models.config import REPO_ROOT, ConfigError, SystemConfig
 from models.llm.profile import load_profile
 from models.loading import load_config
@@ -38,9 +47,10 @@ from models.retrieval.r2former_head import R2Former, R2FormerConfig, retrieval_f
 from models.stages.reasoning import place_embeddings, reasoning_conversation
 from models.state import QueryState, Reference
 from training.examples import answer_block, reference_states
-from training.r2former_training import RankedList, TrainSettings, split, train
+from training.r2former_training import FoldRecall, RankedList, TrainSettings, list_scores, query_folds, split, train
 from utils.answers import contains_answer, is_invalid
 from utils.cli import CommandParser, check_out_file, command, interrupted
+from utils.durable_io import write_atomic
 
 MIN_LISTS = 4
 
@@ -151,6 +161,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dropout", type=float, default=0.1)
     parser.add_argument("--max-refs", type=int, default=64)
     parser.add_argument("--device", default="cpu", help="where the R2-Former trains (the LLM's device is the config's)")
+    parser.add_argument("--folds", type=int, default=None,
+                        help="K-fold by question: out-of-fold recall at --k, one checkpoint a fold")
+    parser.add_argument("--k", type=int, nargs="+", default=[1, 3, 5], help="the recall's cut-offs (--folds)")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)
 
@@ -182,10 +195,11 @@ def main(argv: list[str] | None = None) -> int:
 def train_r2former(args: argparse.Namespace) -> int:
     if (args.epochs < 1 or args.batch_size < 1 or not 0 < args.val_share < 1 or args.hidden < 1 or args.heads < 1
             or args.hidden % args.heads or args.layers < 1 or not 0 <= args.dropout < 1 or args.max_refs < 1
-            or args.lr <= 0 or (args.limit is not None and args.limit < 1)):
-        raise ConfigError("--epochs, --batch-size, --hidden, --heads, --layers, --max-refs, --lr and --limit must "
-                          "be positive, --val-share in (0, 1), --dropout in [0, 1), and --hidden a multiple of "
-                          "--heads")
+            or args.lr <= 0 or (args.limit is not None and args.limit < 1)
+            or (args.folds is not None and args.folds < 2) or min(args.k) < 1):
+        raise ConfigError("--epochs, --batch-size, --hidden, --heads, --layers, --max-refs, --lr, --k and --limit "
+                          "must be positive, --folds at least 2, --val-share in (0, 1), --dropout in [0, 1), and "
+                          "--hidden a multiple of --heads")
     check_out_file(args.out)
     check_data_file(args.data)
     config = load_config(args.config)
@@ -204,6 +218,8 @@ def train_r2former(args: argparse.Namespace) -> int:
         raise DataError(f"{args.data}: {len(lists)} usable reference lists; at least {MIN_LISTS} are needed")
     check_labels([item.labels for item in lists], args.data)
     lm = LMLoss(config) if args.lm else None
+    if args.folds:
+        return cross_validate(args, lists, lm, embedder.name)
     train_lists, val_lists = split(lists, args.val_share, args.seed)
     if len({bool(label) for item in val_lists for label in item.labels}) < 2:
         print(f"note: the {len(val_lists)} validation lists hold one class only, so the validation AUC is not "
@@ -212,9 +228,7 @@ def train_r2former(args: argparse.Namespace) -> int:
     references = sum(len(item.labels) for item in lists)
     print(f"{len(lists)} lists ({len(train_lists)} train, {len(val_lists)} validation), {references} references, "
           f"{positives} positive; embedder {embedder.name}" + (f"; LM loss through {lm.llm.folder.name}" if lm else ""))
-    model = R2Former(R2FormerConfig(args.hidden, args.heads, args.layers, args.dropout, args.max_refs,
-                                    lm.hidden_size if lm else None))
-    settings = TrainSettings(args.epochs, args.lr, args.batch_size, args.lm_weight, args.seed, args.device)
+    model, settings = new_model(args, lm)
     history = train(model, train_lists, val_lists, settings, lm, progress=True)
     best = history.rows[history.best_epoch - 1]
     print(f"best epoch {history.best_epoch}: val loss {best['val_loss']:.4f}, val AUC {best['val_auc']:.3f}")
@@ -222,6 +236,65 @@ def train_r2former(args: argparse.Namespace) -> int:
                     trained_with_lm=lm is not None)
     print(f"saved {args.out}  (r2ag.checkpoint; r2ag.mode: {'prompt or relevance' if lm else 'relevance'})")
     return 0
+
+
+
+def new_model(args: argparse.Namespace, lm: LMLoss | None) -> tuple[R2Former, TrainSettings]:
+    model = R2Former(R2FormerConfig(args.hidden, args.heads, args.layers, args.dropout, args.max_refs,
+                                    lm.hidden_size if lm else None))
+    return model, TrainSettings(args.epochs, args.lr, args.batch_size, args.lm_weight, args.seed, args.device)
+
+
+def fold_path(out: Path, fold: int) -> Path:
+    return out.with_name(f"{out.stem}.fold{fold}{out.suffix}")
+
+
+def cross_validate(args: argparse.Namespace, lists: list[RankedList], lm: LMLoss | None, embedder: str) -> int:
+    """--folds: one checkpoint a fold, each trained without the fold's questions and ranking them; the pooled
+    out-of-fold recall at each k, printed and written to NAME.folds.json."""
+    parts = query_folds(lists, args.folds, args.seed)
+    if min(len(part) for part in parts) == 0 or any(len(lists) - len(part) < MIN_LISTS for part in parts):
+        raise DataError(f"{args.data}: {len(lists)} usable reference lists cannot make {args.folds} folds that each "
+                        f"train on {MIN_LISTS} or more; lower --folds or give more questions")
+    recall, folds = FoldRecall(tuple(sorted(set(args.k)))), []
+    for fold, held in enumerate(parts):
+        kept = set(held)
+        fit, val = split([item for i, item in enumerate(lists) if i not in kept], args.val_share, args.seed)
+        model, settings = new_model(args, lm)
+        history = train(model, fit, val, settings, lm)
+        for index, scores in zip(held, list_scores(model, [lists[i] for i in held], settings)):
+            recall.add(index, lists[index].labels, scores)
+        best = {k: float(v) for k, v in history.rows[history.best_epoch - 1].items()}
+        path = fold_path(args.out, fold)
+        save_checkpoint(model, path, embedder, best, trained_with_lm=lm is not None)
+        folds.append({"checkpoint": path.name, "best_epoch": history.best_epoch, "val_auc": best["val_auc"],
+                      "interaction_ids": sorted(lists[i].state.interaction_id for i in held)})
+        print(f"fold {fold + 1}/{args.folds}: {len(held)} lists held out, {len(fit)} trained on; best epoch "
+              f"{history.best_epoch}, val AUC {best['val_auc']:.3f}; saved {path}", flush=True)
+    figures = fold_figures(recall)
+    print(f"recall of a gold-bearing reference, out of fold ({args.folds} folds by question, seed {args.seed}; "
+          f"{len(recall.lists)} of {len(lists)} lists hold one):")
+    print(f"{'k':>3}  {'dense':>6}  {'r2former':>8}  difference (95% CI)")
+    for row in figures:
+        low, high = row["ci95"]
+        print(f"{row['k']:>3}  {row['dense']:>6.3f}  {row['r2former']:>8.3f}  {row['difference']:+.3f} "
+              f"[{low:+.3f}, {high:+.3f}]")
+    summary = args.out.with_name(f"{args.out.stem}.folds.json")
+    write_atomic(summary, json.dumps({"data": str(args.data), "folds": folds, "seed": args.seed,
+                                      "lists": len(lists), "lists_with_positive": len(recall.lists),
+                                      "recall": figures}, indent=1) + "\n")
+    print(f"saved {summary} (each fold's questions and checkpoint)")
+    return 0
+
+
+def fold_figures(recall: FoldRecall) -> list[dict]:
+    """Per k: the two orders' recall and their paired difference with its bootstrap interval."""
+    rows = []
+    for k in recall.ks:
+        dense, ours = (np.asarray(recall.hits[name][k], dtype=float) for name in ("dense", "r2former"))
+        rows.append({"k": k, "dense": float(dense.mean()), "r2former": float(ours.mean()),
+                     "difference": float((ours - dense).mean()), "ci95": mean_interval(ours - dense)})
+    return rows
 
 
 if __name__ == "__main__":

@@ -150,3 +150,56 @@ def synthetic_lists(count: int, seed: int, k_range: tuple[int, int] = (3, 9), di
         state = QueryState(index, str(index), "q", "", [])
         lists.append(RankedList(state, labels[order], retrieval_features(query, docs[order])))
     return lists
+
+
+def list_scores(model: R2Former, items: list[RankedList], settings: TrainSettings) -> list[np.ndarray]:
+    """Each list's QDM logits; a reference past the model's `max_refs` gets -inf (ranked after, in its order)."""
+    model.eval()
+    scored: list[np.ndarray] = []
+    with torch.no_grad():
+        for start in range(0, len(items), settings.batch_size):
+            part = items[start:start + settings.batch_size]
+            features, padding, _ = _batch(part, model.config.max_refs, settings.device)
+            logits = model(features, padding)[0].float().cpu().numpy()
+            for row, item in enumerate(part):
+                values = np.full(len(item.labels), -np.inf)
+                n = min(len(item.labels), logits.shape[1])
+                values[:n] = logits[row, :n]
+                scored.append(values)
+    return scored
+
+
+def hit_at(order: np.ndarray, labels: np.ndarray, k: int) -> bool:
+    """Whether a positive reference is among the first k of `order`."""
+    return bool(labels[order[:k]].any())
+
+
+def query_folds(lists: list[RankedList], folds: int, seed: int) -> list[list[int]]:
+    """Indices of `lists` in `folds` folds by question (interaction id), shuffled (seeded): a question's lists
+    stay in one fold, so no fold's model has seen the questions it is measured on."""
+    questions = sorted({item.state.interaction_id for item in lists})
+    random.Random(seed).shuffle(questions)
+    fold_of = {question: index % folds for index, question in enumerate(questions)}
+    parts: list[list[int]] = [[] for _ in range(folds)]
+    for index, item in enumerate(lists):
+        parts[fold_of[item.state.interaction_id]].append(index)
+    return parts
+
+
+@dataclass
+class FoldRecall:
+    """Out-of-fold hits of a gold-bearing reference at each k, for the retriever's order and the R2-Former's,
+    over the lists that hold a positive (`hits[name][k]`, one bool a list, in `lists` order)."""
+
+    ks: tuple[int, ...]
+    lists: list[int] = field(default_factory=list)
+    hits: dict[str, dict[int, list[bool]]] = field(default_factory=dict)
+
+    def add(self, index: int, labels: np.ndarray, scores: np.ndarray) -> None:
+        if not labels.any():
+            return
+        self.lists.append(index)
+        orders = {"dense": np.arange(len(labels)), "r2former": np.argsort(-scores, kind="stable")}
+        for name, order in orders.items():
+            for k in self.ks:
+                self.hits.setdefault(name, {}).setdefault(k, []).append(hit_at(order, labels, k))

@@ -262,3 +262,44 @@ def test_a_prefix_s_key_holds_what_its_stages_and_their_resources_read_and_no_la
     assert signature() != signature("embedder.batch_size=8")  # no stage declares it: every prefix reads it
     # the reasoning stage needs the R2AG head, built from the r2ag section
     assert signature(through="reasoning") != signature("r2ag.mode=prompt", through="reasoning")
+
+
+def test_r2ag_cross_fitted_pools_each_fold_s_rows_as_compare_pairs_them(setup, tmp_path, monkeypatch):
+    """benchmarks/r2ag_effect.py: each fold answered by its own checkpoint through `ablate`, the folds' rows pooled
+    question by question; the pooled difference is compare's for the pooled records."""
+    import functools
+
+    import torch
+
+    from benchmarks import r2ag_effect
+    from evaluation.compare import compare_records
+    from models.retrieval.r2former_head import R2Former, R2FormerConfig, save_checkpoint
+
+    data, config, fakes = setup
+    ids = [json.loads(line)["interaction_id"] for line in data.read_text().splitlines()]
+    folds = []
+    for fold in range(2):
+        torch.manual_seed(fold)
+        name = f"r2.fold{fold}.pt"
+        save_checkpoint(R2Former(R2FormerConfig(hidden=8, heads=2, max_refs=8)), tmp_path / name,
+                        fakes["embedder"].name)
+        folds.append({"checkpoint": name, "interaction_ids": ids[fold::2]})
+    (tmp_path / "r2.folds.json").write_text(json.dumps({"folds": folds}))
+    monkeypatch.setattr(ablation_module, "ablate", functools.partial(ablate, given=fakes))
+    out = tmp_path / "effect"
+    assert r2ag_effect.main(["--folds", str(tmp_path / "r2.folds.json"), "--data", str(data), "--config",
+                             str(config.path), "--overlay", str(ICL), "--edits", "r2ag.threshold=0.99",
+                             "--out", str(out)]) == 0
+    table = json.loads((out / "ablation.json").read_text())
+    pooled = [[json.loads(line) for line in (Path(row["folder"]) / "predictions.jsonl").read_text().splitlines()]
+              for row in table["rows"]]
+    assert [r["interaction_id"] for r in pooled[0]] == [r["interaction_id"] for r in pooled[1]]
+    assert sorted(r["interaction_id"] for r in pooled[0]) == sorted(ids)
+    found = compare_records(*pooled)
+    for key in ("questions", "score_a", "score_b", "difference", "ci95"):
+        assert table["rows"][1]["difference"][key] == found[key], key
+    for fold in range(2):  # each fold's R2AG row ran its own checkpoint, on its own questions
+        manifest = json.loads((out / f"fold{fold}" / "ablation-manifest.json").read_text())
+        assert manifest["rows"][1]["config"]["r2ag"]["checkpoint"] == str(tmp_path / f"r2.fold{fold}.pt")
+        assert manifest["data"]["questions"] == len(folds[fold]["interaction_ids"])
+    assert "R2AG" in (out / "ablation.md").read_text()

@@ -86,6 +86,8 @@ CASES = {
         "--data", str(_labelled_bz2(t)), "--out", str(t / "m.pkl")], "a classifier needs at least two classes"),
     "r2former: no positive reference": ("tools.train_r2former", lambda t: [
         "--data", str(_negative_lists(t)), "--out", str(t / "r.pt")], "none of the 16 references is positive"),
+    "r2former: one fold": ("tools.train_r2former", lambda t: [
+        "--data", str(_negative_lists(t)), "--folds", "1", "--out", str(t / "r.pt")], "--folds at least 2"),
     "hash: --out under a file": ("tools.train_hash", lambda t: [
         "--data", str(_pairs(t)), "--out", str(write(t / "afile", "x") / "h.hidx")],
         "afile is a file, so the folder cannot be made"),

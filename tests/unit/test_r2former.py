@@ -1,5 +1,6 @@
 """R2AG: retrieval features, the R2-Former, its training, checkpoints, and the r2ag stage in the pipeline."""
 
+import json
 import math
 
 import numpy as np
@@ -24,7 +25,18 @@ from models.stages.reasoning import fit_references, place_embeddings
 from models.state import QueryState, Reference
 from tests.conftest import to_batch, write
 from tests.fakes import SEED_REPLY, ScriptedLLM
-from training.r2former_training import TrainSettings, evaluate, split, synthetic_lists, train
+from tools import train_r2former
+from training.r2former_training import (
+    FoldRecall,
+    RankedList,
+    TrainSettings,
+    evaluate,
+    hit_at,
+    query_folds,
+    split,
+    synthetic_lists,
+    train,
+)
 
 PLACEHOLDER = "<|retrieval|>"
 
@@ -303,3 +315,58 @@ def test_references_without_embeddings_are_left_as_ranked(trained_checkpoints, c
     head = R2FormerHead(load_checkpoint(trained_checkpoints["qdm"]))
     run_alone(R2AGStage(), [state], cpu_config, {"r2former": head}, seconds=60)
     assert [r.text for r in state.references] == ["a", "b"] and "carry no embeddings" in caplog_loguru.text
+
+
+def test_query_folds_keep_each_question_in_one_fold():
+    lists = synthetic_lists(23, seed=0)
+    lists += [RankedList(item.state, item.labels, item.features) for item in lists[:5]]  # a question's second list
+    parts = query_folds(lists, 4, seed=3)
+    assert sorted(i for part in parts for i in part) == list(range(len(lists)))
+    fold_of = {}
+    for fold, part in enumerate(parts):
+        for index in part:
+            assert fold_of.setdefault(lists[index].state.interaction_id, fold) == fold
+    assert {len({lists[i].state.interaction_id for i in part}) for part in parts} == {5, 6}
+
+
+def test_fold_recall_counts_hits_of_both_orders():
+    recall = FoldRecall((1, 2))
+    recall.add(0, np.array([False, True, False]), np.array([0.1, 0.9, 0.2]))  # R2-Former lifts the positive
+    recall.add(1, np.array([True, False]), np.array([0.0, 1.0]))  # and buries this one
+    recall.add(2, np.array([False, False]), np.array([1.0, 0.0]))  # no positive: not counted
+    assert recall.lists == [0, 1]
+    assert recall.hits == {"dense": {1: [False, True], 2: [True, True]},
+                           "r2former": {1: [True, False], 2: [True, True]}}
+    assert hit_at(np.array([2, 0, 1]), np.array([False, False, True]), 1)
+
+
+def test_cross_validation_trains_each_fold_without_its_questions(tmp_path, monkeypatch, capsys):
+    lists = synthetic_lists(60, seed=4)
+    trained_on: list[set[str]] = []
+
+    def recording_train(model, fit, val, settings, lm=None, progress=False):
+        trained_on.append({item.state.interaction_id for item in [*fit, *val]})
+        return train(model, fit, val, settings, lm)
+
+    monkeypatch.setattr(train_r2former, "train", recording_train)
+    out = tmp_path / "r2.pt"
+    args = train_r2former.parse_args(["--data", "lists.jsonl", "--out", str(out), "--folds", "3", "--epochs", "4",
+                                      "--hidden", "32", "--max-refs", "8", "--lr", "2e-3", "--k", "1", "3"])
+    assert train_r2former.cross_validate(args, lists, None, "fake-embedder") == 0
+    summary = json.loads((tmp_path / "r2.folds.json").read_text())
+    held = [set(fold["interaction_ids"]) for fold in summary["folds"]]
+    assert set().union(*held) == {item.state.interaction_id for item in lists}
+    assert all(not (h & t) and h | t == held[0] | held[1] | held[2] for h, t in zip(held, trained_on))
+    for fold, entry in enumerate(summary["folds"]):
+        checkpoint = load_checkpoint(tmp_path / entry["checkpoint"])
+        assert entry["checkpoint"] == f"r2.fold{fold}.pt" and checkpoint.embedder == "fake-embedder"
+    with_positive = [item for item in lists if item.labels.any()]
+    assert summary["lists_with_positive"] == len(with_positive)
+    dense_at_1 = np.mean([bool(item.labels[0]) for item in with_positive])
+    (first, third) = summary["recall"]
+    assert first["k"] == 1 and first["dense"] == pytest.approx(dense_at_1)
+    assert first["difference"] == pytest.approx(first["r2former"] - first["dense"])
+    assert first["ci95"][0] <= first["difference"] <= first["ci95"][1]
+    assert third["dense"] >= first["dense"] and third["r2former"] >= first["r2former"]
+    printed = capsys.readouterr().out
+    assert f"{len(with_positive)} of 60 lists hold one" in printed and f"{first['dense']:.3f}" in printed
