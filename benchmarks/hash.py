@@ -7,8 +7,13 @@ the mean top-1 and top-20 neighbour similarity of both parts, so the calibration
 points of the same generator.
 
 Before that, the references stage's answer recall with dense retrieval and with the hash retriever (an untrained
-PCA-start layer; the gold answers are only counted, never fitted) on the real sample and data/, and the stage's
-seconds per question (pages are processed once beforehand, so the seconds are the retrieval's).
+PCA-start layer; the gold answers are only counted, never fitted) on the real sample, on data/, and on a Task-3 set
+(the real questions, else data/'s, each padded to 50 pages with other questions' pages as benchmarks/pages.py pads
+them; the stage reads the best 20 by title and snippet), and the stage's seconds per question (pages are processed
+once beforehand, so the seconds are the retrieval's).
+
+After the sizes, the break-even line: the smallest collection at which our index answers a query faster than exact
+search, between the two sizes measured on either side of it.
 
 Methods, each with one thread and one query at a time (the RAG case):
 - exact: numpy, the query against every float32 vector, top-k by argpartition;
@@ -46,6 +51,7 @@ import numpy as np
 from loguru import logger
 from threadpoolctl import threadpool_limits
 
+from benchmarks.pages import GATE_DEV, task3_pool, task3_set
 from evaluation.recall import recall as answer_recall
 from models.config import REPO_ROOT
 from models.loading import load_config
@@ -209,6 +215,8 @@ def pipeline_recall(real: np.ndarray, bits: int, seed: int) -> None:
         "references", HashKeys, hash=replace(hash_settings(config), model="in-memory"))
     sets = {"real": read_examples(SHARED), "data": read_examples(DATA)} if SHARED.is_file() else {
         "data": read_examples(DATA)}
+    own = sets.get("real", sets["data"])
+    sets["task3"] = task3_set(own, task3_pool({"real": own, "gate_dev": read_examples(GATE_DEV)}), seed)
     for name, examples in sets.items():
         counts = {}
         processor = PageProcessor(PageSettings.from_config(config.references), workers=1)  # caches pages in memory
@@ -220,6 +228,22 @@ def pipeline_recall(real: np.ndarray, bits: int, seed: int) -> None:
             counts[label] = f"{found}/{total} (answer words {words:.2f}, stage {seconds:.2f} s/question)"
         print(f"pipeline answer recall on {name}, top-{config.references.top_k}: dense {counts['dense']}, "
               f"hash {bits} bits {counts['hash']}")
+
+
+def break_even(speeds: list[tuple[int, float, float]]) -> str:
+    """Where our index (search ms) first beats exact search (ms), from (N, exact ms, ours ms) by size: between the
+    last size it lost at and the first it won at, log-linearly interpolated."""
+    ordered = sorted(speeds)
+    wins = [i for i, (_, exact, ours) in enumerate(ordered) if ours < exact]
+    if not wins:
+        return f"break-even: exact search was faster at every size measured (up to N={ordered[-1][0]})"
+    first = wins[0]
+    if first == 0:
+        return f"break-even: ours was faster already at the smallest size, N={ordered[0][0]}"
+    (n0, e0, o0), (n1, e1, o1) = ordered[first - 1], ordered[first]
+    gap0, gap1 = np.log(o0 / e0), np.log(o1 / e1)  # > 0 where ours is slower
+    at = float(np.exp(np.log(n0) + (np.log(n1) - np.log(n0)) * gap0 / (gap0 - gap1)))
+    return f"break-even: ours is faster than exact from about N={at:,.0f} (slower at {n0}, faster at {n1})"
 
 
 @command
@@ -247,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
                                                            *neighbour_similarity_profile(synthetic)))
     pipeline_recall(real, args.bits, args.seed)
     queries = generator.draw(args.queries)
-    last = {}
+    last: dict[str, float] = {}
+    speeds: list[tuple[int, float, float]] = []
     with threadpool_limits(limits=1), tempfile.TemporaryDirectory(prefix="hashbench-") as folder:
         for n in args.sizes:
             rows = run_size(n, real, generator, queries, args, Path(folder))
@@ -262,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
                   "memory-mapped float vectors on disk")
             last = {"n": n, "speedup": exact["ms"] / rows["ours"]["ms"], "recall": rows["ours"]["r@20"],
                     "smaller": exact["bytes"] / rows["ours"]["bytes"]}
+            speeds.append((n, exact["ms"], rows["ours"]["ms"]))
+    print(break_even(speeds))
     print(f"hash: N={last['n']} speedup {last['speedup']:.1f}x vs exact, recall@20 {last['recall']:.2f}, "
           f"index {last['smaller']:.1f}x smaller")
     return 0

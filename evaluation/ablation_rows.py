@@ -145,10 +145,14 @@ def build_variants(texts: Sequence[str], load: Callable[[Sequence[str]], SystemC
         if name in {row.name for row in rows}:
             raise ConfigError(f"{label}: another row has that name; name each variant once")
         previous = rows[-1] if incremental else rows[0]
-        sets, config = list(previous.sets), previous.config
-        # settings first: a stage switched on then loads with them (`+r2ag r2ag.checkpoint=FILE` needs its file)
-        for edit in sorted(edits, key=lambda edit: not _assigns(edit)):
-            sets += edit_sets(edit, config, label)
+        # the settings together first (one may need another: retriever hash and its model), then each stage edit,
+        # which then loads with them (`+r2ag r2ag.checkpoint=FILE`)
+        assigned = [edit for edit in edits if _assigns(edit)]
+        sets, config = [*previous.sets, *assigned], previous.config
+        steps = ([" ".join(assigned)] if assigned else []) + [edit for edit in edits if not _assigns(edit)]
+        for edit in steps:
+            if not _assigns(edit):
+                sets += edit_sets(edit, config, label)
             config = _load(load, sets, label)
             try:
                 runs = {cls.name for cls in pipeline_stages(config)}

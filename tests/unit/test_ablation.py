@@ -210,6 +210,20 @@ def test_plus_places_a_stage_where_the_seed_system_runs_it_and_switches_it_on():
     assert parse_variant("-kg") == ("-kg", ["-kg"]) and parse_variant("a b: x=1 -kg") == ("a b", ["x=1", "-kg"])
 
 
+def test_a_variant_s_settings_load_together_and_before_its_stage_edits(tmp_path):
+    """A setting that needs another (the hash retriever its model) and a stage that needs a setting to switch on
+    (R2AG its checkpoint) build whatever order the edits are written in."""
+    load = lambda sets: load_config(REPO_ROOT / "configs" / "cpu.yaml", (), sets)  # noqa: E731
+    with pytest.raises(ConfigError, match=r"references.retriever hash needs references.hash.model"):
+        build_variants(["hash: references.retriever=hash"], load, False)
+    checkpoint = tmp_path / "r2.pt"
+    rows = build_variants(["hash: references.retriever=hash references.hash.model=h.hidx",
+                           f"r2ag: +r2ag r2ag.checkpoint={checkpoint}"], load, False)
+    assert rows[1].config.references.retriever == "hash"
+    assert rows[2].sets == (f"r2ag.checkpoint={checkpoint}", "r2ag.enabled=true")
+    assert "r2ag" in rows[2].config.strategy_names() and rows[2].edits == ("+r2ag", f"r2ag.checkpoint={checkpoint}")
+
+
 def test_the_cache_keeps_each_row_s_deepest_prefix_another_row_shares():
     rows = [["", "a", "ab", "abc"], ["", "a", "ab", "abd"], ["", "a", "ax"]]
     assert cache_points(rows) == {"ab", "a"}

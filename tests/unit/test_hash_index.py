@@ -440,3 +440,13 @@ def test_propositions_survive_the_tuning_cache(hash_config, sample_examples):
     state = run_references(hash_config, ScriptedLLM(), sample_examples[0])
     restored = state_from_json(json.loads(json.dumps(state_to_json(state))), state.pages)
     assert restored[PROPOSITIONS] == state[PROPOSITIONS] and restored[PROPOSITIONS]
+
+
+def test_the_break_even_size_lies_between_the_sizes_either_side_of_it():
+    from benchmarks.hash import break_even
+
+    # ours 5x slower at 10^3, 10x faster at 10^5: equal speed at 10^(3 + 2 * log 5 / log 50)
+    line = break_even([(100_000, 10.0, 1.0), (1_000, 0.1, 0.5)])
+    assert f"N={10 ** (3 + 2 * np.log(5) / np.log(50)):,.0f} (slower at 1000, faster at 100000)" in line
+    assert "exact search was faster at every size" in break_even([(1_000, 0.1, 0.5), (10_000, 1.0, 2.0)])
+    assert "faster already at the smallest size, N=1000" in break_even([(1_000, 0.6, 0.5)])
