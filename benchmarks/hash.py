@@ -249,7 +249,7 @@ def break_even(speeds: list[tuple[int, float, float]]) -> str:
 @command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000, 1_000_000])
     parser.add_argument("--queries", type=int, default=100)
     parser.add_argument("--bits", type=int, default=512, help="code length (the pipeline's default is 256)")
     parser.add_argument("--alpha", type=int, default=4000, help="Hamming candidates")

@@ -238,7 +238,6 @@ def train_r2former(args: argparse.Namespace) -> int:
     return 0
 
 
-
 def new_model(args: argparse.Namespace, lm: LMLoss | None) -> tuple[R2Former, TrainSettings]:
     model = R2Former(R2FormerConfig(args.hidden, args.heads, args.layers, args.dropout, args.max_refs,
                                     lm.hidden_size if lm else None))
