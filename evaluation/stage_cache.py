@@ -12,6 +12,7 @@ multi-hop strategies read them after the references stage.
 from __future__ import annotations
 
 import base64
+import copy
 import dataclasses
 import json
 from collections.abc import Iterable, Sequence
@@ -58,6 +59,9 @@ def state_to_json(state: QueryState) -> dict[str, Any]:
 
 
 def state_from_json(data: dict[str, Any], pages: list[dict[str, Any]]) -> QueryState:
+    """A state of its own: nothing it holds is `data`'s, which the cache hands out again from memory, so the
+    stages it goes through change neither that entry nor a record made of a state read from it before."""
+    data = copy.deepcopy(data)
     fields = dict(data, pages=pages)
     fields["references"] = [Reference(**r) for r in data["references"]]
     fields["candidates"] = [Reference(**r) for r in data.get("candidates", [])]

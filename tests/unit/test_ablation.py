@@ -317,3 +317,25 @@ def test_r2ag_cross_fitted_pools_each_fold_s_rows_as_compare_pairs_them(setup, t
         assert manifest["rows"][1]["config"]["r2ag"]["checkpoint"] == str(tmp_path / f"r2.fold{fold}.pt")
         assert manifest["data"]["questions"] == len(folds[fold]["interaction_ids"])
     assert "R2AG" in (out / "ablation.md").read_text()
+
+
+def test_a_state_read_from_the_cache_shares_nothing_with_the_entry_the_cache_hands_out_again():
+    """The cache hands the same entry to every row that reads it from memory: a row's stages must change neither
+    that entry nor the records of a row that read it before."""
+    from evaluation.stage_cache import state_from_json, state_to_json
+    from models.kg.kg_stage import KG_RESULTS
+    from models.state import QueryState
+    from utils.cache import JsonCache
+
+    state = QueryState(0, "q0", "what is the code of item 0?", "03/01/2024", [])
+    state.signals["kg.hit"] = 1.0
+    state[KG_RESULTS] = ["code c0"]
+    cache = JsonCache(None)
+    cache.put("key", state_to_json(state))
+    first = state_from_json(cache.get("key"), [])
+    record = first.record()
+    second = state_from_json(cache.get("key"), [])
+    second.signals["answer.number"] = 3.0
+    second[KG_RESULTS].append("code c999")
+    assert record["signals"] == {"kg.hit": 1.0} and first[KG_RESULTS] == ["code c0"]
+    assert state_from_json(cache.get("key"), []).signals == {"kg.hit": 1.0}
