@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         if code:
             return code
     judged = pooled(args.out, len(folds))
-    # the pooled R2AG row is named by the first fold's variant; each fold's own is in its ablation-manifest.json
+    # the pooled R2AG row is built from the first fold's variant; each fold's own is in its ablation-manifest.json
     first = f"{ROW}: +r2ag r2ag.checkpoint={folds[0]['checkpoint']} {args.edits}".strip()
     rows = build_variants([first], lambda sets: load_config(config.path, config.overlays, [*config.sets, *sets]),
                           False, args.serve_llm)
@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         ablation.folder(row).mkdir(parents=True, exist_ok=True)
         write_atomic(ablation.folder(row) / PREDICTIONS, "".join(json_line(record) for record in records))
     table = tabulate(ablation, judged) | {"folds": [str(args.out / f"fold{i}") for i in range(len(folds))]}
+    table["rows"][1]["edits"] = [f"+r2ag r2ag.checkpoint=<each fold's own> {args.edits}".strip()]
     text = format_table(table)
     write_atomic(args.out / "ablation.json", json.dumps(table, indent=2, ensure_ascii=False, default=str) + "\n")
     write_atomic(args.out / "ablation.md", f"# R2AG cross-fitted over {len(folds)} folds of {args.data.name}\n\n"
