@@ -51,7 +51,7 @@ import numpy as np
 from loguru import logger
 from threadpoolctl import threadpool_limits
 
-from benchmarks.pages import GATE_DEV, task3_pool, task3_set
+from evaluation.data import task3_set
 from evaluation.recall import recall as answer_recall
 from models.config import REPO_ROOT
 from models.loading import load_config
@@ -65,6 +65,7 @@ from utils.web_pages import PageProcessor, PageSettings, process_html
 
 SHARED = REPO_ROOT.parent / "shared" / "crag_sample" / "crag_public_sample_5.jsonl.bz2"
 DATA = REPO_ROOT / "data" / "crag_sample.jsonl"
+GATE_DEV = REPO_ROOT / "data" / "gate_dev.jsonl"
 KS = (5, 20, 100)
 
 
@@ -216,7 +217,9 @@ def pipeline_recall(real: np.ndarray, bits: int, seed: int) -> None:
     sets = {"real": read_examples(SHARED), "data": read_examples(DATA)} if SHARED.is_file() else {
         "data": read_examples(DATA)}
     own = sets.get("real", sets["data"])
-    sets["task3"] = task3_set(own, task3_pool({"real": own, "gate_dev": read_examples(GATE_DEV)}), seed)
+    # padded from the questions' own pages and gate_dev's, as benchmarks/pages.py pads them
+    pool = [page for e in [*own, *read_examples(GATE_DEV)] for page in e["search_results"]]
+    sets["task3"] = task3_set(own, pool, seed)
     for name, examples in sets.items():
         counts = {}
         processor = PageProcessor(PageSettings.from_config(config.references), workers=1)  # caches pages in memory

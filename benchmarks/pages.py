@@ -47,7 +47,6 @@ import gc
 import json
 import os
 import pstats
-import random
 import statistics
 import sys
 import time
@@ -60,6 +59,7 @@ import torch
 import trafilatura
 from bs4 import BeautifulSoup
 
+from evaluation.data import TASK3_PAGES, task3_set
 from evaluation.recall import answer_found, recall, token_recall
 from models.config import REPO_ROOT, resolve_path
 from models.loading import load_config
@@ -77,7 +77,6 @@ from utils.web_pages import EXTRACTORS, PageProcessor, PageSettings, ProcessedPa
 SHARED = REPO_ROOT.parent / "shared" / "crag_sample" / "crag_public_sample_5.jsonl.bz2"
 DATA = REPO_ROOT / "data" / "crag_sample.jsonl"
 GATE_DEV = REPO_ROOT / "data" / "gate_dev.jsonl"
-TASK3_PAGES = 50
 TOP_K = 10  # the rankings' agreement is read over the best ten candidates of each question
 BACKENDS = ("torch", "openvino")
 PRECISIONS = ("float32", "bfloat16")
@@ -119,21 +118,6 @@ def load(path: Path) -> list[dict[str, Any]]:
     opener = bz2.open if path.suffix == ".bz2" else open
     with opener(path, "rt", encoding="utf-8") as handle:
         return [json.loads(line) for line in handle if line.strip()]
-
-
-def task3_set(questions: list[dict[str, Any]], pool: list[dict[str, Any]], seed: int = 0) -> list[dict[str, Any]]:
-    """Each question with its own pages padded to TASK3_PAGES from `pool` (pages of other questions, never one
-    of its own by URL), all in a seeded random order."""
-    rng = random.Random(seed)
-    padded = []
-    for question in questions:
-        own = question["search_results"][:TASK3_PAGES]
-        urls = {page.get("page_url") for page in own}
-        others = [page for page in pool if page.get("page_url") not in urls]
-        pages = own + rng.sample(others, min(len(others), TASK3_PAGES - len(own)))
-        rng.shuffle(pages)
-        padded.append({**question, "search_results": pages})
-    return padded
 
 
 def task3_pool(sets: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:

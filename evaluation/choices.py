@@ -24,7 +24,6 @@ from utils.names import did_you_mean
 
 DEFAULT_DATA = REPO_ROOT / "data" / "crag_sample.jsonl"
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")  # loguru's
-TASK3_PAGES = 50  # Task 3 gives 50 pages a question, Tasks 1 and 2 give 5
 
 
 @dataclass(frozen=True)

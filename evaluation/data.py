@@ -7,6 +7,7 @@ import bz2
 import glob
 import io
 import json
+import random
 import re
 import tarfile
 from collections.abc import Callable, Collection, Generator, Iterator
@@ -25,6 +26,23 @@ from utils.names import did_you_mean
 class DataError(HarnessError, ValueError):
     """A data file that cannot be read at all; the message names the file."""
 
+
+TASK3_PAGES = 50  # Task 3 gives 50 pages a question, Tasks 1 and 2 give 5
+
+
+def task3_set(questions: list[dict[str, Any]], pool: list[dict[str, Any]], seed: int = 0) -> list[dict[str, Any]]:
+    """Each question with its own pages padded to TASK3_PAGES from `pool` (pages of other questions, never one
+    of its own by URL), all in a seeded random order: Task-3-sized questions from Task-1 data."""
+    rng = random.Random(seed)
+    padded = []
+    for question in questions:
+        own = question["search_results"][:TASK3_PAGES]
+        urls = {page.get("page_url") for page in own}
+        others = [page for page in pool if page.get("page_url") not in urls]
+        pages = own + rng.sample(others, min(len(others), TASK3_PAGES - len(own)))
+        rng.shuffle(pages)
+        padded.append({**question, "search_results": pages})
+    return padded
 
 @dataclass
 class ReadStats:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from evaluation import manifest
 from evaluation.choices import Answering, RunFolder
-from evaluation.data import ReadStats, Selection, count_examples, read_examples
+from evaluation.data import TASK3_PAGES, ReadStats, Selection, count_examples, read_examples
 from evaluation.kg_fixture.launch import fixture_kg
 from evaluation.llm_server import llm_for_run
 from evaluation.runner import EvaluationError, run_model
@@ -26,7 +26,6 @@ from utils.trees import differences
 if TYPE_CHECKING:  # ray is imported with --ray only
     from evaluation.ray_runner import Cluster
 
-TASK3_PAGES = 50  # Task 3 gives 50 pages a question, Tasks 1 and 2 give 5
 
 
 def run(folder: RunFolder, answering: Answering = Answering()) -> int:
