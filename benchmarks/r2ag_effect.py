@@ -119,5 +119,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"written: {args.out / 'ablation.md'}, ablation.json; each fold's ablation under {args.out}/foldI")
     return 0
 
+
 if __name__ == "__main__":
     sys.exit(main())
