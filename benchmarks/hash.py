@@ -51,7 +51,7 @@ import numpy as np
 from loguru import logger
 from threadpoolctl import threadpool_limits
 
-from evaluation.data import task3_set
+from evaluation.data import task3_pool, task3_set
 from evaluation.recall import recall as answer_recall
 from models.config import REPO_ROOT
 from models.loading import load_config
@@ -217,9 +217,7 @@ def pipeline_recall(real: np.ndarray, bits: int, seed: int) -> None:
     sets = {"real": read_examples(SHARED), "data": read_examples(DATA)} if SHARED.is_file() else {
         "data": read_examples(DATA)}
     own = sets.get("real", sets["data"])
-    # padded from the questions' own pages and gate_dev's, as benchmarks/pages.py pads them
-    pool = [page for e in [*own, *read_examples(GATE_DEV)] for page in e["search_results"]]
-    sets["task3"] = task3_set(own, pool, seed)
+    sets["task3"] = task3_set(own, task3_pool({"real": own, "gate_dev": read_examples(GATE_DEV)}), seed)
     for name, examples in sets.items():
         counts = {}
         processor = PageProcessor(PageSettings.from_config(config.references), workers=1)  # caches pages in memory

@@ -59,7 +59,7 @@ import torch
 import trafilatura
 from bs4 import BeautifulSoup
 
-from evaluation.data import TASK3_PAGES, task3_set
+from evaluation.data import TASK3_PAGES, task3_pool, task3_set
 from evaluation.recall import answer_found, recall, token_recall
 from models.config import REPO_ROOT, resolve_path
 from models.loading import load_config
@@ -118,11 +118,6 @@ def load(path: Path) -> list[dict[str, Any]]:
     opener = bz2.open if path.suffix == ".bz2" else open
     with opener(path, "rt", encoding="utf-8") as handle:
         return [json.loads(line) for line in handle if line.strip()]
-
-
-def task3_pool(sets: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """The pages a Task-3 question is padded from: those of the real questions and of gate_dev."""
-    return [page for name in ("real", "gate_dev") for e in sets.get(name, []) for page in e["search_results"]]
 
 
 def _fmt(runs: list[float]) -> str:

@@ -44,6 +44,11 @@ def task3_set(questions: list[dict[str, Any]], pool: list[dict[str, Any]], seed:
         padded.append({**question, "search_results": pages})
     return padded
 
+
+def task3_pool(sets: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The pages a Task-3 question is padded from: those of the real questions and of gate_dev."""
+    return [page for name in ("real", "gate_dev") for e in sets.get(name, []) for page in e["search_results"]]
+
 @dataclass
 class ReadStats:
     skipped_lines: list[int] = field(default_factory=list)
