@@ -11,6 +11,9 @@
 - Across kinds of answers: the calibration from the whole labelled set of real answers (Llama answers, 40% sentence
   golds) applied to data/judge/gate_verdicts.jsonl (SmolLM2's answers, short golds), over SPLITS random halves of
   its questions.
+- Both beside prediction-powered inference (PPI, as ARES uses it), the alternative the shipped Rogan-Gladen
+  correction was chosen over: the run's judged score plus the judge's mean error on the calibration set's answers
+  it decided, scaled by the run's share of such answers, with a bootstrap of both sets.
 
     python -m benchmarks.judging
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -31,7 +35,7 @@ from evaluation.judge import judge_by_containment
 from evaluation.judge_fit import development_sets, item, judge_decides, unseen_verdicts
 from evaluation.keyfact import read
 from evaluation.metrics import Scores, intervals
-from evaluation.verdicts import CORRECT
+from evaluation.verdicts import CORRECT, WRONG
 from utils.cli import command
 
 SPLITS = 200
@@ -54,13 +58,38 @@ def timings(rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
 
 
 def person_score(rows: list[dict[str, Any]]) -> float:
-    return float(np.mean([1 if r["human"] == CORRECT else -1 if r["human"] == "wrong" else 0 for r in rows]))
+    return float(_score([r["human"] for r in rows]).mean())
 
 
-def coverage(rows: list[dict[str, Any]], verdicts: list[str], calibrate: Any, seed: int) -> tuple[float, float]:
-    """(share of SPLITS splits of `rows` by question whose corrected interval holds the person's score, median width
-    against the uncorrected interval's); `calibrate(run_indices, rest)` gives each split's Calibration."""
-    judged = judge_decides(rows)
+def _score(verdicts: list[str]) -> np.ndarray:
+    return np.array([1.0 if v == CORRECT else -1.0 if v == WRONG else 0.0 for v in verdicts])
+
+
+def prediction_powered(verdicts: list[str], judged: list[bool], errors: np.ndarray, seed: int) -> tuple[float, float]:
+    """PPI's 95% interval of a run's score: its judged score plus the share of its answers the judge decided times
+    the judge's mean error (person's score minus the judge's) on the calibration answers it decided (`errors`), the
+    run's questions and the calibration answers each resampled."""
+    rng = np.random.default_rng(seed)
+    score, own = _score(verdicts), np.array(judged, dtype=float)
+    take = rng.integers(0, len(score), size=(RESAMPLES, len(score)))
+    rectifier = errors[rng.integers(0, len(errors), size=(RESAMPLES, len(errors)))].mean(axis=1)
+    drawn = score[take].mean(axis=1) + own[take].mean(axis=1) * rectifier
+    return float(np.percentile(drawn, 2.5)), float(np.percentile(drawn, 97.5))
+
+
+def judge_errors(rows: list[dict[str, Any]], verdicts: list[str], judged: list[bool]) -> np.ndarray:
+    """Person's score minus the judge's on the rows the judge decided and the person called correct or wrong."""
+    mine = [i for i, (r, v, j) in enumerate(zip(rows, verdicts, judged))
+            if j and r["human"] in (CORRECT, WRONG) and v in (CORRECT, WRONG)]
+    return _score([rows[i]["human"] for i in mine]) - _score([verdicts[i] for i in mine])
+
+
+Interval = Callable[[list[int], list[int], int], tuple[float, float]]  # (run, rest, split) -> (low, high)
+
+
+def coverage(rows: list[dict[str, Any]], verdicts: list[str], interval: Interval, seed: int) -> tuple[float, float]:
+    """(share of SPLITS splits of `rows` by question whose interval holds the person's score of the run part, median
+    width against the uncorrected interval's); `interval(run_indices, rest, split)` gives each split's interval."""
     questions = sorted({r["query"] for r in rows})
     rng = np.random.default_rng(seed)
     held, ratios = 0, []
@@ -68,13 +97,31 @@ def coverage(rows: list[dict[str, Any]], verdicts: list[str], calibrate: Any, se
         chosen = set(rng.choice(questions, len(questions) // 2, replace=False))
         run = [i for i, r in enumerate(rows) if r["query"] in chosen]
         rest = [i for i, r in enumerate(rows) if r["query"] not in chosen]
-        result = corrected([verdicts[i] for i in run], [judged[i] for i in run], calibrate(run, rest), seed=split,
-                           resamples=RESAMPLES)
-        low, high = result["ci95"]["score"]
+        low, high = interval(run, rest, split)
         held += low <= person_score([rows[i] for i in run]) <= high
         plain = intervals([verdicts[i] for i in run])["score"]
         ratios.append((high - low) / (plain[1] - plain[0]))
     return held / SPLITS, float(np.median(ratios))
+
+
+def rogan_gladen(verdicts: list[str], judged: list[bool], calibrate: Callable[[list[int], list[int]], Calibration]
+                 ) -> Interval:
+    """The shipped correction's interval for a split (evaluation/correction.py), calibrated by `calibrate`."""
+    def interval(run: list[int], rest: list[int], split: int) -> tuple[float, float]:
+        result = corrected([verdicts[i] for i in run], [judged[i] for i in run], calibrate(run, rest), seed=split,
+                           resamples=RESAMPLES)
+        low, high = result["ci95"]["score"]
+        return low, high
+
+    return interval
+
+
+def ppi(verdicts: list[str], judged: list[bool], errors: Callable[[list[int]], np.ndarray]) -> Interval:
+    """PPI's interval for a split, its rectifier from `errors(rest)`."""
+    def interval(run: list[int], rest: list[int], split: int) -> tuple[float, float]:
+        return prediction_powered([verdicts[i] for i in run], [judged[i] for i in run], errors(rest), split)
+
+    return interval
 
 
 @command
@@ -99,20 +146,33 @@ def main(argv: list[str] | None = None) -> int:
         return Calibration("the other half", confusion([real[i] for i in rest], [verdicts[i] for i in rest],
                                                        [judged[i] for i in rest]))
 
-    share, width = coverage(real, verdicts, other_half, seed=1)
-    print(f"labelled set of real answers, {SPLITS} splits by question (run half, calibration half): the corrected "
-          f"interval holds the person's score in {share:.1%}; median width {width:.2f} x the uncorrected interval's")
+    def their_errors(rest: list[int]) -> np.ndarray:
+        return judge_errors([real[i] for i in rest], [verdicts[i] for i in rest], [judged[i] for i in rest])
+
+    for name, interval in (("Rogan-Gladen", rogan_gladen(verdicts, judged, other_half)),
+                           ("PPI", ppi(verdicts, judged, their_errors))):
+        share, width = coverage(real, verdicts, interval, seed=1)
+        print(f"labelled set of real answers, {SPLITS} splits by question (run half, calibration half), {name}: the "
+              f"interval holds the person's score in {share:.1%}; median width {width:.2f} x the uncorrected "
+              "interval's")
     whole = Calibration("all of the labelled set", confusion(real, verdicts, judged))
+    errors = judge_errors(real, verdicts, judged)
     gate = load_set(GATE_SET)
     gate_verdicts = unseen_verdicts(gate, development, model)
-    share, width = coverage(gate, gate_verdicts, lambda run, rest: whole, seed=2)
-    fixed = corrected(gate_verdicts, judge_decides(gate), whole)
+    gate_judged = judge_decides(gate)
+    fixed = corrected(gate_verdicts, gate_judged, whole)
+    powered = prediction_powered(gate_verdicts, gate_judged, errors, seed=0)
     print(f"across kinds: calibrated on all {sum(whole.counts.values())} judged answers of the labelled set, applied "
           f"to {GATE_SET.name} ({len(gate)} answers, person's score {person_score(gate):+.3f}, judged "
-          f"{Scores.of(gate_verdicts).score:+.3f}): corrected "
-          f"{fixed['score']:+.3f} [{fixed['ci95']['score'][0]:+.3f}, {fixed['ci95']['score'][1]:+.3f}]; over "
-          f"{SPLITS} halves of its questions the interval holds the person's score in {share:.1%} (median width "
-          f"{width:.2f} x the uncorrected)")
+          f"{Scores.of(gate_verdicts).score:+.3f}): Rogan-Gladen {fixed['score']:+.3f} "
+          f"[{fixed['ci95']['score'][0]:+.3f}, {fixed['ci95']['score'][1]:+.3f}], PPI "
+          f"{Scores.of(gate_verdicts).score + np.mean(gate_judged) * errors.mean():+.3f} "
+          f"[{powered[0]:+.3f}, {powered[1]:+.3f}]")
+    for name, interval in (("Rogan-Gladen", rogan_gladen(gate_verdicts, gate_judged, lambda run, rest: whole)),
+                           ("PPI", ppi(gate_verdicts, gate_judged, lambda rest: errors))):
+        share, width = coverage(gate, gate_verdicts, interval, seed=2)
+        print(f"  {name}, over {SPLITS} halves of its questions: the interval holds the person's score in "
+              f"{share:.1%} (median width {width:.2f} x the uncorrected)")
     return 0
 
 

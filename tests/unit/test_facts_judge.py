@@ -173,6 +173,19 @@ def test_a_run_names_its_calibration_or_says_there_is_none(tmp_path):
 
 # --- on the labelled set of real answers --------------------------------------------------------------------------
 
+def test_prediction_powered_adds_the_judges_mean_error_on_the_answers_it_decided():
+    """benchmarks/judging.py's PPI baseline: a judge that calls a fifth of the right answers wrong."""
+    calibration = ([{"human": CORRECT}] * 50 + [{"human": WRONG}] * 50)
+    said = [CORRECT] * 40 + [WRONG] * 10 + [WRONG] * 50
+    errors = judge_bench.judge_errors(calibration, said, [True] * 100)
+    assert errors.mean() == pytest.approx(0.2)
+    run = [CORRECT] * 80 + [WRONG] * 120  # 100 right by the person: score 0, judged -0.2
+    low, high = judge_bench.prediction_powered(run, [True] * 200, errors, seed=0)
+    assert low < 0 < high and high < 0.2
+    low, high = judge_bench.prediction_powered(run, [False] * 200, errors, seed=0)  # exact verdicts: no rectifier
+    assert high < 0
+
+
 @needs_real
 def test_the_corrected_interval_holds_the_persons_score_over_splits_by_question():
     """200 splits of the labelled set by question, each answer judged by a judge not fit on its question: the
@@ -185,7 +198,7 @@ def test_the_corrected_interval_holds_the_persons_score_over_splits_by_question(
         return Calibration("rest", confusion([real[i] for i in rest], [verdicts[i] for i in rest],
                                              [judged[i] for i in rest]))
 
-    share, width = judge_bench.coverage(real, verdicts, other_half, seed=1)
+    share, width = judge_bench.coverage(real, verdicts, judge_bench.rogan_gladen(verdicts, judged, other_half), seed=1)
     assert share >= 0.9
     assert width < 1.6  # measured 1.55 (benchmarks/README.md): over the issue's 1.5
 
