@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -84,31 +85,54 @@ def _fit(x: np.ndarray, y: np.ndarray, c: float) -> dict[str, Any]:
             "weights": model.coef_[0].tolist(), "bias": float(model.intercept_[0]), "C": c}
 
 
+Predict = Callable[[np.ndarray], np.ndarray]  # features -> P(correct)
+
+
+@dataclass(frozen=True)
+class Learner:
+    """A classifier of the open rows: `fit(x, y, setting)` gives P(correct) of new rows, for each setting of `grid`
+    (simplest first: of settings equally good in the inner folds, the earlier is chosen). `setting` names the
+    hyperparameter in the folds' figures."""
+    name: str
+    setting: str
+    grid: tuple[Any, ...]
+    fit: Callable[[np.ndarray, np.ndarray, Any], Predict]
+
+
+def _logistic(x: np.ndarray, y: np.ndarray, c: float) -> Predict:
+    model = _fit(x, y, c)
+    return lambda new: probabilities(model, new)
+
+
+LOGISTIC = Learner("logistic regression (shipped)", "C", C_GRID, _logistic)
+
+
 def _kappa(y: np.ndarray, said: np.ndarray) -> float:
     from sklearn.metrics import cohen_kappa_score
 
     return float(cohen_kappa_score(y, said)) if len(set(y) | set(said)) > 1 else 0.0
 
 
-def choose(x: np.ndarray, y: np.ndarray, groups: np.ndarray, seed: int = SEED) -> tuple[float, float]:
-    """(C, threshold) with the best Cohen's kappa of inner out-of-fold probabilities (ties: the smaller C, then
-    the threshold nearest 0.5)."""
-    best: tuple[float, float, float, float] | None = None
+def choose(x: np.ndarray, y: np.ndarray, groups: np.ndarray, seed: int = SEED,
+           learner: Learner = LOGISTIC) -> tuple[Any, float]:
+    """(setting, threshold) with the best Cohen's kappa of inner out-of-fold probabilities (ties: the earlier
+    setting, then the threshold nearest 0.5)."""
+    best: tuple[float, int, float, float] | None = None
     repeats = [_splits(y, groups, seed + 1 + repeat) for repeat in range(INNER_REPEATS)]
-    for c in C_GRID:
+    for index, setting in enumerate(learner.grid):
         pooled = []
         for splits in repeats:
             oof = np.zeros(len(y))
             for train, test in splits:
-                oof[test] = probabilities(_fit(x[train], y[train], c), x[test])
+                oof[test] = learner.fit(x[train], y[train], setting)(x[test])
             pooled.append(oof)
         for threshold in THRESHOLDS:
             kappa = np.mean([_kappa(y, oof >= threshold) for oof in pooled])
-            rank = (round(float(kappa), 6), -c, -abs(threshold - 0.5), threshold)
+            rank = (round(float(kappa), 6), -index, -abs(threshold - 0.5), threshold)
             if best is None or rank > best:
                 best = rank
     assert best is not None
-    return -best[1], best[3]
+    return learner.grid[-best[1]], best[3]
 
 
 def fit(rows: Sequence[dict[str, Any]], seed: int = SEED) -> dict[str, Any]:
@@ -118,19 +142,27 @@ def fit(rows: Sequence[dict[str, Any]], seed: int = SEED) -> dict[str, Any]:
     return {**_fit(x, y, c), "threshold": threshold}
 
 
-def out_of_fold(rows: Sequence[dict[str, Any]], seed: int = SEED) -> tuple[list[str], list[dict[str, Any]]]:
-    """Each row's verdict with the rows of its question held out (nested: C and threshold chosen inside each outer
-    fold), the exact rules' verdict where they decide; and each outer fold's choice and size."""
+Columns = Callable[[list[dict[str, Any]]], np.ndarray]  # rows -> more feature columns, one row each
+
+
+def out_of_fold(rows: Sequence[dict[str, Any]], seed: int = SEED, learner: Learner = LOGISTIC,
+                more: Columns | None = None) -> tuple[list[str], list[dict[str, Any]]]:
+    """Each row's verdict with the rows of its question held out (nested: the learner's setting and the threshold
+    chosen inside each outer fold), the exact rules' verdict where they decide; and each outer fold's choice and
+    size. `more` adds feature columns to FEATURES' (an alternative measured against the shipped set)."""
     verdicts = [ruled(r) for r in rows]
     open_index = [i for i, r in enumerate(rows) if verdicts[i] is None and r["human"] in (CORRECT, WRONG)]
-    x, y, groups = design([rows[i] for i in open_index])
+    chosen = [rows[i] for i in open_index]
+    x, y, groups = design(chosen)
+    if more is not None:
+        x = np.hstack([x, more(chosen)])
     folds = []
     for train, test in _splits(y, groups, seed):
-        c, threshold = choose(x[train], y[train], groups[train], seed)
-        said = probabilities(_fit(x[train], y[train], c), x[test]) >= threshold
+        setting, threshold = choose(x[train], y[train], groups[train], seed, learner)
+        said = learner.fit(x[train], y[train], setting)(x[test]) >= threshold
         for position, correct in zip(test, said):
             verdicts[open_index[position]] = CORRECT if correct else WRONG
-        folds.append({"train": len(train), "test": len(test), "C": c, "threshold": threshold,
+        folds.append({"train": len(train), "test": len(test), learner.setting: setting, "threshold": threshold,
                       "kappa_test": round(_kappa(y[test], said), 4)})
     return [v or WRONG for v in verdicts], folds
 

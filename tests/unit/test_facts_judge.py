@@ -6,15 +6,17 @@ from __future__ import annotations
 import json
 from decimal import Decimal
 
+import numpy as np
 import pytest
 
+import benchmarks.judge_learners as learners_bench
 import benchmarks.judging as judge_bench
 import tools.fit_judge as fit_tool
 from evaluation.calibration import REAL_SET, calibration_for, confusion, load_set
 from evaluation.correction import Calibration, corrected
 from evaluation.facts_judge import MODEL_FILE, FactsJudge, load_model
 from evaluation.judge import build_judge
-from evaluation.judge_fit import data_hash, development_sets, judge_decides, unseen_verdicts
+from evaluation.judge_fit import Learner, choose, data_hash, development_sets, judge_decides, unseen_verdicts
 from evaluation.keyfact import FEATURES, best_features, decisive, read, value_match
 from evaluation.verdicts import CORRECT, WRONG, Item
 from models.config import ConfigError
@@ -169,6 +171,41 @@ def test_a_run_names_its_calibration_or_says_there_is_none(tmp_path):
                                                   "wrong_wrong": 2} and "verdicts.jsonl" in note
     rows.write_text(rows.read_text().replace('"incorrect"', '"correct"'))  # the judge now looks no better than chance
     assert calibration_for("contains", None, str(rows))[1].startswith("score not corrected:")
+
+
+def test_of_settings_equally_good_in_the_inner_folds_the_earlier_is_chosen():
+    """The protocol's tie-break, for any learner (benchmarks/judge_learners.py's alternatives share it)."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(60, 1))
+    y = x[:, 0] > 0
+    groups = np.array([f"q{i // 2}" for i in range(60)])
+    def sign(x, y, setting):
+        return lambda new: (new[:, 0] > 0) * 1.0
+
+    def nothing(x, y, setting):
+        return lambda new: 0 * new[:, 0]
+
+    assert choose(x, y, groups, learner=Learner("equal", "setting", ("simple", "complex"), sign))[0] == "simple"
+    better = Learner("the second reads the sign", "setting", ("noise", "sign"),
+                     lambda x, y, setting: sign(x, y, setting) if setting == "sign" else nothing(x, y, setting))
+    assert choose(x, y, groups, learner=better)[0] == "sign"
+
+
+def test_rules_alone_match_the_key_fact_unless_a_guard_vetoes():
+    rows = np.zeros((4, len(FEATURES)))
+    rows[0, FEATURES.index("num_match")] = 1
+    rows[1, FEATURES.index("num_match")] = 1
+    rows[1, FEATURES.index("num_conflict")] = 1
+    rows[2, FEATURES.index("key_recall")] = 0.4
+    rows[3, FEATURES.index("contains")] = 1
+    rows[3, FEATURES.index("no_answer_cue")] = 1
+    assert learners_bench._rules(rows, np.zeros(4), None)(rows).tolist() == [1.0, 0.0, 0.4, 0.0]
+
+
+def test_the_learners_benchmark_names_a_missing_set(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(learners_bench, "REAL_SET", tmp_path / "answers.jsonl")
+    assert learners_bench.main([]) == 1
+    assert "answers.jsonl is not there" in capsys.readouterr().err
 
 
 # --- on the labelled set of real answers --------------------------------------------------------------------------
