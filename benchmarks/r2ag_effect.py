@@ -4,7 +4,9 @@
 and checkpoint). Here each fold's questions are answered by `local_evaluation.py ablate`: the config, and the config
 with R2AG on and that fold's checkpoint (plus any --edits, e.g. r2ag.mode=prompt). The folds' rows are then pooled
 question by question and set side by side, as `ablate` sets its rows: rates, score, the paired difference with its
-95% interval, the corrected one, LLM calls and seconds per question.
+95% interval, the corrected one, LLM calls and seconds per question. `--control` adds a row with each fold's
+checkpoint, its projection zeroed: in prompt mode the same prompt and the same markers, every injected vector 0, so
+that the trained vectors' effect stands apart from the prompt's.
 
     python tools/train_r2former.py --data data/gate_dev.jsonl --folds 4 --out runs/r2former/gate.pt
     python -m benchmarks.r2ag_effect --folds runs/r2former/gate.folds.json --data data/gate_dev.jsonl \\
@@ -33,6 +35,7 @@ from utils.cli import CommandParser, check_out, command
 from utils.durable_io import json_line, write_atomic
 
 ROW = "R2AG"
+CONTROL = "R2AG, vectors zeroed"
 
 
 def read_folds(path: Path) -> list[dict[str, Any]]:
@@ -65,16 +68,34 @@ def fold_data(data: Path, folds: list[dict[str, Any]], out: Path) -> list[Path]:
     return paths
 
 
+def zeroed(checkpoint: Path, out: Path) -> Path:
+    """`checkpoint` with its projection's weights and bias 0 (the QDM head as trained), written to `out`; a
+    one-line error for a checkpoint trained without --lm, which has no projection."""
+    import torch
+
+    from models.retrieval.r2former_head import load_checkpoint, save_checkpoint
+
+    loaded = load_checkpoint(checkpoint)
+    if loaded.model.projection is None:
+        raise DataError(f"{checkpoint}: trained without --lm, it has no projection for --control to zero")
+    with torch.no_grad():
+        loaded.model.projection.weight.zero_()
+        loaded.model.projection.bias.zero_()
+    save_checkpoint(loaded.model, out, loaded.embedder, loaded.metrics, loaded.trained_with_lm)
+    return out
+
+
 def pooled(out: Path, folds: int) -> list[list[dict[str, Any]]]:
-    """The base row's and the R2AG row's judged records over every fold, aligned question by question."""
-    base: list[dict[str, Any]] = []
-    with_r2ag: list[dict[str, Any]] = []
+    """Each row's judged records over every fold (the base row's first), aligned question by question."""
+    rows: list[list[dict[str, Any]]] = []
     for index in range(folds):
         table = json.loads((out / f"fold{index}" / "ablation.json").read_text(encoding="utf-8"))
-        first, second = (load_predictions(Path(row["folder"]) / PREDICTIONS) for row in table["rows"])
-        base.extend(first.values())
-        with_r2ag.extend(second[record["interaction_id"]] for record in first.values())
-    return [base, with_r2ag]
+        first, *others = (load_predictions(Path(row["folder"]) / PREDICTIONS) for row in table["rows"])
+        rows = rows or [[] for _ in range(1 + len(others))]
+        rows[0].extend(first.values())
+        for row, records in zip(rows[1:], others):
+            row.extend(records[record["interaction_id"]] for record in first.values())
+    return rows
 
 
 @command
@@ -86,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, required=True, help="the CRAG .jsonl the folds were trained on")
     add_config_arguments(parser)
     parser.add_argument("--edits", default="", help="more edits of the R2AG row, e.g. 'r2ag.mode=prompt'")
+    parser.add_argument("--control", action="store_true",
+                        help="also a row with each fold's checkpoint, its projection zeroed (prompt mode)")
     parser.add_argument("--serve-llm", action="store_true")
     parser.add_argument("--serve-kg", action="store_true")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "r2ag-effect")
@@ -93,24 +116,33 @@ def main(argv: list[str] | None = None) -> int:
     check_out(args.out)
     folds = read_folds(args.folds)
     config = ConfigChoice(args.config, tuple(args.overlay), tuple(args.sets))
+    names = [ROW, CONTROL] if args.control else [ROW]
+    checkpoints = [[fold["checkpoint"]] for fold in folds]
+    if args.control:
+        for index, fold in enumerate(checkpoints):
+            fold.append(zeroed(fold[0], args.out / f"fold{index}" / "zeroed.pt"))
+
+    def variants(index: int) -> list[str]:
+        return [f"{name}: +r2ag r2ag.checkpoint={path} {args.edits}".strip()
+                for name, path in zip(names, checkpoints[index])]
+
     for index, path in enumerate(fold_data(args.data, folds, args.out)):
-        variant = f"{ROW}: +r2ag r2ag.checkpoint={folds[index]['checkpoint']} {args.edits}".strip()
         print(f"fold {index + 1}/{len(folds)}: {path}", file=sys.stderr)
-        code = ablate(config, path, [variant], out=args.out / f"fold{index}", serve_kg=args.serve_kg,
+        code = ablate(config, path, variants(index), out=args.out / f"fold{index}", serve_kg=args.serve_kg,
                       serve_llm=args.serve_llm)
         if code:
             return code
     judged = pooled(args.out, len(folds))
-    # the pooled R2AG row is built from the first fold's variant; each fold's own is in its ablation-manifest.json
-    first = f"{ROW}: +r2ag r2ag.checkpoint={folds[0]['checkpoint']} {args.edits}".strip()
-    rows = build_variants([first], lambda sets: load_config(config.path, config.overlays, [*config.sets, *sets]),
-                          False, args.serve_llm)
+    # the pooled rows are built from the first fold's variants; each fold's own are in its ablation-manifest.json
+    rows = build_variants(variants(0), lambda sets: load_config(config.path, config.overlays,
+                                                                [*config.sets, *sets]), False, args.serve_llm)
     ablation = Ablation(rows, args.data, judged[0], JudgeChoice(), args.out, False)
     for row, records in zip(rows, judged):
         ablation.folder(row).mkdir(parents=True, exist_ok=True)
         write_atomic(ablation.folder(row) / PREDICTIONS, "".join(json_line(record) for record in records))
     table = tabulate(ablation, judged) | {"folds": [str(args.out / f"fold{i}") for i in range(len(folds))]}
-    table["rows"][1]["edits"] = [f"+r2ag r2ag.checkpoint=<each fold's own> {args.edits}".strip()]
+    for row, own in zip(table["rows"][1:], ("<each fold's own>", "<each fold's own, projection zeroed>")):
+        row["edits"] = [f"+r2ag r2ag.checkpoint={own} {args.edits}".strip()]
     text = format_table(table)
     write_atomic(args.out / "ablation.json", json.dumps(table, indent=2, ensure_ascii=False, default=str) + "\n")
     write_atomic(args.out / "ablation.md", f"# R2AG cross-fitted over {len(folds)} folds of {args.data.name}\n\n"

@@ -319,6 +319,48 @@ def test_r2ag_cross_fitted_pools_each_fold_s_rows_as_compare_pairs_them(setup, t
     assert "R2AG" in (out / "ablation.md").read_text()
 
 
+def test_r2ag_s_control_zeroes_only_the_projection_and_rows_after_the_r2ag_row(setup, tmp_path, monkeypatch):
+    """--control: a third row per fold with the fold's checkpoint, its projection 0 and its QDM head as trained, so
+    in relevance mode (the projection unread) it answers as the R2AG row does; a checkpoint without a projection is
+    a one-line error."""
+    import functools
+
+    import torch
+
+    from benchmarks import r2ag_effect
+    from evaluation.data import DataError
+    from models.retrieval.r2former_head import R2Former, R2FormerConfig, load_checkpoint, save_checkpoint
+
+    data, config, fakes = setup
+    ids = [json.loads(line)["interaction_id"] for line in data.read_text().splitlines()]
+    torch.manual_seed(0)
+    trained = R2Former(R2FormerConfig(hidden=8, heads=2, max_refs=8, llm_hidden_size=4))
+    save_checkpoint(trained, tmp_path / "r2.fold0.pt", fakes["embedder"].name, trained_with_lm=True)
+    (tmp_path / "r2.folds.json").write_text(json.dumps({"folds": [{"checkpoint": "r2.fold0.pt",
+                                                                    "interaction_ids": ids}]}))
+    monkeypatch.setattr(ablation_module, "ablate", functools.partial(ablate, given=fakes))
+    out = tmp_path / "effect"
+    assert r2ag_effect.main(["--folds", str(tmp_path / "r2.folds.json"), "--data", str(data), "--config",
+                             str(config.path), "--overlay", str(ICL), "--edits", "r2ag.threshold=0.99",
+                             "--control", "--out", str(out)]) == 0
+    table = json.loads((out / "ablation.json").read_text())
+    assert [row["name"] for row in table["rows"]] == ["full system", r2ag_effect.ROW, r2ag_effect.CONTROL]
+    verdicts = [[(r["interaction_id"], r["prediction"], r["verdict"])
+                 for r in map(json.loads, (Path(row["folder"]) / "predictions.jsonl").read_text().splitlines())]
+                for row in table["rows"]]
+    assert verdicts[2] == verdicts[1]
+    manifest = json.loads((out / "fold0" / "ablation-manifest.json").read_text())
+    assert manifest["rows"][2]["config"]["r2ag"]["checkpoint"] == str(out / "fold0" / "zeroed.pt")
+    control = load_checkpoint(out / "fold0" / "zeroed.pt").model.state_dict()
+    for name, weights in trained.state_dict().items():
+        expected = torch.zeros_like(weights) if name.startswith("projection.") else weights
+        assert torch.equal(control[name], expected), name
+
+    save_checkpoint(R2Former(R2FormerConfig(hidden=8, heads=2, max_refs=8)), tmp_path / "qdm.pt", "e")
+    with pytest.raises(DataError, match="no projection"):
+        r2ag_effect.zeroed(tmp_path / "qdm.pt", tmp_path / "zeroed.pt")
+
+
 def test_a_state_read_from_the_cache_shares_nothing_with_the_entry_the_cache_hands_out_again():
     """The cache hands the same entry to every row that reads it from memory: a row's stages must change neither
     that entry nor the records of a row that read it before."""
