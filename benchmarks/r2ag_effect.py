@@ -36,6 +36,7 @@ from utils.durable_io import json_line, write_atomic
 
 ROW = "R2AG"
 CONTROL = "R2AG, vectors zeroed"
+POOLED_CHECKPOINT = {ROW: "<each fold's own>", CONTROL: "<each fold's own, projection zeroed>"}
 
 
 def read_folds(path: Path) -> list[dict[str, Any]]:
@@ -87,11 +88,10 @@ def zeroed(checkpoint: Path, out: Path) -> Path:
 
 def pooled(out: Path, folds: int) -> list[list[dict[str, Any]]]:
     """Each row's judged records over every fold (the base row's first), aligned question by question."""
-    rows: list[list[dict[str, Any]]] = []
-    for index in range(folds):
-        table = json.loads((out / f"fold{index}" / "ablation.json").read_text(encoding="utf-8"))
+    tables = [json.loads((out / f"fold{i}" / "ablation.json").read_text(encoding="utf-8")) for i in range(folds)]
+    rows: list[list[dict[str, Any]]] = [[] for _ in tables[0]["rows"]]
+    for table in tables:
         first, *others = (load_predictions(Path(row["folder"]) / PREDICTIONS) for row in table["rows"])
-        rows = rows or [[] for _ in range(1 + len(others))]
         rows[0].extend(first.values())
         for row, records in zip(rows[1:], others):
             row.extend(records[record["interaction_id"]] for record in first.values())
@@ -141,8 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         ablation.folder(row).mkdir(parents=True, exist_ok=True)
         write_atomic(ablation.folder(row) / PREDICTIONS, "".join(json_line(record) for record in records))
     table = tabulate(ablation, judged) | {"folds": [str(args.out / f"fold{i}") for i in range(len(folds))]}
-    for row, own in zip(table["rows"][1:], ("<each fold's own>", "<each fold's own, projection zeroed>")):
-        row["edits"] = [f"+r2ag r2ag.checkpoint={own} {args.edits}".strip()]
+    for row, name in zip(table["rows"][1:], names):
+        row["edits"] = [f"+r2ag r2ag.checkpoint={POOLED_CHECKPOINT[name]} {args.edits}".strip()]
     text = format_table(table)
     write_atomic(args.out / "ablation.json", json.dumps(table, indent=2, ensure_ascii=False, default=str) + "\n")
     write_atomic(args.out / "ablation.md", f"# R2AG cross-fitted over {len(folds)} folds of {args.data.name}\n\n"
