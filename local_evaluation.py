@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from evaluation.ablation import DEFAULT_OUT as ABLATION_OUT
-from evaluation.ablation import ablate
+from evaluation.ablation import ablate, ablation_kept
 from evaluation.ablation_rows import read_variants
 from evaluation.calibrate_command import calibrate
 from evaluation.choices import DEFAULT_DATA, Answering, ConfigChoice, Filters, JudgeChoice, RunFolder
@@ -170,10 +170,7 @@ def saved_after_interrupt(args: argparse.Namespace, argv: list[str]) -> str:
     """What Ctrl-C (or a failed write) left behind and the command that goes on from there (a run resumes:
     --restart is left out)."""
     if args.command == "ablate":
-        rows = args.out / "rows"
-        kept = sum(1 for folder in rows.iterdir() if (folder / "manifest.json").exists()) if rows.is_dir() else 0
-        return (f"{kept} answered rows are kept in {rows}; the same command answers only the others" if kept
-                else "no row was answered")
+        return ablation_kept(args.out / "rows")
     if args.command not in ("run", "rejudge", "merge"):
         return "nothing was written"
     predictions = (

@@ -15,8 +15,9 @@ one setup; the config's gate is applied beside each row whose setup it was fit o
 Every row is answered in this process over the same questions and judged by one judge. The stages before the first
 one a row changes are not run again: their query states come from the stage cache (evaluation/stage_cache.py),
 which keeps the states at every point where two rows' pipelines part. Each row is a run folder under
-`<out>/rows/` (predictions.jsonl and manifest.json, as `run` writes them), written once the row is answered, so
-`compare` reads any two of them, and a killed ablation started again answers only the rows not written.
+`<out>/rows/` (predictions.jsonl and manifest.json, as `run` writes them): its answers are appended batch by batch
+and judged once the row is answered, so `compare` reads any two rows, and a killed ablation started again reads back
+the rows it finished and the batches it answered of the row it was in.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from evaluation.html_report import ablation_html, write_html
 from evaluation.judge import judge_records
 from evaluation.metrics import MIN_FOR_INTERVAL, paired_difference
 from evaluation.report import score_records
+from evaluation.run_command import answers_saved
 from evaluation.runner import load_predictions, prediction_record
 from evaluation.stage_cache import example_key, pages_of, prefix_signature, state_from_json, state_to_json
 from models.config import REPO_ROOT, ConfigError, SystemConfig, resolve_path
@@ -50,14 +52,14 @@ from models.llm.profile import served_config
 from models.loading import load_config, pipeline_stages
 from models.prompting import PromptLibrary
 from models.resources import RESOURCES
-from models.stages.stage import run_stage
+from models.stages.stage import Stage, run_stage
 from models.state import QueryState
 from models.system import CragSystem, close_resources, unpack_batch
 from utils.answers import IDK
 from utils.batch import make_batch
 from utils.cache import JsonCache, cache_root
 from utils.cli import check_out
-from utils.durable_io import json_line, write_atomic
+from utils.durable_io import append_lines, json_line, open_text, write_atomic
 
 DEFAULT_OUT = REPO_ROOT / "runs" / "ablation"
 
@@ -105,34 +107,47 @@ class ResourcePool:
 
 
 def answer_row(system: CragSystem, key_config: SystemConfig, examples: list[dict[str, Any]], cache: JsonCache,
-               points: set[str], label: str) -> list[dict[str, Any]]:
-    """The records of `system`'s answers to `examples`, as `run` writes them: each batch resumes from the deepest
-    cached prefix all its questions have, and its states are kept at every point in `points`. A batch's seconds
-    count its cached stages' seconds too, and so does its deadline. `key_config`: the config the keys read (before
-    a served KG or LLM put a port in it)."""
+               points: set[str], label: str, kept: Path) -> list[dict[str, Any]]:
+    """The records of `system`'s answers to `examples`, as `run` writes them: those in `kept` (the row's
+    predictions.jsonl, of this setup) read back, the others answered and appended to it batch by batch. Each batch
+    resumes from the deepest cached prefix all its questions have, and its states are kept at every point in
+    `points`. A batch's seconds count its cached stages' seconds too, and so does its deadline. `key_config`: the
+    config the keys read (before a served KG or LLM put a port in it)."""
     pipeline = system.pipeline
     signatures = [prefix_signature(key_config, system.prompts, pipeline[:i]) for i in range(len(pipeline) + 1)]
     size = system.config.batch_size
-    records: list[dict[str, Any]] = []
-    for start in tqdm(range(0, len(examples), size), desc=label, unit="batch", disable=None, dynamic_ncols=True):
-        chunk = examples[start:start + size]
-        began, spent, states = _cached(cache, signatures, points, chunk)
-        started = time.perf_counter()
-        shared = system.batch(len(states))
-        shared = dataclasses.replace(shared, deadline=shared.deadline.reserve(spent))  # the cached stages' time
-        for index in range(began, len(pipeline)):
-            run_stage(pipeline[index], states, shared)
-            if signatures[index + 1] in points:
-                seconds = spent + time.perf_counter() - started
-                for example, state in zip(chunk, states):
-                    cache.put(example_key(signatures[index + 1], example),
-                              {"state": state_to_json(state), "seconds": seconds})
-        for stage in [system.answer_stage, *system.closing]:
-            run_stage(stage, states, shared, always=True)
-        seconds = spent + time.perf_counter() - started
-        records += [prediction_record(example, state.answer or IDK, seconds, len(chunk), False, state.record())
-                    for example, state in zip(chunk, states)]
-    return records
+    done = load_predictions(kept)
+    pending = [example for example in examples if example["interaction_id"] not in done]
+    if done:  # whole batches were appended, so the rest splits into the batches an unbroken row would have had
+        print(f"{label}: {len(examples) - len(pending)} of {len(examples)} questions answered before ({kept})",
+              file=sys.stderr)
+    with open_text(kept, "a") as out:
+        for start in tqdm(range(0, len(pending), size), desc=label, unit="batch", disable=None, dynamic_ncols=True):
+            records = _answer_batch(system, pipeline, signatures, cache, points, pending[start:start + size])
+            append_lines(out, [json_line(record) for record in records])
+            done.update((record["interaction_id"], record) for record in records)
+    return [done[example["interaction_id"]] for example in examples]
+
+
+def _answer_batch(system: CragSystem, pipeline: list[Stage], signatures: list[str], cache: JsonCache,
+                  points: set[str], chunk: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One batch's records, its stages run from the deepest prefix `cache` keeps for all of it."""
+    began, spent, states = _cached(cache, signatures, points, chunk)
+    started = time.perf_counter()
+    shared = system.batch(len(states))
+    shared = dataclasses.replace(shared, deadline=shared.deadline.reserve(spent))  # the cached stages' time
+    for index in range(began, len(pipeline)):
+        run_stage(pipeline[index], states, shared)
+        if signatures[index + 1] in points:
+            seconds = spent + time.perf_counter() - started
+            for example, state in zip(chunk, states):
+                cache.put(example_key(signatures[index + 1], example),
+                          {"state": state_to_json(state), "seconds": seconds})
+    for stage in [system.answer_stage, *system.closing]:
+        run_stage(stage, states, shared, always=True)
+    seconds = spent + time.perf_counter() - started
+    return [prediction_record(example, state.answer or IDK, seconds, len(chunk), False, state.record())
+            for example, state in zip(chunk, states)]
 
 
 def _cached(cache: JsonCache, signatures: list[str], points: set[str],
@@ -176,6 +191,18 @@ class Ablation:
         """What changes the row's answers, as a run's manifest records it."""
         return manifest.answer_inputs(row.config, self.data, None, self.serve_kg and row.config.task > 1,
                                       self.serve_llm)
+
+    def answering(self, row: Variant) -> Path:
+        """The row's predictions.jsonl to append its answers to: kept where the folder's manifest names this setup,
+        else emptied and the manifest written anew (unfinished)."""
+        folder = self.folder(row)
+        folder.mkdir(parents=True, exist_ok=True)
+        old = manifest.load(folder)
+        if old is None or old.get("answers") != self.inputs(row):
+            (folder / PREDICTIONS).unlink(missing_ok=True)
+            judged_by = manifest.judge_record(self.judge.spec, self.judge.model)
+            manifest.write(folder, manifest.build(self.inputs(row), Selection(), judged_by))
+        return folder / PREDICTIONS
 
     def finished(self, row: Variant) -> list[dict[str, Any]] | None:
         """The row's judged records, where its folder holds an answer to every question from the same setup."""
@@ -234,7 +261,7 @@ def run_rows(ablation: Ablation, cache: JsonCache, served_base: SystemConfig,
             else:
                 system = pool.system(served(row.config, served_base, ablation.serve_kg, ablation.serve_llm))
                 records = answer_row(system, row.config, ablation.examples, cache, points,
-                                     f"row {number}/{len(rows)} {row.name}")
+                                     f"row {number}/{len(rows)} {row.name}", ablation.answering(row))
             judge_records(records, judge)  # every row by this judge, those answered before too
             _write_row(ablation, row, records)
             judged.append(records)
@@ -248,7 +275,23 @@ def _write_row(ablation: Ablation, row: Variant, records: list[dict[str, Any]]) 
     folder.mkdir(parents=True, exist_ok=True)
     write_atomic(folder / PREDICTIONS, "".join(json_line(record) for record in records))
     judged_by = manifest.judge_record(ablation.judge.spec, ablation.judge.model)
-    manifest.write(folder, manifest.finish(manifest.build(ablation.inputs(row), Selection(), judged_by)))
+    old = manifest.load(folder)  # written when the row began: its commit and start are the answers'
+    began = old if old is not None and old.get("answers") == ablation.inputs(row) else \
+        manifest.build(ablation.inputs(row), Selection(), judged_by)
+    manifest.write(folder, manifest.finish(began | {"judge": judged_by}))
+
+
+def ablation_kept(rows: Path) -> str:
+    """What a killed ablation left in `rows`: the rows it finished and the answers of the one it was in."""
+    folders = sorted(rows.iterdir()) if rows.is_dir() else []
+    states = [manifest.load(folder) for folder in folders]
+    finished = sum(1 for state in states if state is not None and state.get("finished"))
+    partial = sum(answers_saved(folder / PREDICTIONS) for folder, state in zip(folders, states)
+                  if state is not None and not state.get("finished"))
+    kept = [f"{finished} answered rows"] if finished else []
+    kept += [f"{partial} answers of an unfinished row"] if partial else []
+    return (f"{' and '.join(kept)} are kept in {rows}; the same command answers only the rest" if kept
+            else "no question was answered")
 
 
 def seconds_per_question(records: list[dict[str, Any]]) -> float:

@@ -118,7 +118,7 @@ def test_a_killed_ablation_resumes_and_answers_no_finished_row_again(setup, tmp_
     answer_row = ablation_module.answer_row
 
     def killed_at_the_third(system, *args, **kwargs):
-        answered.append(kwargs.get("label") or args[-1])
+        answered.append(args[4])  # its label
         if len(answered) == 3:
             raise KeyboardInterrupt
         return answer_row(system, *args, **kwargs)
@@ -137,6 +137,39 @@ def test_a_killed_ablation_resumes_and_answers_no_finished_row_again(setup, tmp_
     table = run(setup, tmp_path, *variants)
     assert len(answered) == 1 and "budget" in answered[0]  # the two finished rows are read back
     assert [row["name"] for row in table["rows"]] == ["full system", "no knowledge", "budget"]
+
+
+def test_a_row_killed_between_batches_resumes_from_its_next_batch(setup, tmp_path, monkeypatch):
+    """12 questions in batches of 4: killed in the full row's second batch, the row keeps its first batch's answers,
+    and the same command answers the other two batches only, as the batches an unbroken row answers."""
+    batches: list[list[str]] = []
+    kills = iter([True])
+    answer_batch = ablation_module._answer_batch
+
+    def killed_at_the_second(*args, **kwargs):
+        batches.append([example["interaction_id"] for example in args[-1]])
+        if len(batches) == 2 and next(kills, False):
+            raise KeyboardInterrupt
+        return answer_batch(*args, **kwargs)
+
+    monkeypatch.setattr(ablation_module, "_answer_batch", killed_at_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        run(setup, tmp_path, "no knowledge: -knowledge")
+    said = local_evaluation.saved_after_interrupt(local_evaluation.parse_args(
+        ["ablate", "--out", str(tmp_path / "ablation")]), [])
+    assert said.startswith("4 answers of an unfinished row are kept in"), said
+    batches.clear()
+    resumed = run(setup, tmp_path, "no knowledge: -knowledge")
+    ids = [f"q{i:02d}" for i in range(QUESTIONS)]
+    assert batches == [ids[4:8], ids[8:], ids[:4], ids[4:8], ids[8:]]  # the full row's last two, then the next row
+    monkeypatch.setattr(ablation_module, "_answer_batch", answer_batch)
+    unbroken = run(setup, tmp_path, "no knowledge: -knowledge", out="unbroken")
+    for a, b in zip(resumed["rows"], unbroken["rows"], strict=True):
+        assert a["overall"] == b["overall"] and a.get("difference") == b.get("difference")
+    folder = Path(resumed["rows"][0]["folder"])
+    kept = [json.loads(line) for line in (folder / "predictions.jsonl").read_text().splitlines()]
+    assert [r["interaction_id"] for r in kept] == ids and all("verdict" in r for r in kept)
+    assert json.loads((folder / "manifest.json").read_text())["finished"]
 
 
 @pytest.mark.parametrize("incremental", [False, True])
