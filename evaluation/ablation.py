@@ -57,7 +57,7 @@ from models.state import QueryState
 from models.system import CragSystem, close_resources, unpack_batch
 from utils.answers import IDK
 from utils.batch import make_batch
-from utils.cache import JsonCache, cache_root
+from utils.cache import JsonCache, cache_root, content_key
 from utils.cli import check_out
 from utils.durable_io import append_lines, json_line, open_text, write_atomic
 
@@ -181,7 +181,9 @@ class Ablation:
     by: tuple[str, ...] = ()
 
     def folder(self, row: Variant) -> Path:
-        return self.out / "rows" / row.folder
+        """The row's run folder: named by the row, and another for any other setup (base config, data, prompts), so
+        an ablation of another config into the same --out overwrites no row."""
+        return self.out / "rows" / f"{row.slug}-{content_key(json.dumps(self.inputs(row), sort_keys=True))[:8]}"
 
     def against(self, index: int) -> int:
         """The row `index` is set against: the one before it (incremental), else the full system."""

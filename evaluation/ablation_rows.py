@@ -14,7 +14,6 @@ from typing import Any
 from models.config import DEFAULT_STRATEGIES, ConfigError, SystemConfig
 from models.loading import pipeline_stages
 from models.stages import STAGES
-from utils.cache import content_key
 from utils.names import did_you_mean
 
 NO_GATE = "answer.gate=null"
@@ -33,10 +32,9 @@ class Variant:
     config: SystemConfig = field(compare=False, repr=False)
 
     @property
-    def folder(self) -> str:
-        """Its run folder's name: readable, and another for any other setting."""
-        slug = re.sub(r"[^A-Za-z0-9]+", "-", self.name).strip("-").lower()[:40] or "row"
-        return f"{slug}-{content_key(*self.sets)[:8]}"
+    def slug(self) -> str:
+        """Its name as the start of a folder's name."""
+        return re.sub(r"[^A-Za-z0-9]+", "-", self.name).strip("-").lower()[:40] or "row"
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:

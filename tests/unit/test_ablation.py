@@ -172,6 +172,16 @@ def test_a_row_killed_between_batches_resumes_from_its_next_batch(setup, tmp_pat
     assert json.loads((folder / "manifest.json").read_text())["finished"]
 
 
+def test_an_ablation_of_another_config_into_the_same_out_keeps_the_first_s_rows(setup, tmp_path):
+    data, config, fakes = setup
+    first = run(setup, tmp_path, "no knowledge: -knowledge")
+    other = ConfigChoice(config.path, config.overlays, ("reasoning.max_tokens=64",))
+    second = run((data, other, fakes), tmp_path, "no knowledge: -knowledge")
+    folders = [Path(row["folder"]) for table in (first, second) for row in table["rows"]]
+    assert len(set(folders)) == 4 and all((folder / "predictions.jsonl").is_file() for folder in folders)
+    assert [f.name.rsplit("-", 1)[0] for f in folders] == ["full-system", "no-knowledge"] * 2
+
+
 @pytest.mark.parametrize("incremental", [False, True])
 def test_each_row_s_difference_is_the_one_compare_gives_for_its_two_run_folders(setup, tmp_path, incremental):
     variants = (["knowledge: +knowledge", "budget: reasoning.max_tokens=128"] if incremental else
