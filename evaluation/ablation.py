@@ -290,7 +290,7 @@ def ablation_kept(rows: Path) -> str:
     finished = sum(1 for state in states if state is not None and state.get("finished"))
     partial = sum(answers_saved(folder / PREDICTIONS) for folder, state in zip(folders, states)
                   if state is not None and not state.get("finished"))
-    kept = [f"{finished} answered rows"] if finished else []
+    kept = [f"{finished} answered row{'s' * (finished != 1)}"] if finished else []
     kept += [f"{partial} answers of an unfinished row"] if partial else []
     return (f"{' and '.join(kept)} are kept in {rows}; the same command answers only the rest" if kept
             else "no question was answered")
