@@ -27,7 +27,7 @@ import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -179,6 +179,7 @@ class Ablation:
     serve_kg: bool = False
     serve_llm: bool = False
     by: tuple[str, ...] = ()
+    _inputs: dict[Variant, dict[str, Any]] = field(default_factory=dict, repr=False, compare=False)
 
     def folder(self, row: Variant) -> Path:
         """The row's run folder: named by the row, and another for any other setup (base config, data, prompts), so
@@ -190,17 +191,23 @@ class Ablation:
         return index - 1 if self.incremental else 0
 
     def inputs(self, row: Variant) -> dict[str, Any]:
-        """What changes the row's answers, as a run's manifest records it."""
-        return manifest.answer_inputs(row.config, self.data, None, self.serve_kg and row.config.task > 1,
-                                      self.serve_llm)
+        """What changes the row's answers, as a run's manifest records it (computed once a row: it hashes the data)."""
+        if row not in self._inputs:
+            self._inputs[row] = manifest.answer_inputs(row.config, self.data, None,
+                                                       self.serve_kg and row.config.task > 1, self.serve_llm)
+        return self._inputs[row]
+
+    def own_manifest(self, row: Variant) -> dict[str, Any] | None:
+        """The row folder's manifest, where it names this row's setup."""
+        old = manifest.load(self.folder(row))
+        return old if old is not None and old.get("answers") == self.inputs(row) else None
 
     def answering(self, row: Variant) -> Path:
         """The row's predictions.jsonl to append its answers to: kept where the folder's manifest names this setup,
         else emptied and the manifest written anew (unfinished)."""
         folder = self.folder(row)
         folder.mkdir(parents=True, exist_ok=True)
-        old = manifest.load(folder)
-        if old is None or old.get("answers") != self.inputs(row):
+        if self.own_manifest(row) is None:
             (folder / PREDICTIONS).unlink(missing_ok=True)
             judged_by = manifest.judge_record(self.judge.spec, self.judge.model)
             manifest.write(folder, manifest.build(self.inputs(row), Selection(), judged_by))
@@ -209,8 +216,7 @@ class Ablation:
     def finished(self, row: Variant) -> list[dict[str, Any]] | None:
         """The row's judged records, where its folder holds an answer to every question from the same setup."""
         folder = self.folder(row)
-        old = manifest.load(folder)
-        if old is None or old.get("answers") != self.inputs(row) or not (folder / PREDICTIONS).exists():
+        if self.own_manifest(row) is None or not (folder / PREDICTIONS).exists():
             return None
         done = load_predictions(folder / PREDICTIONS)
         ids = [example["interaction_id"] for example in self.examples]
@@ -277,9 +283,8 @@ def _write_row(ablation: Ablation, row: Variant, records: list[dict[str, Any]]) 
     folder.mkdir(parents=True, exist_ok=True)
     write_atomic(folder / PREDICTIONS, "".join(json_line(record) for record in records))
     judged_by = manifest.judge_record(ablation.judge.spec, ablation.judge.model)
-    old = manifest.load(folder)  # written when the row began: its commit and start are the answers'
-    began = old if old is not None and old.get("answers") == ablation.inputs(row) else \
-        manifest.build(ablation.inputs(row), Selection(), judged_by)
+    # the manifest written when the row began: its commit and start are the answers'
+    began = ablation.own_manifest(row) or manifest.build(ablation.inputs(row), Selection(), judged_by)
     manifest.write(folder, manifest.finish(began | {"judge": judged_by}))
 
 
