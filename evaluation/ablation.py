@@ -283,9 +283,10 @@ def _write_row(ablation: Ablation, row: Variant, records: list[dict[str, Any]]) 
     folder.mkdir(parents=True, exist_ok=True)
     write_atomic(folder / PREDICTIONS, "".join(json_line(record) for record in records))
     judged_by = manifest.judge_record(ablation.judge.spec, ablation.judge.model)
-    # the manifest written when the row began: its commit and start are the answers'
+    # the manifest written when the row began: its commit, start and (a row read back) finish are the answers'
     began = ablation.own_manifest(row) or manifest.build(ablation.inputs(row), Selection(), judged_by)
-    manifest.write(folder, manifest.finish(began | {"judge": judged_by}))
+    judged = began | {"judge": judged_by}
+    manifest.write(folder, judged if began.get("finished") else manifest.finish(judged))
 
 
 def ablation_kept(rows: Path) -> str:

@@ -134,8 +134,15 @@ def test_a_killed_ablation_resumes_and_answers_no_finished_row_again(setup, tmp_
         ["ablate", "--out", str(tmp_path / "ablation")]), [])
     assert said.startswith("2 answered rows are kept in")
     answered.clear()
+    finished = []  # each stamped at a time no rerun can give, so a stamp written again shows
+    for path in (tmp_path / "ablation" / "rows").glob("*/manifest.json"):
+        if (written := json.loads(path.read_text()))["finished"]:
+            path.write_text(json.dumps(written | {"finished": "2000-01-01T00:00:00+00:00"}))
+            finished.append(path)
     table = run(setup, tmp_path, *variants)
     assert len(answered) == 1 and "budget" in answered[0]  # the two finished rows are read back
+    assert len(finished) == 2 and all(json.loads(path.read_text())["finished"] == "2000-01-01T00:00:00+00:00"
+                                      for path in finished)  # a row read back keeps its answers' finish
     assert [row["name"] for row in table["rows"]] == ["full system", "no knowledge", "budget"]
 
 
