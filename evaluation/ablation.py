@@ -454,7 +454,8 @@ def ablate(config: ConfigChoice, data: Path, texts: Sequence[str], incremental: 
     ablation = Ablation(rows, data, examples, judge, out, incremental, str(resolve_path(gate)) if gate else None,
                         serve_kg, serve_llm, tuple(by))
     write_manifest(ablation)
-    with kg_for_run(rows[0].config, serve_kg) as base, llm_for_run(base, serve_llm) as base:
+    serve = any(ablation.finished(row) is None for row in rows)  # rows all read back ask no server anything
+    with kg_for_run(rows[0].config, serve_kg and serve) as base, llm_for_run(base, serve_llm and serve) as base:
         judged = run_rows(ablation, JsonCache(cache_root(None) / "stages"), base, given)
     table = tabulate(ablation, judged)
     text = format_table(table)

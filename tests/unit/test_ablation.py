@@ -4,6 +4,7 @@ on or off moves the score; counting proxies stand for the page workers and the e
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -144,6 +145,30 @@ def test_a_killed_ablation_resumes_and_answers_no_finished_row_again(setup, tmp_
     assert len(finished) == 2 and all(json.loads(path.read_text())["finished"] == "2000-01-01T00:00:00+00:00"
                                       for path in finished)  # a row read back keeps its answers' finish
     assert [row["name"] for row in table["rows"]] == ["full system", "no knowledge", "budget"]
+
+
+def test_a_table_of_rows_all_answered_before_starts_no_server(setup, tmp_path, monkeypatch):
+    """--serve-kg and --serve-llm start their servers while a row has questions left, and not for a table read back
+    (about a minute of vLLM's start for nothing)."""
+    import evaluation.llm_server
+    import evaluation.run_command
+
+    started: list[str] = []
+
+    def recording(name):
+        @contextlib.contextmanager
+        def serving(config, serve):
+            started.extend([name] * serve)
+            yield config
+        return serving
+
+    monkeypatch.setattr(evaluation.run_command, "kg_for_run", recording("kg"))
+    monkeypatch.setattr(evaluation.llm_server, "llm_for_run", recording("llm"))
+    data, config, fakes = setup
+    for _ in range(2):
+        assert ablate(config, data, ["no knowledge: -knowledge"], out=tmp_path / "served", serve_kg=True,
+                      serve_llm=True, given=fakes) == 0
+    assert started == ["kg", "llm"]  # the first command only: the second reads both rows back
 
 
 def test_a_row_killed_between_batches_resumes_from_its_next_batch(setup, tmp_path, monkeypatch):
