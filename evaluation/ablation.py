@@ -247,9 +247,11 @@ def write_manifest(ablation: Ablation) -> Path:
 
 
 def run_rows(ablation: Ablation, cache: JsonCache, served_base: SystemConfig,
+             answered: Sequence[list[dict[str, Any]] | None],
              given: Mapping[str, Any] | None = None) -> list[list[dict[str, Any]]]:
-    """Every row's judged records: those of a finished row read back, the others answered, each judged by the
-    ablation's judge and its folder written. `given`: resources by name every row uses as they are."""
+    """Every row's judged records: those of a finished row read back (`answered`: Ablation.finished of each row),
+    the others answered, each judged by the ablation's judge and its folder written. `given`: resources by name
+    every row uses as they are."""
     from evaluation.judge import build_judge
 
     judge = build_judge(ablation.judge.spec, ablation.judge.model)
@@ -261,8 +263,7 @@ def run_rows(ablation: Ablation, cache: JsonCache, served_base: SystemConfig,
     pool = ResourcePool(given)
     judged: list[list[dict[str, Any]]] = []
     try:
-        for number, row in enumerate(rows, start=1):
-            records = ablation.finished(row)
+        for number, (row, records) in enumerate(zip(rows, answered, strict=True), start=1):
             if records is not None:
                 print(f"row {number}/{len(rows)} {row.name}: answered before ({ablation.folder(row)})",
                       file=sys.stderr)
@@ -454,9 +455,10 @@ def ablate(config: ConfigChoice, data: Path, texts: Sequence[str], incremental: 
     ablation = Ablation(rows, data, examples, judge, out, incremental, str(resolve_path(gate)) if gate else None,
                         serve_kg, serve_llm, tuple(by))
     write_manifest(ablation)
-    serve = any(ablation.finished(row) is None for row in rows)  # rows all read back ask no server anything
+    answered = [ablation.finished(row) for row in rows]
+    serve = any(records is None for records in answered)  # rows all read back ask no server anything
     with kg_for_run(rows[0].config, serve_kg and serve) as base, llm_for_run(base, serve_llm and serve) as base:
-        judged = run_rows(ablation, JsonCache(cache_root(None) / "stages"), base, given)
+        judged = run_rows(ablation, JsonCache(cache_root(None) / "stages"), base, answered, given)
     table = tabulate(ablation, judged)
     text = format_table(table)
     write_atomic(out / "ablation.json", json.dumps(table, indent=2, ensure_ascii=False, default=str) + "\n")
