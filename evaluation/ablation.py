@@ -39,6 +39,7 @@ from evaluation.choices import ConfigChoice, JudgeChoice, log_to_stderr
 from evaluation.compare import compare_records
 from evaluation.compare_command import corrected_comparison
 from evaluation.data import Selection, check_data_file, read_examples
+from evaluation.deadline_cuts import deadline_cell, flips_cut_cell
 from evaluation.html_report import ablation_html, write_html
 from evaluation.judge import judge_records
 from evaluation.metrics import MIN_FOR_INTERVAL, paired_difference
@@ -319,7 +320,7 @@ def tabulate(ablation: Ablation, judged: list[list[dict[str, Any]]]) -> dict[str
         entry: dict[str, Any] = {
             "name": row.name, "edits": list(row.edits), "folder": str(ablation.folder(row)),
             "overall": summary["overall"], "llm_calls_per_question": summary.get("llm_calls_per_query"),
-            "seconds_per_question": seconds_per_question(records),
+            "seconds_per_question": seconds_per_question(records), "deadline_cuts": summary.get("deadline_cuts"),
             **{key: summary[key] for key in summary if key.startswith("by_")}}
         if index:
             base = ablation.against(index)
@@ -391,25 +392,27 @@ def format_table(table: dict[str, Any]) -> str:
     difference the questions can show."""
     against = "the row before" if table["mode"] == "incremental" else "the full system"
     lines = [f"| row | edits | correct | missing | hallucination | score | Δ score (95% CI) against {against} | "
-             "corrected score | corrected Δ (95% CI) | LLM calls / q | s / q |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "corrected score | corrected Δ (95% CI) | LLM calls / q | s / q | cut by the deadline | "
+             "flips the deadline cut |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for entry in table["rows"]:
         s, diff = entry["overall"], entry.get("difference")
         lines.append(f"| {entry['name']} | {' '.join(entry['edits']) or '-'} | {s['accuracy']:.3f} | "
                      f"{s['missing']:.3f} | {s['hallucination']:.3f} | {s['score']:+.3f} | {_difference(diff)} | "
                      f"{_number(entry.get('corrected_score'), '+.3f')} | "
                      f"{_difference((diff or {}).get('corrected'))} | "
-                     f"{_number(entry['llm_calls_per_question'], '.2f')} | {entry['seconds_per_question']:.2f} |")
+                     f"{_number(entry['llm_calls_per_question'], '.2f')} | {entry['seconds_per_question']:.2f} | "
+                     f"{deadline_cell(entry)} | {flips_cut_cell(diff)} |")
     for entry in table["gated"]:
         s = entry["overall"]
         lines.append(f"| {entry['name']} | the config's gate withholds {entry['withheld']} | {s['accuracy']:.3f} | "
                      f"{s['missing']:.3f} | {s['hallucination']:.3f} | {s['score']:+.3f} | "
-                     f"{_difference(entry['difference'])} against {entry['of']} | - | - | - | - |")
+                     f"{_difference(entry['difference'])} against {entry['of']} | - | - | - | - | - | - |")
     for entry in table["rows"][1:]:
         for key, groups in (entry.get("by") or {}).items():
             for group, diff in groups.items():
                 lines.append(f"| {entry['name']} | {key}={group} ({diff['questions']} questions) | | | | "
-                             f"{diff['score_b']:+.3f} | {_difference(diff)} | | | | |")
+                             f"{diff['score_b']:+.3f} | {_difference(diff)} | | | | | | |")
     shown = table["smallest_shown"]
     if shown is not None:
         note = (f"On these {table['questions']} questions a difference within ±{shown:.3f} is not shown (the median "

@@ -13,6 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from evaluation.deadline_cuts import flips_cut, flips_cut_line
 from evaluation.html_report import compare_html, write_html
 from evaluation.metrics import MIN_FOR_INTERVAL, paired_difference
 from evaluation.record import records_of
@@ -37,11 +38,15 @@ def compare_records(lines_a: list[dict[str, Any]], lines_b: list[dict[str, Any]]
             flipped[kind].append({"interaction_id": ra.interaction_id, "query": ra.query, "answer": ra.answer,
                                   "alt_answers": ra.alt_answers or [], "domain": ra.domain,
                                   "question_type": ra.question_type, "a": ra.prediction, "b": rb.prediction,
-                                  "verdicts": [ra.verdict, rb.verdict], "reasons": [ra.reason, rb.reason]})
+                                  "verdicts": [ra.verdict, rb.verdict], "reasons": [ra.reason, rb.reason],
+                                  "deadline_cuts": [ra.deadline_cuts, rb.deadline_cuts]})
     only_a = len(a) - len(common)
+    cut = flips_cut([row for rows in flipped.values() for row in rows])
     return {**paired_difference([ra.scored_verdict for ra, _ in common], [rb.scored_verdict for _, rb in common]),
             "flipped": {kind: flipped[kind] for kind in dict.fromkeys(FLIPS.values()) if flipped[kind]},
+            **({"flips_cut": cut} if cut else {}),
             "only_in_a": only_a, "only_in_b": len(b) - len(common)}
+
 
 
 def format_comparison(result: dict[str, Any], name_a: str, name_b: str, show: int = 10) -> str:
@@ -59,6 +64,8 @@ def format_comparison(result: dict[str, Any], name_a: str, name_b: str, show: in
                      f"{fixed['difference']:+.3f}, paired 95% CI {bounds} (calibration: {fixed['calibration']})")
     elif result.get("calibration_note"):
         lines.append(result["calibration_note"])
+    if cut := flips_cut_line(result):
+        lines.append(cut)
     if result["unjudged_left_out"]:
         lines.append(f"left out: {result['unjudged_left_out']} questions unjudged in A or B")
     if result["only_in_a"] or result["only_in_b"]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluation.attribution import CLASSES, gold_answers, holds
+from evaluation.deadline_cuts import deadline_cell, flips_cut_cell, flips_cut_line
 from evaluation.judge import contains_note, corrected_lines
 from evaluation.metrics import MIN_FOR_INTERVAL
 from evaluation.record import Record, as_record, records_of
@@ -337,14 +338,17 @@ def compare_html(result: dict[str, Any], name_a: str, name_b: str) -> str:
             ["A's reason", (row.get("reasons") or ["", ""])[0] or "", False],
             ["B", row.get("b"), True], ["B's verdict", row["verdicts"][1], False],
             ["B's reason", (row.get("reasons") or ["", ""])[1] or "", False],
+            *[[f"{side}'s deadline cuts", ", ".join(cuts) or "none", False]
+              for side, cuts in zip("AB", row.get("deadline_cuts") or [None, None]) if cuts is not None],
             ["flipped", kind, False], ["id", row["interaction_id"], False]]
         panels.append({"id": data["id"], "title": row.get("query") or "", "golds": _golds(Record(row)), "facts": facts,
                        "sections": []})
+    cut = f'<p class="note">{escape(line)}</p>' if (line := flips_cut_line(result)) else ""
     body = (f"<header><h1>{escape(name_b)} against {escape(name_a)}</h1>"
             f'<p class="meta">A: {escape(name_a)} · B: {escape(name_b)} · {result["only_in_a"]} questions only in A, '
             f'{result["only_in_b"]} only in B</p></header>'
             f'<section id="summary"><div class="cards">{"".join(cards)}</div><p class="note">Paired bootstrap: '
-            f"questions resampled with both verdicts. {escape(reading)}</p></section>"
+            f"questions resampled with both verdicts. {escape(reading)}</p>{cut}</section>"
             f'<section id="questions"><h2>Flipped questions ({len(flips)})</h2>'
             f'{_filters(rows, (("kind", "flipped"), ("domain", "domain"), ("type", "question type")))}'
             '<table id="question-table"><thead><tr><th>flipped</th><th>domain</th><th>question</th><th>A</th>'
@@ -357,7 +361,8 @@ def ablation_html(table: dict[str, Any], title: str) -> str:
     one's paired difference against the row it is set against."""
     chart = score_chart("each row's verdicts and score", {row["name"]: row["overall"] for row in table["rows"]})
     head = ("<tr><th>row</th><th>edits</th><th>correct</th><th>missing</th><th>hallucination</th><th>score</th>"
-            "<th>Δ score</th><th>95% CI</th><th>against</th><th>LLM calls / q</th><th>s / q</th></tr>")
+            "<th>Δ score</th><th>95% CI</th><th>against</th><th>LLM calls / q</th><th>s / q</th>"
+            "<th>cut by the deadline</th><th>flips the deadline cut</th></tr>")
     lines = []
     for row in table["rows"]:
         s, diff = row["overall"], row.get("difference") or {}
@@ -367,7 +372,8 @@ def ablation_html(table: dict[str, Any], title: str) -> str:
                  _pct(s["hallucination"]), f"{s['score']:+.3f}",
                  f"{diff['difference']:+.3f}" if diff else "-",
                  f"[{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else "-", str(row.get("against") or "-"),
-                 "-" if calls is None else f"{calls:.2f}", f"{row['seconds_per_question']:.2f}"]
+                 "-" if calls is None else f"{calls:.2f}", f"{row['seconds_per_question']:.2f}",
+                 deadline_cell(row), flips_cut_cell(diff)]
         lines.append("<tr>" + "".join(f"<td>{escape(cell)}</td>" for cell in cells) + "</tr>")
     shown = table.get("smallest_shown")
     note = (f"On these {table['questions']} questions a difference within ±{shown:.3f} is not shown (the median "

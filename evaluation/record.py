@@ -19,6 +19,7 @@ from models.gate.gate_stage import GATE
 from models.state import ADDED_FIELDS, StateField
 
 T = TypeVar("T")
+OVER_LIMIT = "batch: over the time limit"  # a deadline cut of the whole batch: the runner answered for the model
 
 
 class Key(Generic[T]):
@@ -139,6 +140,14 @@ class Record:
         """The LLM conversations the system sent for this question; None in a run that did not record them."""
         calls = (self.trace or {}).get("llm_calls")
         return int(calls) if isinstance(calls, int) else None
+
+    @property
+    def deadline_cuts(self) -> list[str] | None:
+        """Where the batch deadline cut this question's work, as "stage: what" (empty where it cut none), and a
+        batch over the grader's limit; None in a run that did not record them."""
+        cuts = (self.trace or {}).get("deadline_cuts")
+        over = [OVER_LIMIT] if self.timed_out else []
+        return over + [str(c) for c in cuts] if isinstance(cuts, list) else over or None
 
     @property
     def signals(self) -> dict[str, Any] | None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluation.attribution import CLASSES, attribution_table
+from evaluation.deadline_cuts import deadline_lines, run_cuts
 from evaluation.gate_command import format_gate, gate_summary
 from evaluation.html_report import report_html, write_html
 from evaluation.judge import UNCERTAIN, contains_note, corrected_lines, interval
@@ -100,6 +101,7 @@ def score_records(lines: list[dict[str, Any]]) -> dict[str, Any]:
         **(gate_summary(lines) or {}),
         "cut_by_grader": sum(bool(r.cut_by_grader) for r in records),
         "timed_out": sum(bool(r.timed_out) for r in records),
+        **({"deadline_cuts": cuts} if (cuts := run_cuts(records)) else {}),
         "latency_s": {"per_query": latency(per_query), "per_stage": {k: latency(v) for k, v in per_stage.items()}},
         **({"llm_calls_per_query": sum(calls) / len(calls)} if calls else {}),
         **({"routes": dict(routes), "steps_by_question_type": {
@@ -182,6 +184,7 @@ def format_table(summary: dict[str, Any]) -> str:
         lines.append("why the system said \"i don't know\" (the trace's reason; a failing backend shows here):")
         lines.extend(_idk_lines(summary["idk_reasons"]))
     lines.extend(failed_lines(summary))
+    lines.extend(deadline_lines(summary))
     if summary.get("cut_by_grader"):
         lines.append(f"answers the grader cuts at 75 Llama-2 tokens: {summary['cut_by_grader']}")
     if summary.get("steps_by_question_type"):
@@ -240,6 +243,8 @@ def format_markdown(summary: dict[str, Any], title: str) -> str:
                   *(f"| {reason} | {count} |" for reason, count in summary["idk_reasons"].items()), ""]
     if summary.get("failed"):
         lines += ["## Failed calls", "", "```", *failed_lines(summary), "```", ""]
+    if cut := deadline_lines(summary):
+        lines += ["## Cut by the batch deadline", "", "```", *cut, "```", ""]
     lines += [f"Answers the grader cuts at 75 Llama-2 tokens: {summary.get('cut_by_grader', 0)}", ""]
     lines += [f"Queries in batches over the time limit (answered \"i don't know\"): {summary['timed_out']}", ""]
     lat = summary["latency_s"]

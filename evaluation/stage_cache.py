@@ -27,7 +27,7 @@ from models.stages import STAGES, Stage
 from models.state import ADDED_FIELDS, QueryState, Reference, StageRecord
 from utils.cache import content_key
 
-STAGE_CACHE_VERSION = "stages-4"
+STAGE_CACHE_VERSION = "stages-5"
 VECTORS = ("query_vector", "reference_vectors", "candidate_vectors")
 # Keys that never change what a stage computes: where files go, what is recorded; the stage names and the prompts'
 # digests stand in for the strategy and the prompt files.

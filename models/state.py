@@ -166,6 +166,9 @@ class QueryState:
     # Each LLM call of this query that got no reply, as "stage: why" (StageContext.generate): its answer is not
     # final, and a resumed run asks again.
     llm_failures: list[str] = field(default_factory=list)
+    # Where the batch deadline cut this query's work, each kind once, as "stage: what" (a call it ended, a step or
+    # stage it left out): an answer the clock shaped, which a comparison of two setups must not credit to either.
+    deadline_cuts: list[str] = field(default_factory=list)
     llm_output: str | None = None
     answer: str | None = None
     done: bool = False
@@ -203,7 +206,8 @@ class QueryState:
         """What the query went through, for the run folder's per-question record: the reason for its answer,
         each stage's status and seconds, the predicted attributes, the references chosen for the prompt (best
         first; the prompt takes them while they fit), the LLM steps and calls, the confidence signals, the LLM
-        calls that failed (`llm_failures`; no such key when none did); with `record_prompts` on, every LLM
+        calls that failed (`llm_failures`; no such key when none did), where the deadline cut its work
+        (`deadline_cuts`, always: a record without the key predates them); with `record_prompts` on, every LLM
         conversation and its replies (`prompts`; no such key when none was recorded); the evidence a prompt left out
         (`unshown`, likewise); then the fields stages add (`Stage.fields`), as each declares."""
         record = {"interaction_id": self.interaction_id, "reason": self.done_reason,
@@ -212,7 +216,8 @@ class QueryState:
                   "references": [{"page": r.page_name, "url": r.page_url, "updated": r.page_last_modified,
                                   "kind": r.kind, "score": round(r.score, 4), "relevance": r.relevance,
                                   "text": r.text} for r in self.references],
-                  "steps": self.steps, "llm_calls": self.llm_calls, "signals": self.signals}
+                  "steps": self.steps, "llm_calls": self.llm_calls, "deadline_cuts": self.deadline_cuts,
+                  "signals": self.signals}
         for name in ("llm_failures", "prompts", "unshown"):
             if value := getattr(self, name):
                 record[name] = value
@@ -252,9 +257,9 @@ class QueryState:
 QUERY_STATE_FIELDS = frozenset(f.name for f in dataclasses.fields(QueryState))
 _RECORD_KEYS = frozenset({"reason", "stages", "predicted"})  # record() keys that are not field names
 # Read and written by any stage: the batch's inputs are read-only to all (their writes are checked), the answer and
-# what ctx.generate and the runner keep (steps, failed calls, prompts, the trace, signals) are every stage's.
-OPEN_READS = BATCH_INPUTS | {"answer", "done", "done_reason", "steps", "llm_calls", "llm_failures", "prompts",
-                             "signals", "trace", "unshown", "added"}
+# what ctx.generate and the runner keep (steps, failed and cut calls, prompts, the trace, signals) are every stage's.
+OPEN_READS = BATCH_INPUTS | {"answer", "done", "done_reason", "steps", "llm_calls", "llm_failures", "deadline_cuts",
+                             "prompts", "signals", "trace", "unshown", "added"}
 OPEN_WRITES = OPEN_READS - BATCH_INPUTS - {"added"}
 
 

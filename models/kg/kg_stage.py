@@ -171,6 +171,7 @@ class KGStage(Stage):
             if error := future.exception():  # one query's lookup bug leaves the others their results
                 logger.opt(exception=error).error("{}: KG lookup failed: {}", state.interaction_id, error)
         lookups = [(state, kg) for state, kg, _ in jobs]
+        ctx.cut([state for state, kg in lookups if kg.cut], "KG calls left unsent")
         for (state, kg), similarity in zip(lookups, similarities(ctx.resource("embedder"), lookups, work)):
             ranked = rows_.rank(kg.rows, state.query, kg.dates, similarity)
             state[KG_RESULTS] = rows_.fit(ranked, settings.max_chars)

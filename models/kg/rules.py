@@ -97,14 +97,20 @@ class Lookup:
     dates: set[str] = field(default_factory=set)
     rows: list[rows_.Row] = field(default_factory=list)
     made: list[dict[str, Any]] = field(default_factory=list)  # {"call", "args", "answered"} per call sent
+    cut: bool = False  # whether the deadline ended the lookup before all its calls were sent
 
     @property
     def calls(self) -> int:
         return len(self.made)
 
+    def expired(self) -> bool:
+        """Whether the deadline has passed; a lookup that asks after it is cut (`cut`)."""
+        self.cut = self.cut or self.deadline.expired()
+        return self.cut
+
     def get(self, name: str, **args: Any) -> Any:
         """The result of one call, or None (no time left, nothing found, a failure)."""
-        if self.deadline.expired():
+        if self.expired():
             return None
         result = self.client.call(name, args, self.deadline)
         self.made.append({"call": name, "args": args, "answered": rows_.present(result)})
@@ -339,9 +345,11 @@ def span_lookup(kg: Lookup, domain: str, today: date | None, limit: int) -> None
     if year := _YEAR.search(kg.query):
         given["year"] = year.group(0)
     for span in question_spans(kg.query, limit) or [""]:
+        if kg.expired():
+            return
         found = len(kg.rows)
         rule_lookup(kg, domain, {**given, **dict.fromkeys(SPAN_KEYS[domain], span)}, today)
-        if len(kg.rows) > found or kg.deadline.expired():
+        if len(kg.rows) > found:
             return
 
 

@@ -110,14 +110,14 @@ class DualRAGStage(Stage):
         for state in states:
             state[ROUTE] = state[ROUTE] or "dualrag"
         for _ in range(settings.max_iter):
-            if not active or not ctx.can_step(STEP_COSTED_AS):
+            if not active or not ctx.can_step(STEP_COSTED_AS, active):
                 break
             needing = self._reason(active, progress, ctx)
-            if not needing or not ctx.can_step(STEP_COSTED_AS):
+            if not needing or not ctx.can_step(STEP_COSTED_AS, needing):
                 active = retrieved = []
                 break
             active = retrieved = self._retrieve(needing, progress, ctx, retriever)
-        if retrieved and ctx.can_step(STEP_COSTED_AS):
+        if retrieved and ctx.can_step(STEP_COSTED_AS, retrieved):
             self._reason(retrieved, progress, ctx)  # the final reasoning step after the last retrieval
         self._answer(states, progress, ctx)
 
@@ -161,7 +161,7 @@ class DualRAGStage(Stage):
                     seen.add(ref.text)
                     texts.append(ref.text)
         groups = [group for group in new.values() if group[2]]
-        if not groups or not ctx.can_step(STEP_COSTED_AS):
+        if not groups or not ctx.can_step(STEP_COSTED_AS, [s for s, _, _ in groups]):
             return []
         summarise = ctx.prompt("dualrag_summarise")
         outputs = step(ctx, [summarise.render(query=s.query, entity=e, references=texts) for s, e, texts in groups],
@@ -176,7 +176,7 @@ class DualRAGStage(Stage):
         return list(updated.values())
 
     def _answer(self, states: list[QueryState], progress: dict[int, Progress], ctx: StageContext) -> None:
-        if not ctx.can_step(STEP_COSTED_AS):
+        if not ctx.can_step(STEP_COSTED_AS, states):
             for state in states:
                 state.finish(IDK, "dualrag: no time left for the answer")
             return

@@ -112,7 +112,7 @@ class HANRAGStage(Stage):
         self._complex(by_route["complex"], ctx, retriever)
 
     def _straightforward(self, states: list[QueryState], ctx: StageContext) -> None:
-        if not states or not ctx.can_step(STEP_COSTED_AS):
+        if not states or not ctx.can_step(STEP_COSTED_AS, states):
             return
         prompt = ctx.prompt("knowledge")
         outputs = step(ctx, [prompt.render(query=s.query, query_time=s.query_time) for s in states],
@@ -128,7 +128,7 @@ class HANRAGStage(Stage):
                 finish(state, output, "hanrag single-step")
 
     def _compound(self, states: list[QueryState], ctx: StageContext, retriever: LocalRetriever) -> None:
-        if not states or not ctx.can_step(STEP_COSTED_AS):
+        if not states or not ctx.can_step(STEP_COSTED_AS, states):
             return
         settings = ctx.section("hanrag")
         prompt = ctx.prompt("hanrag_decompose")
@@ -149,7 +149,7 @@ class HANRAGStage(Stage):
         facts: dict[int, list[dict[str, str]]] = {id(s): [] for s in states}
         active = list(states)
         for _ in range(settings.max_steps):
-            if not active or not ctx.can_step(STEP_COSTED_AS):
+            if not active or not ctx.can_step(STEP_COSTED_AS, active):
                 break
             refine = ctx.prompt("hanrag_refine")
             outputs = step(ctx, [refine.render(query=s.query, query_time=s.query_time, facts=facts[id(s)])
@@ -165,7 +165,7 @@ class HANRAGStage(Stage):
             for (state, question), (answer, _) in zip(asked, self.anrag(asked, ctx, retriever)):
                 facts[id(state)].append({"question": question, "answer": answer or IDK})
             active = [state for state, _ in asked]
-            if not ctx.can_step(STEP_COSTED_AS):
+            if not ctx.can_step(STEP_COSTED_AS, active):
                 break
             check = ctx.prompt("hanrag_check")
             outputs = step(ctx, [check.render(query=s.query, facts=facts[id(s)]) for s in active],
@@ -184,7 +184,7 @@ class HANRAGStage(Stage):
                 state.finish(IDK, f"{how}: no sub-question answered")
         if not known:
             return
-        if not ctx.can_step(STEP_COSTED_AS):
+        if not ctx.can_step(STEP_COSTED_AS, known):
             for state in known:
                 state.finish(IDK, f"{how}: no time left to aggregate")
             return
@@ -200,7 +200,7 @@ class HANRAGStage(Stage):
         """ANRAG for (query, question) pairs: (the short answer or None, the raw answer output or None), in order.
         A question with no relevant reference gets (None, None) without an answer call."""
         settings = ctx.section("hanrag")
-        if not items or not ctx.can_step(STEP_COSTED_AS):
+        if not items or not ctx.can_step(STEP_COSTED_AS, [s for s, _ in items]):
             return [(None, None)] * len(items)
         hits = retriever.search([Request(s, q) for s, q in items], settings.top_k)
         pairs = [(i, ref) for i, refs in enumerate(hits) for ref in refs]
@@ -213,7 +213,7 @@ class HANRAGStage(Stage):
                 relevant.setdefault(i, []).append(ref)
         answerable = [i for i in range(len(items)) if relevant.get(i)]
         results: list[tuple[str | None, Sample | None]] = [(None, None)] * len(items)
-        if not answerable or not ctx.can_step(STEP_COSTED_AS):
+        if not answerable or not ctx.can_step(STEP_COSTED_AS, [items[i][0] for i in answerable]):
             return results
         prompt = ctx.prompt("reasoning")
         conversations = [reasoning_conversation(prompt, sub_state(items[i][0], items[i][1], relevant[i]),

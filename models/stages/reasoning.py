@@ -168,6 +168,13 @@ def first_line(output: str) -> str:
     return re.sub(r"^(?:\[\d+\]\s*)+", "", line).strip()
 
 
+def echoed_heading(answer: str, state: QueryState) -> str | None:
+    """The heading of an evidence block the summariser's prompt lists ("Calculation results:") where `answer` is
+    that heading alone: a small model copying the prompt's layout, which no judge would call an answer."""
+    said = answer.strip().rstrip(":：").strip().casefold()
+    return next((f"{block.title}:" for block in state.evidence_blocks() if block.title.casefold() == said), None)
+
+
 @STAGES.register("reasoning")
 class ReasoningStage(Stage):
     prompts = ("reasoning", "summariser")
@@ -275,6 +282,7 @@ class ReasoningStage(Stage):
                 state.finish(IDK, f"{why} and the summariser is off")
             return
         if deadline.expired():
+            ctx.cut(states, "no time for the summariser")
             for state in states:
                 state.finish(IDK, f"{why} and no time left for the summariser")
             return
@@ -293,6 +301,8 @@ class ReasoningStage(Stage):
             answer = read(samples[0].text) if samples else ""
             if answer and (reason := cut_short(samples[0], answer)) and reason not in kept:
                 state.finish(IDK, f"the summariser's generation was cut short ({reason})")
+            elif answer and (heading := echoed_heading(answer, state)):
+                state.finish(IDK, f"the summariser repeated the prompt's heading {heading!r}, not an answer")
             elif answer:
                 state.answer = answer
                 answer_signals(state, samples[0], answer, summariser=True)

@@ -155,9 +155,13 @@ class ReferencesStage(Stage):
         per_query: list[list[Reference]] = []
         for state, read in zip(states, reading):
             processed = [next(done) if i in read else None for i in range(len(state.pages))]
+            if any(processed[i] is None for i in read):
+                ctx.cut([state], "pages left unparsed")
             found = candidates(state.pages, processed, settings.use_snippets)
             per_query.append(shortlist(state.query, found, candidate_limit(settings, len(read)), known))
         blocks = embed_in_turn(ctx.resource("embedder"), per_query, ctx.work_deadline(), known)
+        ctx.cut([s for s, refs, block in zip(states, per_query, blocks) if len(block) < len(refs)],
+                "candidates left unembedded")
         per_query = [refs[:len(block)] for refs, block in zip(per_query, blocks)]
         retriever = RETRIEVERS.get(settings.retriever)()
         retriever.prepare(states, per_query, blocks, queries, ctx)

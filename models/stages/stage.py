@@ -53,7 +53,7 @@ from loguru import logger
 
 from models.config import CHOICES, STAGE_SECTIONS, BudgetConfig, SystemConfig, add_choice, add_section
 from models.estimates import StagePlan
-from models.llm.backend import FAILED, GenParams, Sample
+from models.llm.backend import DEADLINE, FAILED, GenParams, Sample
 from models.prompting import Messages, Prompt, PromptLibrary
 from models.registry import Registry, RegistryError
 from models.resources import RESOURCES, Resource, add_resource
@@ -292,10 +292,22 @@ class StageContext:
         share = self.budget.stage_share.get(self.stage.name)
         return deadline.capped(share * self.deadline.total) if share else deadline
 
-    def can_step(self, costed_as: str) -> bool:
+    def can_step(self, costed_as: str, waiting: Sequence[QueryState]) -> bool:
         """Whether the deadline affords one more LLM step of a multi-step stage: the answer reserve and the
-        `budget.stage_min_s` of the stage named `costed_as` (1 s where the table leaves it out)."""
-        return self.deadline.can_afford(self.budget.stage_min_s.get(costed_as, 1.0) + self.budget.answer_reserve_s)
+        `budget.stage_min_s` of the stage named `costed_as` (1 s where the table leaves it out). Where it does
+        not, the step is a deadline cut for each query `waiting` on it."""
+        if self.deadline.can_afford(self.budget.stage_min_s.get(costed_as, 1.0) + self.budget.answer_reserve_s):
+            return True
+        self.cut(waiting, "no time for a step")
+        return False
+
+    def cut(self, states: Iterable[QueryState], what: str) -> None:
+        """Note on each state that the deadline cut this stage's work on it (`QueryState.deadline_cuts`), once
+        for each kind of cut."""
+        cut = f"{self.stage.name}: {what}"
+        for state in {id(s): s for s in states}.values():
+            if cut not in state.deadline_cuts:
+                state.deadline_cuts.append(cut)
 
     def generate(self, conversations: Sequence[Messages], *, owners: Sequence[QueryState], max_tokens: int,
                  temperature: float = 0.0, n: int = 1, stop: list[str] | None = None, seed: int | None = None,
@@ -322,6 +334,8 @@ class StageContext:
         for owner, samples in zip(owners, outputs):
             owner.llm_calls += 1
             owner.llm_failures += [f"{self.stage.name}: {s.failure}" for s in samples if s.finish_reason == FAILED]
+        self.cut([owner for owner, samples in zip(owners, outputs) if any(s.finish_reason == DEADLINE
+                                                                          for s in samples)], "call cut")
         if self._record_prompts:
             for owner, conversation, samples in zip(owners, conversations, outputs):
                 owner.prompts.append({"stage": self.stage.name, "prompt": conversation.prompt,
@@ -426,6 +440,7 @@ def run_stage(stage: Stage, states: list[QueryState], batch: Batch, always: bool
         logger.warning("stage {} skipped for {} queries: {}", stage.name, len(active), note)
         for state in active:
             state.trace.append(StageRecord(stage.name, "skipped", 0.0, note))
+            state.deadline_cuts.append(f"{stage.name}: skipped")
         return
     started = time.perf_counter()
     failed = {id(state): err for state, err in _run_isolated(stage, active, batch, needed, always)}

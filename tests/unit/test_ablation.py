@@ -237,7 +237,13 @@ def test_each_row_s_difference_is_the_one_compare_gives_for_its_two_run_folders(
         assert sum(group["questions"] for group in groups.values()) == row["difference"]["questions"]
         assert sum(group["difference"] * group["questions"] for group in groups.values()) == pytest.approx(
             row["difference"]["difference"] * row["difference"]["questions"])
+    for row in rows:  # the fakes never run out of time: every answer recorded its cuts, and none was cut
+        assert row["deadline_cuts"] == {"answers": 0, "recorded": QUESTIONS, "by_cut": {}}
+    flips = sum(len(found) for found in rows[1]["difference"]["flipped"].values())
+    assert rows[1]["difference"]["flips_cut"] == {"flips": flips, "cut": 0}
     markdown = (tmp_path / "ablation" / "ablation.md").read_text()
+    assert f"| 0 of {QUESTIONS} | 0 of {flips} |" in markdown
+    assert "| cut by the deadline | flips the deadline cut |" in markdown
     assert "against the row before" in markdown if incremental else "against the full system" in markdown
     assert f"On these {QUESTIONS} questions a difference within" in markdown
     assert (tmp_path / "ablation" / "ablation.html").read_text().count("<tr>") == len(rows) + 1

@@ -61,6 +61,7 @@ def test_stage_skipped_when_deadline_cannot_afford_it(cpu_config):
     run_stage(stage, states, _ctx(cpu_config, deadline))
     assert stage.seen == []
     assert [s.trace[-1].status for s in states] == ["skipped", "skipped"]
+    assert [s.deadline_cuts for s in states] == [["reasoning: skipped"]] * 2
     assert all(s.answer is None for s in states)
 
 

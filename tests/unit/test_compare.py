@@ -101,3 +101,46 @@ def test_compare_gives_the_difference_corrected_for_the_judges_errors(tmp_path, 
     assert fixed["score_a"] == 0.0 and fixed["ci95"][0] <= fixed["difference"] <= fixed["ci95"][1]
     assert local_evaluation.main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--judge", "contains"]) == 0
     assert "no calibration set for it" in capsys.readouterr().out
+
+
+def cut_records(verdicts, cuts):
+    """verdict_records whose traces hold the model's `deadline_cuts` (None: a record from before they existed)."""
+    records = verdict_records(verdicts)
+    for record, cut in zip(records, cuts):
+        if cut is not None:
+            record["trace"] = {"reason": "", "deadline_cuts": cut}
+    return records
+
+
+def test_a_flip_the_deadline_cut_one_side_of_is_counted_and_an_unrecorded_one_is_not():
+    from evaluation.compare import format_comparison
+
+    a = cut_records(["correct", "wrong", "wrong", "miss", "correct"], [[], [], None, [], []])
+    b = cut_records(["miss", "correct", "correct", "miss", "correct"],
+                    [["reasoning: call cut"], [], [], ["kg: KG calls left unsent"], []])
+    result = compare_records(a, b)
+    assert result["flips_cut"] == {"flips": 2, "cut": 1}  # q2's A predates the cuts: left out, not read as uncut
+    (row,) = result["flipped"]["answer -> i don't know"]
+    assert row["deadline_cuts"] == [[], ["reasoning: call cut"]]
+    assert "of 2 flipped questions, 1 had the batch deadline cut one side's work" in format_comparison(result, "A", "B")
+    assert "flips_cut" not in compare_records(verdict_records(["correct"]), verdict_records(["miss"]))
+
+
+def test_a_run_s_reading_counts_the_answers_the_deadline_cut_and_where():
+    from evaluation.record import OVER_LIMIT, Record
+    from evaluation.report import format_markdown, format_table, score_records
+
+    records = cut_records(["miss", "miss", "correct", "wrong"], [["reasoning: call cut", "kg: KG calls left unsent"],
+                                                                 ["reasoning: call cut"], [], None])
+    records[3]["timed_out"] = True  # over the grader's limit: a cut with or without a trace
+    assert Record(records[3]).deadline_cuts == [OVER_LIMIT]
+    assert Record(verdict_records(["miss"])[0]).deadline_cuts is None
+    summary = score_records(records)
+    assert summary["deadline_cuts"] == {"answers": 3, "recorded": 4, "by_cut": {
+        "reasoning: call cut": 2, "kg: KG calls left unsent": 1, OVER_LIMIT: 1}}
+    text = format_table(summary)
+    assert "answers the batch deadline cut short somewhere: 3 of 4" in text and "2  reasoning: call cut" in text
+    assert "## Cut by the batch deadline" in format_markdown(summary, "run")
+    old = score_records(cut_records(["miss", "correct"], [["reasoning: call cut"], None]))
+    assert "(1 answered before cuts were recorded)" in format_table(old)
+    assert "deadline_cuts" not in score_records(verdict_records(["miss"]))

@@ -12,16 +12,30 @@ from models.kg.rows import value as compact
 from models.kg.rules import games_date, query_date, question_spans, read_calls, read_entities
 from models.llm.backend import STOP
 from models.loading import load_config
+from models.stages.stage import run_stage
+from models.state import QueryState
 from models.system import CragSystem
-from tests.conftest import to_batch, write
+from tests.conftest import stage_of, to_batch, write
 from tests.fakes import HashEmbedder, RecordingKG, ScriptedLLM, by_prompt, generated, prompt_name
 from utils.llm_json import parse_llm_json
+from utils.time_budget import Deadline
 
 
 def kg_system(make_system, cpu_config, llm, kg, method="rules", task=2):
     cpu_config.task = task
     cpu_config.section("kg").method = method
     return make_system(llm, kg=kg)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def tick(self, seconds: float) -> None:
+        self.now += seconds
 
 
 PRICES = {f"2024-02-{d:02d} 00:00:00 EST": {"Open": 180.0 + d, "Close": 181.0 + d} for d in range(20, 30)}
@@ -179,6 +193,28 @@ def test_the_spans_path_finds_the_name_without_asking_the_llm(make_system, cpu_c
     else:
         assert searched == question_spans(query, cpu_config.section("kg").max_spans) and not looked_up
         assert answer == "i don't know"
+
+
+def test_kg_calls_the_deadline_leaves_unsent_are_a_cut_of_that_query(make_system, cpu_config, sample_examples):
+    """The first span's search takes the KG stage's whole share of the batch: the spans after it are not asked, and
+    the query records the cut."""
+    clock = Clock()
+    kg = finance_kg()
+    searching = kg.answers["finance_get_company_name"]
+    kg.answers["finance_get_company_name"] = lambda body: (clock.tick(30.0), searching(body))[1]
+    cpu_config.attributes.method = "icl"
+    cpu_config.attributes.icl.n = 1
+    llm = ScriptedLLM(by_prompt(attributes="domain: finance\ndynamism: static"))
+    system = kg_system(make_system, cpu_config, llm, kg, method="spans")
+    example = dict(sample_examples[2], query="what's the market cap of meta?")
+    states = [QueryState(0, "q0", example["query"], example["query_time"], example["search_results"])]
+    batch = system.batch(1)
+    batch.deadline = Deadline(60.0, clock=clock)
+    for name in ("attributes", "kg"):
+        run_stage(stage_of(system, name), states, batch)
+    searched = [body["query"] for name, body in kg.sent if name == "finance_get_company_name"]
+    assert searched == ["market cap"]  # "market", "cap" and "meta" are never asked
+    assert states[0].deadline_cuts == ["kg: KG calls left unsent"]
 
 
 def test_functions_path_resolves_names_and_sends_only_valid_calls(make_system, cpu_config, sample_examples):

@@ -180,6 +180,7 @@ def test_the_deadline_cuts_the_loop_and_answers_with_what_is_known(make_system, 
     assert state[SUB_QUERIES] == ["q1?"]  # one round of the ten allowed fit
     assert state.done and state.answer == "i don't know" and "no time left" in state.done_reason
     assert not calls_of(llm, "hanrag_aggregate")  # nothing started after the deadline
+    assert state.deadline_cuts == ["hanrag: no time for a step"]
 
 
 # --- the shared retriever ---
@@ -320,6 +321,7 @@ def test_dualrag_answers_with_what_it_knows_when_the_deadline_nears(make_system,
     run_stage(stage_of(system, "dualrag"), states, batch)
     assert len(calls_of(llm, "dualrag_entities")) == 1 and states[0].done
     assert states[0].answer == "i don't know" and "no time left" in states[0].done_reason
+    assert "dualrag: no time for a step" in states[0].deadline_cuts
 
 
 def test_hybrid_hands_complex_questions_to_dualrag(make_system, cpu_config, sample_examples):

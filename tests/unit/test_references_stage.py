@@ -169,6 +169,43 @@ def test_embedding_stops_at_the_deadline_and_leaves_every_query_its_best_candida
     assert [len(b) for b in embed_in_turn(Slow(0), per_query, deadline=None)] == [0, 0, 0]
 
 
+class Unfinished(PageProcessor):
+    """The page processor, answering None for the pages named in `late`: what `PageProcessor.process` returns for a
+    page not finished within its timeout."""
+
+    def __init__(self, settings, late):
+        super().__init__(settings, workers=1)
+        self.late = late
+
+    def process(self, pages, timeout_s):
+        done = super().process(pages, timeout_s)
+        return [None if name in self.late else result for (_, name), result in zip(pages, done)]
+
+
+class FirstRows(HashEmbedder):
+    """Embeds the candidates' call only up to `rows` texts, as Embedder.encode does once its deadline passes (the
+    queries' call, which has no deadline, whole)."""
+
+    def __init__(self, rows):
+        super().__init__()
+        self.rows = rows
+
+    def encode(self, texts, deadline=None):
+        return super().encode(texts if deadline is None else texts[:self.rows])
+
+
+def test_the_deadline_s_cuts_of_pages_and_embeddings_are_recorded_on_the_queries_they_cut(cpu_config):
+    processor = Unfinished(PageSettings.from_config(cpu_config.references), late={"Weather"})
+    states = [state("how many days does february 2024 have", page(CALENDAR),
+                    page(WEATHER, name="Weather", url="https://example.org/w")),
+              state("rain on tuesday", page(WEATHER, name="Forecast"), index=1)]
+    resources = {"llm": ScriptedLLM(), "embedder": FirstRows(2), "pages": processor, "reranker": None}
+    run_alone(ReferencesStage(), states, cpu_config, resources, seconds=60)
+    assert states[0].deadline_cuts == ["references: pages left unparsed", "references: candidates left unembedded"]
+    assert states[1].deadline_cuts == []  # its one candidate was embedded in the first turn
+    assert len(states[0].candidates) == 1 and len(states[1].candidates) == 1
+
+
 def test_a_snippet_is_embedded_with_its_title_and_a_known_vector_is_not_embedded_again():
     from models.stages.references import embed_in_turn
 

@@ -52,6 +52,7 @@ def test_a_summariser_call_the_deadline_ended_before_any_text_says_so(make_syste
     assert result.answers == ["i don't know"]
     assert result.trace[0]["reason"] == "the summariser's generation was cut short (deadline)"
     assert not result.trace[0].get("llm_failures")
+    assert result.trace[0]["deadline_cuts"] == ["reasoning: call cut"]
 
 
 def test_summariser_off_declines_an_unparsable_output_without_a_call(make_system, sample_examples, cpu_config):
@@ -72,6 +73,7 @@ def test_shipped_cpu_config_answers_through_the_summariser_alone(make_system, sa
     assert result.answers == ["Christopher Nolan"] * 2 and not prompts_sent(llm, "reasoning")
     assert len(prompts_sent(llm, "summariser")) == 2
     assert all(t["signals"]["reasoning.summariser"] for t in result.trace)
+    assert [t["deadline_cuts"] for t in result.trace] == [[], []]  # recorded, and none: not a record from before
 
     llm = ScriptedLLM(by_prompt(summariser="   "))
     result = make_system(llm).answer_batch(to_batch(sample_examples[:1]))
@@ -189,6 +191,26 @@ def test_calculator_results_reach_the_reasoning_prompt(make_system, sample_examp
     (calculator_call,) = [params for conversations, params in llm.calls
                           if prompt_name(conversations[0]) == "calculator"]
     assert calculator_call.n == 3
+
+
+HEADED = "Calculation results of 2023: 125.9%"  # a reply that starts like the heading and goes on: an answer
+
+
+@pytest.mark.parametrize("reply, answer", [("Calculation results:", "i don't know"),
+                                           ("calculation results", "i don't know"), (HEADED, HEADED)])
+def test_a_summariser_reply_that_is_an_evidence_heading_is_not_an_answer(make_system, sample_examples, cpu_config,
+                                                                        reply, answer):
+    """SmolLM2 sometimes copies the summariser prompt's "Calculation results:" line: the heading alone declines."""
+    cpu_config.calculator.enabled = True
+    llm = ScriptedLLM(by_prompt(calculator="```python\n(60922 - 26974) / 26974 * 100\n```", reasoning="no block",
+                                summariser=reply))
+    result = make_system(llm).answer_batch(to_batch(sample_examples[5:6]))
+    (summariser,) = prompts_sent(llm, "summariser")
+    assert "Calculation results:\n- (60922 - 26974) / 26974 * 100 = 125.8545266" in summariser[1]["content"]
+    assert result.answers == [answer]
+    if answer == "i don't know":
+        assert result.trace[0]["reason"] == ("the summariser repeated the prompt's heading 'Calculation results:', "
+                                             "not an answer")
 
 
 def test_expressions_are_read_from_code_blocks_or_lines():
