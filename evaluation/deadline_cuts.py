@@ -25,9 +25,12 @@ def run_cuts(records: list[Record]) -> dict[str, Any] | None:
 
 def flips_cut(flips: list[dict[str, Any]]) -> dict[str, int] | None:
     """Of the flipped questions (compare's rows, each with both sides' `deadline_cuts`) whose two runs recorded
-    cuts, how many had the deadline cut one side; None where no flip's two sides recorded them."""
+    cuts, how many had the deadline cut one side; None where there are flips and none has both sides' cuts (no
+    flip at all counts 0 of 0)."""
     recorded = [row for row in flips if None not in row["deadline_cuts"]]
-    return {"flips": len(recorded), "cut": sum(any(row["deadline_cuts"]) for row in recorded)} if recorded else None
+    if flips and not recorded:
+        return None
+    return {"flips": len(recorded), "cut": sum(any(row["deadline_cuts"]) for row in recorded)}
 
 
 def deadline_lines(summary: dict[str, Any], show: int = 5) -> list[str]:
@@ -44,7 +47,7 @@ def deadline_lines(summary: dict[str, Any], show: int = 5) -> list[str]:
 def flips_cut_line(result: dict[str, Any]) -> str | None:
     """How many of a comparison's flips had the deadline cut one side's work; None where none recorded cuts."""
     counted = result.get("flips_cut")
-    if not counted:
+    if not counted or not counted["flips"]:
         return None
     return (f"of {counted['flips']} flipped questions, {counted['cut']} had the batch deadline cut one side's work "
             "(those are the clock's as much as the change's: each flip's deadline_cuts in compare.json says where)")

@@ -22,7 +22,7 @@ from evaluation.attribution import CLASSES, gold_answers, holds
 from evaluation.deadline_cuts import deadline_cell, flips_cut_cell, flips_cut_line
 from evaluation.judge import contains_note, corrected_lines
 from evaluation.metrics import MIN_FOR_INTERVAL
-from evaluation.record import Record, as_record, records_of
+from evaluation.record import OVER_LIMIT, Record, as_record, records_of
 from models.kg.kg_stage import KG_CALLS
 from models.stages.hanrag import ROUTE, SUB_QUERIES
 from utils.durable_io import write_atomic
@@ -228,6 +228,8 @@ def record_panel(line: Record | dict[str, Any]) -> dict[str, Any]:
         ["id", record.interaction_id, False]]
     if record.timed_out:
         facts.append(["timed out", "the batch ran over its time limit", False])
+    if cuts := [c for c in record.deadline_cuts or [] if c != OVER_LIMIT]:
+        facts.append(["cut by the deadline", ", ".join(cuts), False])
     sections: list[dict[str, Any]] = []
     references = record.references
     if references:

@@ -124,6 +124,9 @@ def test_a_flip_the_deadline_cut_one_side_of_is_counted_and_an_unrecorded_one_is
     assert row["deadline_cuts"] == [[], ["reasoning: call cut"]]
     assert "of 2 flipped questions, 1 had the batch deadline cut one side's work" in format_comparison(result, "A", "B")
     assert "flips_cut" not in compare_records(verdict_records(["correct"]), verdict_records(["miss"]))
+    unchanged = compare_records(verdict_records(["correct"]), verdict_records(["correct"]))
+    assert unchanged["flips_cut"] == {"flips": 0, "cut": 0} and "flipped questions" not in format_comparison(
+        unchanged, "A", "B")
 
 
 def test_a_run_s_reading_counts_the_answers_the_deadline_cut_and_where():

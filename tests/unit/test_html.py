@@ -60,3 +60,21 @@ def test_the_compare_page_lists_each_flipped_question():
     assert [r.get("data-kind") for r in document.select("#question-table tbody tr")] == ["wrong -> correct"]
     assert "the interval holds 0" in document.select_one("#summary").get_text()
     assert len(document.select("script")) == 2
+
+
+def test_a_deadline_cut_shows_on_the_question_s_panel_and_a_comparison_s_count():
+    rows = records()
+    rows[2]["trace"]["deadline_cuts"] = ["reasoning: call cut", "kg: KG calls left unsent"]
+    facts = {name: value for name, value, _ in record_panel(rows[2])["facts"]}
+    assert facts["cut by the deadline"] == "reasoning: call cut, kg: KG calls left unsent"
+    assert "cut by the deadline" not in {name for name, _, _ in record_panel(rows[0])["facts"]}
+    flip = {"interaction_id": "q1", "query": "q?", "answer": "a", "a": "a", "b": "i don't know",
+            "verdicts": ["correct", "miss"], "deadline_cuts": [[], ["reasoning: call cut"]]}
+    result = {"questions": 12, "unjudged_left_out": 0, "score_a": 0.1, "score_b": 0.0, "difference": -0.1,
+              "ci95": [-0.3, 0.1], "only_in_a": 0, "only_in_b": 0, "flipped": {"answer -> i don't know": [flip]},
+              "flips_cut": {"flips": 1, "cut": 1}}
+    document = BeautifulSoup(compare_html(result, "runs/a", "runs/b"), "html.parser")
+    assert "of 1 flipped questions, 1 had the batch deadline cut" in document.select_one("#summary").get_text()
+    (panel,) = json.loads(document.select_one("#records").string)
+    assert ["B's deadline cuts", "reasoning: call cut", False] in panel["facts"]
+    assert ["A's deadline cuts", "none", False] in panel["facts"]
