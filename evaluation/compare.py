@@ -48,7 +48,6 @@ def compare_records(lines_a: list[dict[str, Any]], lines_b: list[dict[str, Any]]
             "only_in_a": only_a, "only_in_b": len(b) - len(common)}
 
 
-
 def format_comparison(result: dict[str, Any], name_a: str, name_b: str, show: int = 10) -> str:
     ci = result["ci95"]
     interval = f"[{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else f"n<{MIN_FOR_INTERVAL}"
